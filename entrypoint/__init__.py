@@ -1,0 +1,1 @@
+"""The `mgpu` command line: thin typer commands over the `mgpu_env` library."""

@@ -1,0 +1,11 @@
+"""`mgpu doctor`: being built (see the issue tracker)."""
+
+from __future__ import annotations
+
+from entrypoint.options import EXIT_FAILED, SettingFlags, fail, with_settings
+
+
+@with_settings()
+def command(flags: SettingFlags) -> None:
+    """Not built yet."""
+    fail("mgpu doctor is not built yet", EXIT_FAILED)

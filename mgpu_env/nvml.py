@@ -1,0 +1,227 @@
+"""The NVML probe: the one module that talks to the NVIDIA driver (through nvidia-ml-py).
+
+Nothing else in mgpu-env imports `pynvml`. Tests replace `load_library` with a fake that
+answers like NVML would (0, 1, 8 GPUs, old drivers, "Not Supported" queries), so the
+selection and doctor logic is tested on machines with no GPU.
+
+NVML enumerates GPUs in PCI bus order, which is nvidia-smi's order; with
+`CUDA_DEVICE_ORDER=PCI_BUS_ID`, CUDA (and TensorFlow) number the GPUs the same way.
+NVML does not honour `CUDA_VISIBLE_DEVICES`, but it does only see the devices a container
+was given (`NVIDIA_VISIBLE_DEVICES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def load_library() -> Any:
+    """Import nvidia-ml-py. Replaced by a fake in tests."""
+    import pynvml
+
+    return pynvml
+
+
+@dataclass(frozen=True)
+class Probed(Generic[T]):
+    """A probed value, or why it could not be collected."""
+
+    value: T | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def text(self) -> str:
+        return str(self.value) if self.error is None else f"could not collect ({self.error})"
+
+
+def _probe(call: Callable[[], T]) -> Probed[T]:
+    # One query that fails (NVML says "Not Supported" for many queries on some boards)
+    # must never take the whole report down with it.
+    try:
+        return Probed(value=call())
+    except Exception as err:
+        return Probed(error=str(err) or type(err).__name__)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as NVML reports it. `index` is the nvidia-smi index."""
+
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: Probed[str] = field(default_factory=Probed)
+    memory_total_mib: Probed[int] = field(default_factory=Probed)
+    memory_free_mib: Probed[int] = field(default_factory=Probed)
+    compute_capability: Probed[tuple[int, int]] = field(default_factory=Probed)
+    mig_enabled: Probed[bool] = field(default_factory=Probed)
+
+
+@dataclass(frozen=True)
+class GpuLink:
+    """How two GPUs are connected. `topology` is NVML's common-ancestor level name."""
+
+    a: int
+    b: int
+    topology: Probed[str]
+    p2p_read: Probed[bool]
+    nvlink: Probed[bool]
+
+
+# NVML's topology levels, nearest first, with the words nvidia-smi topo -m uses.
+TOPOLOGY_NAMES: dict[int, str] = {
+    0: "same board",  # NVML_TOPOLOGY_INTERNAL
+    10: "single PCIe switch",  # NVML_TOPOLOGY_SINGLE (PIX)
+    20: "multiple PCIe switches",  # NVML_TOPOLOGY_MULTIPLE (PXB)
+    30: "PCIe host bridge",  # NVML_TOPOLOGY_HOSTBRIDGE (PHB)
+    40: "same NUMA node, across host bridges",  # NVML_TOPOLOGY_NODE (NODE)
+    50: "across CPU sockets",  # NVML_TOPOLOGY_SYSTEM (SYS)
+}
+
+
+@dataclass(frozen=True)
+class GpuListing:
+    """The GPUs NVML sees, or why NVML could not be asked (no driver, no library)."""
+
+    gpus: tuple[GpuInfo, ...] = ()
+    error: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class NvmlSnapshot:
+    """Everything the doctor needs from NVML, gathered in one pass."""
+
+    listing: GpuListing
+    driver_version: Probed[str] = field(default_factory=Probed)
+    # The highest CUDA version the driver supports, as NVML encodes it (12040 = 12.4).
+    cuda_driver_version: Probed[int] = field(default_factory=Probed)
+    nvml_version: Probed[str] = field(default_factory=Probed)
+    links: tuple[GpuLink, ...] = ()
+
+
+def _init(nvml: Any) -> str | None:
+    try:
+        nvml.nvmlInit()
+    except Exception as err:
+        return f"NVML could not start: {err}"
+    return None
+
+
+def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
+    def memory(attribute: str) -> int:
+        return int(getattr(nvml.nvmlDeviceGetMemoryInfo(handle), attribute)) // (1024 * 1024)
+
+    def compute_capability() -> tuple[int, int]:
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return int(major), int(minor)
+
+    def mig_enabled() -> bool:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
+
+    name = _probe(lambda: _text(nvml.nvmlDeviceGetName(handle)))
+    uuid = _probe(lambda: _text(nvml.nvmlDeviceGetUUID(handle)))
+    return GpuInfo(
+        index=index,
+        name=name.value if name.ok and name.value else f"GPU {index}",
+        uuid=uuid.value if uuid.ok and uuid.value else "",
+        pci_bus_id=_probe(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
+        memory_total_mib=_probe(lambda: memory("total")),
+        memory_free_mib=_probe(lambda: memory("free")),
+        compute_capability=_probe(compute_capability),
+        mig_enabled=_probe(mig_enabled),
+    )
+
+
+def _handles(nvml: Any) -> list[Any]:
+    return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(int(nvml.nvmlDeviceGetCount()))]
+
+
+def _shutdown(nvml: Any) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except Exception:
+        pass  # Shutting down is best effort; the answers are already collected.
+
+
+def list_gpus() -> GpuListing:
+    """The GPUs NVML reports, in nvidia-smi order. Never raises."""
+    try:
+        nvml = load_library()
+    except Exception as err:
+        return GpuListing(error=f"nvidia-ml-py is not importable: {err}")
+    error = _init(nvml)
+    if error:
+        return GpuListing(error=error)
+    try:
+        handles = _handles(nvml)
+        return GpuListing(gpus=tuple(_gpu_info(nvml, i, h) for i, h in enumerate(handles)))
+    except Exception as err:
+        return GpuListing(error=f"NVML could not list the GPUs: {err}")
+    finally:
+        _shutdown(nvml)
+
+
+def _link(nvml: Any, a: int, b: int, handle_a: Any, handle_b: Any) -> GpuLink:
+    def topology() -> str:
+        level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(handle_a, handle_b))
+        return TOPOLOGY_NAMES.get(level, f"level {level}")
+
+    def p2p(index: int) -> bool:
+        status = nvml.nvmlDeviceGetP2PStatus(handle_a, handle_b, index)
+        return bool(status == nvml.NVML_P2P_STATUS_OK)
+
+    # nvidia-ml-py declares NVML_P2P_CAPS_INDEX_READ as the tuple (0,): use the numbers.
+    return GpuLink(
+        a=a,
+        b=b,
+        topology=_probe(topology),
+        p2p_read=_probe(lambda: p2p(0)),
+        nvlink=_probe(lambda: p2p(2)),
+    )
+
+
+def snapshot() -> NvmlSnapshot:
+    """Driver, CUDA support, every GPU and every pair of GPUs. Never raises."""
+    try:
+        nvml = load_library()
+    except Exception as err:
+        return NvmlSnapshot(listing=GpuListing(error=f"nvidia-ml-py is not importable: {err}"))
+    error = _init(nvml)
+    if error:
+        return NvmlSnapshot(listing=GpuListing(error=error))
+    try:
+        try:
+            handles = _handles(nvml)
+        except Exception as err:
+            return NvmlSnapshot(listing=GpuListing(error=f"NVML could not list the GPUs: {err}"))
+        gpus = tuple(_gpu_info(nvml, i, h) for i, h in enumerate(handles))
+        links = tuple(
+            _link(nvml, a, b, handles[a], handles[b])
+            for a in range(len(handles))
+            for b in range(a + 1, len(handles))
+        )
+        return NvmlSnapshot(
+            listing=GpuListing(gpus=gpus),
+            driver_version=_probe(lambda: _text(nvml.nvmlSystemGetDriverVersion())),
+            cuda_driver_version=_probe(lambda: int(nvml.nvmlSystemGetCudaDriverVersion_v2())),
+            nvml_version=_probe(lambda: _text(nvml.nvmlSystemGetNVMLVersion())),
+            links=links,
+        )
+    finally:
+        _shutdown(nvml)

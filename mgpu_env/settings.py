@@ -1,0 +1,445 @@
+"""Every setting of mgpu-env, declared once: env var, default, help, validation.
+
+A setting's value comes from, in order of precedence: its command-line flag, the process
+environment, the `.env` file (or the file `ENV_FILE` names), and finally its default.
+Each field of `Settings` below is the single declaration of one setting; the CLI builds
+its flags from these declarations and `resolve_settings` applies the precedence and the
+validation. Nothing here imports TensorFlow, so bad values are refused in milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from dotenv import dotenv_values
+
+T = TypeVar("T")
+
+DEFAULT_ENV_FILE = ".env"
+
+
+class SettingError(ValueError):
+    """A setting has a value that cannot be used. The message is meant for the user."""
+
+
+class SettingsErrors(ValueError):
+    """One or more settings are bad; `errors` holds one user-facing message each."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+# --------------------------------------------------------------------------- parsers
+# Each parser turns the text of a setting into its value, or raises SettingError whose
+# message says why the text is wrong; the caller adds the setting's name, the value, where
+# it came from and what is valid.
+
+
+def parse_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise SettingError("not a whole number") from None
+        if not low <= value <= high:
+            raise SettingError(f"out of range {low}..{high}")
+        return value
+
+    return parse
+
+
+def parse_positive_float(high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise SettingError("not a number") from None
+        if not (math.isfinite(value) and 0 < value <= high):
+            raise SettingError(f"must be above 0 and at most {high:g}")
+        return value
+
+    return parse
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise SettingError("not a yes/no value")
+
+
+def parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        lowered = text.strip().lower()
+        if lowered not in choices:
+            raise SettingError("not one of the choices")
+        return lowered
+
+    return parse
+
+
+def parse_optional_dir_must_exist(text: str) -> Path | None:
+    if not text.strip():
+        return None
+    path = Path(text.strip()).expanduser()
+    if not path.exists():
+        raise SettingError(f"the folder {path} does not exist")
+    if not path.is_dir():
+        raise SettingError(f"{path} is a file, not a folder")
+    return path
+
+
+def parse_optional_output_dir(text: str) -> Path | None:
+    if not text.strip():
+        return None
+    path = Path(text.strip()).expanduser()
+    if path.exists() and not path.is_dir():
+        raise SettingError(f"{path} is a file, not a folder")
+    # A missing folder is fine (it is created), but its nearest existing parent must be one.
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise SettingError(f"{parent} is a file, so {path} cannot be created")
+            break
+    return path
+
+
+def parse_text(text: str) -> str:
+    return text.strip()
+
+
+def parse_optional_env_file(text: str) -> Path | None:
+    if not text.strip():
+        return None
+    path = Path(text.strip()).expanduser()
+    if not path.is_file():
+        raise SettingError(f"the file {path} does not exist" if not path.exists() else f"{path} is not a file")
+    return path
+
+
+_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]{4,}$")
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What `GPUS` asks for: every GPU, none, indices in nvidia-smi order, or UUIDs."""
+
+    kind: Literal["all", "none", "indices", "uuids"]
+    indices: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind in ("all", "none"):
+            return self.kind
+        return ",".join(str(i) for i in self.indices) if self.kind == "indices" else ",".join(
+            self.uuids
+        )
+
+
+def parse_gpus(text: str) -> GpuRequest:
+    lowered = text.strip().lower()
+    if lowered in ("all", ""):
+        return GpuRequest("all")
+    if lowered in ("none", "cpu"):
+        return GpuRequest("none")
+    items = [item.strip() for item in text.split(",")]
+    if any(not item for item in items):
+        raise SettingError("the list has an empty item")
+    if all(item.isdigit() for item in items):
+        indices = tuple(int(item) for item in items)
+        duplicates = sorted({i for i in indices if indices.count(i) > 1})
+        if duplicates:
+            raise SettingError(f"index {duplicates[0]} is listed twice")
+        return GpuRequest("indices", indices=indices)
+    if all(_UUID_RE.match(item) for item in items):
+        if len(set(items)) != len(items):
+            raise SettingError("a UUID is listed twice")
+        return GpuRequest("uuids", uuids=tuple(items))
+    bad = next((i for i in items if not i.isdigit() and not _UUID_RE.match(i)), None)
+    if bad is None:
+        raise SettingError("indices and UUIDs cannot be mixed")
+    if bad.lstrip("-").isdigit():
+        raise SettingError(f"{bad} is not a GPU index (indices start at 0)")
+    raise SettingError(f"{bad!r} is neither a GPU index nor a GPU UUID")
+
+
+# ------------------------------------------------------------------------ declarations
+
+
+def setting(
+    env: str,
+    default: str,
+    help: str,
+    parse: Callable[[str], Any],
+    valid: str,
+    *,
+    metavar: str = "TEXT",
+) -> Any:
+    """Declare one setting as a dataclass field: its env var, default text, help, parser."""
+    return field(
+        default=parse(default),
+        metadata={
+            "env": env,
+            "default": default,
+            "help": help,
+            "parse": parse,
+            "valid": valid,
+            "metavar": metavar,
+        },
+    )
+
+
+MixedPrecision = Literal["0", "1", "fp16", "bf16"]
+CrossDeviceOps = Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one"]
+DatasetName = Literal["auto", "mnist", "digits", "synthetic", "fashion_mnist"]
+DATASETS: tuple[str, ...] = ("auto", "mnist", "digits", "synthetic", "fashion_mnist")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings of one run. Each field is the one declaration of a setting."""
+
+    gpus: GpuRequest = setting(
+        "GPUS", "all",
+        "GPUs to use: all, none (CPU only), indices in nvidia-smi order (0,1) or GPU UUIDs.",
+        parse_gpus, "all, none, a comma list of GPU indices like 0,1, or GPU UUIDs",
+        metavar="LIST",
+    )
+    mixed_precision: MixedPrecision = setting(
+        "MIXED_PRECISION", "0",
+        "Mixed precision: 0 off, 1 the best for the device (fp16 on GPUs with tensor cores, "
+        "bf16 on CPU), fp16, bf16.",
+        parse_choice("0", "1", "fp16", "bf16"), "0, 1, fp16, bf16", metavar="MODE",
+    )
+    epochs: int = setting(
+        "EPOCHS", "5", "Epochs to train (the seed trains 5).",
+        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N",
+    )
+    batch_size: int = setting(
+        "BATCH_SIZE", "64",
+        "Batch size per replica; the global batch is BATCH_SIZE x replicas.",
+        parse_int(1, 1_048_576), "a whole number from 1 to 1048576", metavar="N",
+    )
+    learning_rate: float = setting(
+        "LEARNING_RATE", "0.001", "Adam's learning rate.",
+        parse_positive_float(10.0), "a number above 0 and at most 10, e.g. 0.001",
+        metavar="RATE",
+    )
+    dataset: DatasetName = setting(
+        "DATASET", "auto",
+        "Data set: mnist, digits (offline, built in), fashion_mnist, synthetic; auto takes "
+        "mnist when it can be had, else digits.",
+        parse_choice(*DATASETS), ", ".join(DATASETS), metavar="NAME",
+    )
+    data_dir: Path | None = setting(
+        "DATA_DIR", "",
+        "Folder with data files (mnist.npz, Fashion-MNIST IDX files); empty: Keras' cache.",
+        parse_optional_dir_must_exist, "an existing folder, or empty", metavar="DIR",
+    )
+    output_dir: Path | None = setting(
+        "OUTPUT_DIR", "",
+        "Where checkpoints, logs, the model and metrics.json go; the same folder again "
+        "resumes. Empty: runs/<RUN_NAME or timestamp>.",
+        parse_optional_output_dir, "a folder (created if missing), or empty", metavar="DIR",
+    )
+    run_name: str = setting(
+        "RUN_NAME", "", "Name of the run folder under runs/ when OUTPUT_DIR is empty.",
+        parse_text, "any text usable as a folder name", metavar="NAME",
+    )
+    virtual_devices: int = setting(
+        "VIRTUAL_DEVICES", "0",
+        "Split each visible device (the CPU when no GPU) into N logical devices, so "
+        "MirroredStrategy runs N replicas on one device; 0 is off.",
+        parse_int(0, 64), "a whole number from 0 to 64", metavar="N",
+    )
+    xla: bool = setting(
+        "XLA", "0", "Compile the training step with XLA (jit_compile).",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1",
+    )
+    cross_device_ops: CrossDeviceOps = setting(
+        "CROSS_DEVICE_OPS", "auto",
+        "All-reduce: auto (NCCL where it works), nccl, hierarchical_copy, reduction_to_one.",
+        parse_choice("auto", "nccl", "hierarchical_copy", "reduction_to_one"),
+        "auto, nccl, hierarchical_copy, reduction_to_one", metavar="NAME",
+    )
+    seed: int = setting(
+        "SEED", "42", "Random seed for weights and shuffling.",
+        parse_int(0, 2**31 - 1), "a whole number from 0 to 2147483647", metavar="N",
+    )
+    env_file: Path | None = setting(
+        "ENV_FILE", "",
+        f"Settings file read after the environment (default: {DEFAULT_ENV_FILE} if present).",
+        parse_optional_env_file, "an existing file, or empty", metavar="FILE",
+    )
+
+    def describe(self) -> dict[str, str]:
+        """The settings as text, keyed by env var, for summaries and metrics."""
+        out: dict[str, str] = {}
+        for f in dataclasses.fields(self):
+            if "env" not in f.metadata:
+                continue
+            value = getattr(self, f.name)
+            out[f.metadata["env"]] = "" if value is None else str(value)
+        return out
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One setting's declaration, as read back from its `Settings` field."""
+
+    field_name: str
+    env: str
+    default: str
+    help: str
+    valid: str
+    metavar: str
+    parse: Callable[[str], Any]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.env.lower().replace("_", "-")
+
+
+DECLARATIONS: tuple[Declaration, ...] = tuple(
+    Declaration(
+        field_name=f.name,
+        env=f.metadata["env"],
+        default=f.metadata["default"],
+        help=f.metadata["help"],
+        valid=f.metadata["valid"],
+        metavar=f.metadata["metavar"],
+        parse=f.metadata["parse"],
+    )
+    for f in dataclasses.fields(Settings)
+)
+BY_ENV: dict[str, Declaration] = {d.env: d for d in DECLARATIONS}
+
+
+@dataclass(frozen=True)
+class ResolvedSettings:
+    """Settings plus where each value came from, for summaries and error messages."""
+
+    settings: Settings
+    sources: dict[str, str]
+    env_file: Path | None
+    env_file_values: dict[str, str]
+
+    @property
+    def defaulted(self) -> list[str]:
+        return [env for env, source in self.sources.items() if source == "default"]
+
+
+def _source_label(kind: str, declaration: Declaration, env_file: Path | None) -> str:
+    if kind == "flag":
+        return f"flag {declaration.flag}"
+    if kind == "environment":
+        return "the environment"
+    if kind == "file":
+        return f"file {env_file}"
+    return "default"
+
+
+def setting_error_message(declaration: Declaration, text: str, source: str, reason: str) -> str:
+    """Two lines: the setting, the value and where it came from, why; what is valid, the fix."""
+    if source.startswith("flag"):
+        where = f"pass a valid value to {declaration.flag}"
+    elif source == "the environment":
+        where = f"export {declaration.env}=<valid value>, or unset it"
+    elif source.startswith("file"):
+        where = f"edit {declaration.env} in {source.removeprefix('file ')}, or remove the line"
+    else:
+        where = f"set {declaration.env}"
+    return (
+        f"Bad setting {declaration.env}={text!r} (from {source}): {reason}.\n"
+        f"  Valid: {declaration.valid}. Fix: {where}."
+    )
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    return {key: value or "" for key, value in dotenv_values(path).items()}
+
+
+def resolve_settings(
+    flags: Mapping[str, str | None],
+    environ: Mapping[str, str],
+    *,
+    only: Iterable[str] | None = None,
+) -> ResolvedSettings:
+    """Resolve every setting: flag > environment > env file > default, then validate.
+
+    `flags` maps env-var names to the text given on the command line (None: not given).
+    Raises SettingsErrors listing every bad value, so the user fixes them in one go.
+    `only` limits which settings are validated (the others keep their defaults).
+    """
+    errors: list[str] = []
+    env_decl = BY_ENV["ENV_FILE"]
+    env_file: Path | None = None
+    env_file_text, env_file_source = _pick(env_decl, flags, environ, {}, None)
+    try:
+        env_file = env_decl.parse(env_file_text)
+    except SettingError as err:
+        errors.append(setting_error_message(env_decl, env_file_text, env_file_source, str(err)))
+        raise SettingsErrors(errors) from None
+    if env_file is None and Path(DEFAULT_ENV_FILE).is_file():
+        env_file = Path(DEFAULT_ENV_FILE)
+    file_values = _read_env_file(env_file) if env_file is not None else {}
+
+    wanted = set(only) if only is not None else None
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for declaration in DECLARATIONS:
+        if wanted is not None and declaration.env not in wanted | {"ENV_FILE"}:
+            continue
+        text, source = _pick(declaration, flags, environ, file_values, env_file)
+        sources[declaration.env] = source
+        try:
+            values[declaration.field_name] = declaration.parse(text)
+        except SettingError as err:
+            errors.append(setting_error_message(declaration, text, source, str(err)))
+    if errors:
+        raise SettingsErrors(errors)
+    values["env_file"] = env_file
+    return ResolvedSettings(Settings(**values), sources, env_file, file_values)
+
+
+def _pick(
+    declaration: Declaration,
+    flags: Mapping[str, str | None],
+    environ: Mapping[str, str],
+    file_values: Mapping[str, str],
+    env_file: Path | None,
+) -> tuple[str, str]:
+    flag_value = flags.get(declaration.env)
+    if flag_value is not None:
+        return flag_value, _source_label("flag", declaration, env_file)
+    if declaration.env in environ:
+        return environ[declaration.env], _source_label("environment", declaration, env_file)
+    if declaration.env in file_values:
+        return file_values[declaration.env], _source_label("file", declaration, env_file)
+    return declaration.default, "default"
+
+
+def export_env_file_extras(resolved: ResolvedSettings, environ: dict[str, str]) -> list[str]:
+    """Put the env file's other variables (NCCL_*, TF_CPP_MIN_LOG_LEVEL, ...) in `environ`.
+
+    Like docker compose's env_file: the process environment wins. Returns the names set.
+    """
+    exported = []
+    for key, value in resolved.env_file_values.items():
+        if key not in BY_ENV and key not in environ:
+            environ[key] = value
+            exported.append(key)
+    return exported

@@ -1,0 +1,37 @@
+"""Shared fixtures: a fake NVML behind the probe layer, and a clean settings environment."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from mgpu_env import nvml
+from mgpu_env.settings import DECLARATIONS
+from tests.fake_nvml import FakeNvml, fake_with
+
+
+@pytest.fixture(autouse=True)
+def clean_settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No setting leaks in from the developer's shell or a .env in the working folder."""
+    for declaration in DECLARATIONS:
+        monkeypatch.delenv(declaration.env, raising=False)
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TF_CONFIG", "MGPU_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+@pytest.fixture
+def use_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeNvml], FakeNvml]]:
+    """Install a fake NVML: `use_fake_nvml(fake_with(2))`."""
+
+    def install(fake: FakeNvml) -> FakeNvml:
+        monkeypatch.setattr(nvml, "load_library", lambda: fake)
+        return fake
+
+    yield install
+
+
+@pytest.fixture
+def two_gpus(use_fake_nvml: Callable[[FakeNvml], FakeNvml]) -> FakeNvml:
+    return use_fake_nvml(fake_with(2))

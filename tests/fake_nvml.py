@@ -1,0 +1,131 @@
+"""A stand-in for nvidia-ml-py that answers like NVML on a given set of GPUs.
+
+It raises nvidia-ml-py's own NVMLError classes, so the probe code meets the same
+exceptions it meets on real boards ("Not Supported", "Driver Not Loaded", ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+GIB = 1024**3
+
+
+@dataclass
+class FakeGpu:
+    name: str = "NVIDIA A100-SXM4-80GB"
+    uuid: str = ""
+    memory_total: int = 80 * GIB
+    memory_free: int = 79 * GIB
+    compute_capability: tuple[int, int] = (8, 0)
+    mig: bool = False
+    bus_id: str = ""
+
+
+@dataclass
+class FakeNvml:
+    """Pass as `mgpu_env.nvml.load_library`'s result. Configure GPUs and failures."""
+
+    gpus: list[FakeGpu] = field(default_factory=list)
+    driver_version: str = "550.54.15"
+    cuda_driver_version: int = 12040
+    init_error: int | None = None  # e.g. pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    unsupported: set[str] = field(default_factory=set)  # names of queries that fail
+    topology_level: int = 10  # NVML_TOPOLOGY_SINGLE
+    p2p_ok: bool = True
+    nvlink: bool = False
+    initialised: int = 0
+
+    # Constants the probe reads from the module.
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_P2P_STATUS_OK = pynvml.NVML_P2P_STATUS_OK
+    NVMLError = pynvml.NVMLError
+
+    def __post_init__(self) -> None:
+        for i, gpu in enumerate(self.gpus):
+            gpu.uuid = gpu.uuid or f"GPU-{i:08x}-1111-2222-3333-44445555666{i % 10}"
+            gpu.bus_id = gpu.bus_id or f"00000000:{0x10 + i:02X}:00.0"
+
+    def _check(self, query: str) -> None:
+        if self.initialised <= 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        if query in self.unsupported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        self._check("nvmlSystemGetCudaDriverVersion_v2")
+        return self.cuda_driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._check("nvmlSystemGetNVMLVersion")
+        return "12." + self.driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        self._check("nvmlDeviceGetHandleByIndex")
+        return self.gpus[index]
+
+    def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
+        self._check("nvmlDeviceGetName")
+        return gpu.name
+
+    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
+        self._check("nvmlDeviceGetUUID")
+        return gpu.uuid
+
+    def nvmlDeviceGetPciInfo(self, gpu: FakeGpu) -> Any:
+        self._check("nvmlDeviceGetPciInfo")
+        return SimpleNamespace(busId=gpu.bus_id.encode())
+
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:
+        self._check("nvmlDeviceGetMemoryInfo")
+        return SimpleNamespace(
+            total=gpu.memory_total, free=gpu.memory_free, used=gpu.memory_total - gpu.memory_free
+        )
+
+    def nvmlDeviceGetCudaComputeCapability(self, gpu: FakeGpu) -> tuple[int, int]:
+        self._check("nvmlDeviceGetCudaComputeCapability")
+        return gpu.compute_capability
+
+    def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> tuple[int, int]:
+        self._check("nvmlDeviceGetMigMode")
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+        return mode, mode
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: FakeGpu, b: FakeGpu) -> int:
+        self._check("nvmlDeviceGetTopologyCommonAncestor")
+        return self.topology_level
+
+    def nvmlDeviceGetP2PStatus(self, a: FakeGpu, b: FakeGpu, index: int) -> int:
+        self._check("nvmlDeviceGetP2PStatus")
+        ok = self.nvlink if index == 2 else self.p2p_ok
+        return pynvml.NVML_P2P_STATUS_OK if ok else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+
+def fake_with(count: int, **kwargs: Any) -> FakeNvml:
+    """A fake NVML with `count` identical GPUs."""
+    return FakeNvml(gpus=[FakeGpu() for _ in range(count)], **kwargs)
+
+
+def fake_gpus(gpus: Iterable[FakeGpu], **kwargs: Any) -> FakeNvml:
+    return FakeNvml(gpus=list(gpus), **kwargs)
