@@ -67,7 +67,9 @@ def with_settings(
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
-            flags: SettingFlags = {by_field[k]: kwargs.pop(k) for k in list(kwargs) if k in by_field}
+            flags: SettingFlags = {
+                by_field[k]: kwargs.pop(k) for k in list(kwargs) if k in by_field
+            }
             return command(flags=flags, **kwargs)
 
         parameters = [

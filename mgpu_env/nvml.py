@@ -12,6 +12,7 @@ was given (`NVIDIA_VISIBLE_DEVICES`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -153,10 +154,9 @@ def _handles(nvml: Any) -> list[Any]:
 
 
 def _shutdown(nvml: Any) -> None:
-    try:
+    # Shutting down is best effort; the answers are already collected.
+    with contextlib.suppress(Exception):
         nvml.nvmlShutdown()
-    except Exception:
-        pass  # Shutting down is best effort; the answers are already collected.
 
 
 def list_gpus() -> GpuListing:

@@ -126,7 +126,8 @@ def parse_optional_env_file(text: str) -> Path | None:
         return None
     path = Path(text.strip()).expanduser()
     if not path.is_file():
-        raise SettingError(f"the file {path} does not exist" if not path.exists() else f"{path} is not a file")
+        reason = "is not a file" if path.exists() else "does not exist"
+        raise SettingError(f"the file {path} {reason}")
     return path
 
 

@@ -12,7 +12,9 @@ from tests.fake_nvml import FakeNvml, fake_with
 
 
 @pytest.fixture(autouse=True)
-def clean_settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+def clean_settings_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """No setting leaks in from the developer's shell or a .env in the working folder."""
     for declaration in DECLARATIONS:
         monkeypatch.delenv(declaration.env, raising=False)

@@ -1,0 +1,181 @@
+"""Settings: precedence (flag > environment > .env > default) and clear refusals (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from entrypoint.app import app
+from mgpu_env.settings import (
+    DECLARATIONS,
+    GpuRequest,
+    SettingsErrors,
+    export_env_file_extras,
+    resolve_settings,
+)
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    resolved = resolve_settings({}, {})
+    s = resolved.settings
+    assert (s.epochs, s.batch_size, s.learning_rate, s.seed) == (5, 64, 0.001, 42)
+    assert s.gpus == GpuRequest("all")
+    assert s.mixed_precision == "0" and s.xla is False and s.dataset == "auto"
+    assert s.output_dir is None and s.data_dir is None and s.env_file is None
+    assert set(resolved.defaulted) == {d.env for d in DECLARATIONS}
+
+
+@pytest.mark.parametrize(
+    ("flag", "environ", "file_line", "expected", "source"),
+    [
+        ("7", {"EPOCHS": "3"}, "EPOCHS=2", 7, "flag --epochs"),
+        (None, {"EPOCHS": "3"}, "EPOCHS=2", 3, "the environment"),
+        (None, {}, "EPOCHS=2", 2, "file"),
+        (None, {}, "", 5, "default"),
+    ],
+)
+def test_precedence_flag_env_file_default(
+    tmp_path: Path,
+    flag: str | None,
+    environ: dict[str, str],
+    file_line: str,
+    expected: int,
+    source: str,
+) -> None:
+    env_file = tmp_path / "settings.env"
+    env_file.write_text(file_line + "\n")
+    resolved = resolve_settings(
+        {"EPOCHS": flag}, {**environ, "ENV_FILE": str(env_file)}
+    )
+    assert resolved.settings.epochs == expected
+    assert resolved.sources["EPOCHS"].startswith(source)
+
+
+def test_dotenv_in_working_folder_is_read_without_env_file() -> None:
+    Path(".env").write_text("BATCH_SIZE=128\nMIXED_PRECISION=bf16\n")
+    resolved = resolve_settings({}, {})
+    assert resolved.settings.batch_size == 128
+    assert resolved.settings.mixed_precision == "bf16"
+    assert resolved.env_file == Path(".env")
+
+
+def test_env_file_flag_beats_env_file_variable(tmp_path: Path) -> None:
+    (tmp_path / "a.env").write_text("EPOCHS=11\n")
+    (tmp_path / "b.env").write_text("EPOCHS=22\n")
+    resolved = resolve_settings(
+        {"ENV_FILE": str(tmp_path / "b.env")}, {"ENV_FILE": str(tmp_path / "a.env")}
+    )
+    assert resolved.settings.epochs == 22
+
+
+def test_env_file_extras_are_exported_but_never_override(tmp_path: Path) -> None:
+    env_file = tmp_path / "x.env"
+    env_file.write_text("NCCL_DEBUG=INFO\nTF_CPP_MIN_LOG_LEVEL=2\nEPOCHS=3\n")
+    resolved = resolve_settings({}, {"ENV_FILE": str(env_file)})
+    environ = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    exported = export_env_file_extras(resolved, environ)
+    assert exported == ["NCCL_DEBUG"]
+    assert environ == {"TF_CPP_MIN_LOG_LEVEL": "0", "NCCL_DEBUG": "INFO"}
+
+
+def test_all_bad_values_reported_together() -> None:
+    with pytest.raises(SettingsErrors) as caught:
+        resolve_settings({"EPOCHS": "0"}, {"BATCH_SIZE": "big", "XLA": "maybe"})
+    text = str(caught.value)
+    assert len(caught.value.errors) == 3
+    for name in ("EPOCHS='0'", "BATCH_SIZE='big'", "XLA='maybe'"):
+        assert name in text
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("EPOCHS", "0", "out of range 1..100000"),
+        ("EPOCHS", "five", "not a whole number"),
+        ("EPOCHS", "2.5", "not a whole number"),
+        ("BATCH_SIZE", "-64", "out of range"),
+        ("LEARNING_RATE", "0", "must be above 0"),
+        ("LEARNING_RATE", "nan", "must be above 0"),
+        ("LEARNING_RATE", "fast", "not a number"),
+        ("MIXED_PRECISION", "fp8", "not one of the choices"),
+        ("XLA", "maybe", "not a yes/no value"),
+        ("CROSS_DEVICE_OPS", "ring", "not one of the choices"),
+        ("DATASET", "cifar10", "not one of the choices"),
+        ("VIRTUAL_DEVICES", "65", "out of range 0..64"),
+        ("SEED", "-1", "out of range"),
+        ("GPUS", "0,0", "index 0 is listed twice"),
+        ("GPUS", "0,,1", "empty item"),
+        ("GPUS", "first", "neither a GPU index nor a GPU UUID"),
+        ("GPUS", "-1", "not a GPU index"),
+        ("GPUS", "0,GPU-12345678", "cannot be mixed"),
+        ("DATA_DIR", "/no/such/folder", "does not exist"),
+        ("ENV_FILE", "/no/such/file.env", "does not exist"),
+    ],
+)
+def test_bad_value_exits_2_naming_the_setting(name: str, value: str, fragment: str) -> None:
+    result = CliRunner().invoke(app, ["train", "--dry-run"], env={name: value})
+    assert result.exit_code == 2, result.output
+    assert f"{name}={value!r}" in result.stderr
+    assert fragment in result.stderr
+    assert "Valid:" in result.stderr and "Fix:" in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 2
+
+
+def test_output_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "metrics.json"
+    target.write_text("{}")
+    result = CliRunner().invoke(app, ["train", "--output-dir", str(target), "--dry-run"])
+    assert result.exit_code == 2
+    assert "is a file, not a folder" in result.stderr
+    assert target.read_text() == "{}"
+
+
+def test_bad_value_in_env_file_names_the_file(tmp_path: Path) -> None:
+    env_file = tmp_path / "bad.env"
+    env_file.write_text("BATCH_SIZE=0\n")
+    result = CliRunner().invoke(app, ["train", "--dry-run"], env={"ENV_FILE": str(env_file)})
+    assert result.exit_code == 2
+    assert f"from file {env_file}" in result.stderr
+    assert f"edit BATCH_SIZE in {env_file}" in result.stderr
+
+
+def test_debug_shows_traceback_for_unexpected_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mgpu_env.launch as l\n"
+        "def boom(*a, **k): raise RuntimeError('kaput')\n"
+        "l.choose_gpus = boom\n"
+        "import entrypoint.train as t; t.choose_gpus = boom\n"
+        "from entrypoint.app import main; sys.argv = ['mgpu'] + sys.argv[1:]; main()\n"
+    )
+    plain = subprocess.run(
+        [sys.executable, "-c", code, "train", "--gpus", "none"], capture_output=True, text=True
+    )
+    assert plain.returncode == 1
+    assert "RuntimeError: kaput" in plain.stderr and "Traceback" not in plain.stderr
+    debug = subprocess.run(
+        [sys.executable, "-c", code, "--debug", "train", "--gpus", "none"],
+        capture_output=True,
+        text=True,
+    )
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_help_lists_every_setting_with_its_env_var() -> None:
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for declaration in DECLARATIONS:
+        assert declaration.flag in result.output
+        assert f"env {declaration.env}" in result.output
+
+
+def test_top_level_help_lists_the_commands() -> None:
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("train", "doctor", "bench"):
+        assert command in result.output
