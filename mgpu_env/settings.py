@@ -177,6 +177,30 @@ def parse_gpus(text: str) -> GpuRequest:
     raise SettingError(f"{bad!r} is neither a GPU index nor a GPU UUID")
 
 
+def parse_replica_counts(text: str) -> tuple[int, ...]:
+    """`auto` (empty tuple: decided from the devices) or a comma list of counts from 1 to 64."""
+    if text.strip().lower() in ("auto", ""):
+        return ()
+    counts = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or not 1 <= int(item) <= 64:
+            raise SettingError(f"{item!r} is not a replica count from 1 to 64")
+        counts.append(int(item))
+    return tuple(sorted(set(counts)))
+
+
+def parse_choice_list(*choices: str) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        items = [item.strip().lower() for item in text.split(",") if item.strip()]
+        bad = [item for item in items if item not in choices]
+        if bad:
+            raise SettingError(f"{bad[0]!r} is not one of the choices")
+        return tuple(dict.fromkeys(items))
+
+    return parse
+
+
 # ------------------------------------------------------------------------ declarations
 
 
@@ -279,6 +303,51 @@ class Settings:
     seed: int = setting(
         "SEED", "42", "Random seed for weights and shuffling.",
         parse_int(0, 2**31 - 1), "a whole number from 0 to 2147483647", metavar="N",
+    )
+    bench_model: str = setting(
+        "BENCH_MODEL", "mlp",
+        "Model mgpu bench measures: mlp (the seed's) or resnet (a small ResNet on 32x32x3 "
+        "images, about 0.5M parameters, big enough for scaling to mean something).",
+        parse_choice("mlp", "resnet"), "mlp, resnet", metavar="NAME",
+    )
+    bench_replicas: tuple[int, ...] = setting(
+        "BENCH_REPLICAS", "auto",
+        "Replica counts mgpu bench sweeps: auto (1, 2, 4, ... up to the selected GPUs, or "
+        "to VIRTUAL_DEVICES when it is 2 or more) or a comma list like 1,2,4.",
+        parse_replica_counts, "auto, or a comma list of whole numbers from 1 to 64 like 1,2,4",
+        metavar="LIST",
+    )
+    bench_sweep: tuple[str, ...] = setting(
+        "BENCH_SWEEP", "",
+        "Axes mgpu bench sweeps besides replicas: precision (fp32 and mixed), xla (off and "
+        "on); a comma list, empty for neither (MIXED_PRECISION and XLA then apply).",
+        parse_choice_list("precision", "xla"), "empty, or a comma list of precision, xla",
+        metavar="LIST",
+    )
+    bench_data: str = setting(
+        "BENCH_DATA", "synthetic",
+        "Input mgpu bench feeds: synthetic (tensors already on the device), real (the "
+        "tf.data pipeline over DATASET), both (reports the input pipeline's cost).",
+        parse_choice("synthetic", "real", "both"), "synthetic, real, both", metavar="MODE",
+    )
+    bench_warmup: int = setting(
+        "BENCH_WARMUP", "10", "Warm-up steps mgpu bench runs and does not time (tracing too).",
+        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N",
+    )
+    bench_steps: int = setting(
+        "BENCH_STEPS", "20", "Training steps in each interval mgpu bench times.",
+        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N",
+    )
+    bench_intervals: int = setting(
+        "BENCH_INTERVALS", "5",
+        "Timed intervals per point; mgpu bench reports their median and spread.",
+        parse_int(2, 1000), "a whole number from 2 to 1000", metavar="N",
+    )
+    bench_compare: bool = setting(
+        "BENCH_COMPARE", "0",
+        "mgpu bench also runs the seed's plain model.fit on the same data and device and "
+        "prints the mgpu/seed throughput ratio.",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1",
     )
     env_file: Path | None = setting(
         "ENV_FILE", "",
