@@ -1,0 +1,58 @@
+"""The compatibility table: lookups, version arithmetic, and its agreement with the lock."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mgpu_env import compat
+
+
+def test_pinned_row_is_the_locked_tensorflow() -> None:
+    lock = (Path(__file__).parent.parent / "requirements.lock").read_text()
+    locked = re.search(r"^tensorflow==([\d.]+)", lock, re.MULTILINE)
+    assert locked, "requirements.lock pins no tensorflow"
+    assert compat.minor_of(locked.group(1)) == compat.PINNED_TENSORFLOW
+    row = compat.pinned()
+    assert (row.cuda, row.cudnn) == ("12.5", "9.3")
+    assert row.min_driver_linux == "555.42.02"
+    assert row.min_driver_linux_minor_compat == "525.60.13"
+
+
+@pytest.mark.parametrize("version", ["2.21", "2.21.0", "2.21.0rc1", "2.21.3+nv"])
+def test_for_tensorflow_accepts_release_spellings(version: str) -> None:
+    assert compat.for_tensorflow(version) is compat.COMPAT["2.21"]
+
+
+def test_for_tensorflow_unknown_is_none() -> None:
+    assert compat.for_tensorflow("1.15.5") is None
+    assert compat.for_tensorflow("not a version") is None
+
+
+def test_every_row_has_a_driver_for_its_cuda() -> None:
+    for row in compat.COMPAT.values():
+        assert compat.driver_at_least(row.min_driver_linux, row.min_driver_linux_minor_compat)
+
+
+def test_python_range() -> None:
+    row = compat.COMPAT["2.21"]
+    assert row.supports_python("3.11.7")
+    assert row.supports_python("3.13")
+    assert not row.supports_python("3.9.18")
+    assert not row.supports_python("3.14.0")
+    assert row.python_range == "3.10-3.13"
+
+
+def test_driver_comparison_is_numeric() -> None:
+    assert compat.driver_at_least("555.42.06", "555.42.02")
+    assert not compat.driver_at_least("525.60.9", "525.60.13")
+    assert compat.driver_at_least("570.26", "555.42.02")
+
+
+def test_min_driver_for_cuda_and_nvml_encoding() -> None:
+    assert compat.min_driver_for_cuda("12.5.1") == "555.42.02"
+    assert compat.min_driver_for_cuda("12.7") is None
+    assert compat.cuda_from_nvml(12040) == "12.4"
+    assert compat.cuda_from_nvml(13000) == "13.0"
