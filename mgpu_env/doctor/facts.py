@@ -1,0 +1,166 @@
+"""The facts `mgpu doctor` judges, gathered in one typed record by small replaceable probes.
+
+Each probe is a module-level function that never raises: a failure becomes a `Probed`
+with an error ("could not collect ..."). Tests build `Facts` directly, or replace a probe
+with `monkeypatch.setattr(facts, "probe_shm_bytes", ...)`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import TypeVar
+
+from mgpu_env import nvml
+from mgpu_env.devices import GpuSelection
+from mgpu_env.nvml import GpuInfo, Probed
+from mgpu_env.settings import GpuRequest
+from mgpu_env.tfprobe import TfFacts
+
+T = TypeVar("T")
+
+# Environment variables the report shows as they were before mgpu changed anything.
+REPORTED_VARIABLES = (
+    "GPUS",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
+    "NCCL_IB_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+)
+# Distributions whose versions the report lists, by display name.
+DISTRIBUTIONS = {
+    "TensorFlow": "tensorflow",
+    "Keras": "keras",
+    "NumPy": "numpy",
+    "nvidia-ml-py": "nvidia-ml-py",
+}
+UNLIMITED = -1
+
+
+def _probe(call: Callable[[], T]) -> Probed[T]:
+    try:
+        return Probed(value=call())
+    except Exception as err:
+        return Probed(error=str(err) or type(err).__name__)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The machine or container around the GPUs."""
+
+    in_container: Probed[bool] = field(default_factory=lambda: Probed(value=False))
+    # /dev/nvidia* device files (nvidiactl, nvidia0, ...): the Container Toolkit adds them.
+    device_files: Probed[tuple[str, ...]] = field(default_factory=lambda: Probed(value=()))
+    shm_bytes: Probed[int] = field(default_factory=Probed)
+    # RLIMIT_MEMLOCK (soft, hard) in bytes; -1 is unlimited.
+    memlock: Probed[tuple[int, int]] = field(default_factory=Probed)
+    euid: Probed[int] = field(default_factory=Probed)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the checks look at. `tensorflow` is None when its probe was skipped."""
+
+    request: GpuRequest
+    nvml: nvml.NvmlSnapshot
+    selection: GpuSelection | None  # None: GPUS does not fit the machine (selection_error)
+    selection_error: str | None
+    environ: dict[str, str]  # REPORTED_VARIABLES as the user set them
+    host: HostFacts
+    versions: dict[str, Probed[str]]  # display name -> version (Python, TensorFlow, ..., OS)
+    tensorflow: TfFacts | None = None
+    mixed_precision: str = "0"
+
+    @property
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        return self.nvml.listing.gpus
+
+    @property
+    def selected(self) -> tuple[GpuInfo, ...]:
+        return self.selection.gpus if self.selection is not None else ()
+
+
+# ------------------------------------------------------------------------------ probes
+
+
+def probe_in_container() -> Probed[bool]:
+    def detect() -> bool:
+        if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+            return True
+        try:
+            cgroup = Path("/proc/1/cgroup").read_text()
+        except OSError:
+            return False
+        return any(word in cgroup for word in ("docker", "containerd", "kubepods", "libpod"))
+
+    return _probe(detect)
+
+
+def probe_device_files(dev: Path = Path("/dev")) -> Probed[tuple[str, ...]]:
+    return _probe(lambda: tuple(sorted(p.name for p in dev.glob("nvidia*"))))
+
+
+def probe_shm_bytes(path: str = "/dev/shm") -> Probed[int]:
+    def size() -> int:
+        stats = os.statvfs(path)
+        return stats.f_frsize * stats.f_blocks
+
+    return _probe(size)
+
+
+def probe_memlock() -> Probed[tuple[int, int]]:
+    def limits() -> tuple[int, int]:
+        soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        as_int = lambda v: UNLIMITED if v == resource.RLIM_INFINITY else int(v)  # noqa: E731
+        return as_int(soft), as_int(hard)
+
+    return _probe(limits)
+
+
+def probe_euid() -> Probed[int]:
+    return _probe(os.geteuid)
+
+
+def probe_host() -> HostFacts:
+    return HostFacts(
+        in_container=probe_in_container(),
+        device_files=probe_device_files(),
+        shm_bytes=probe_shm_bytes(),
+        memlock=probe_memlock(),
+        euid=probe_euid(),
+    )
+
+
+def _os_name() -> str:
+    try:
+        release = platform.freedesktop_os_release()
+        name = release.get("PRETTY_NAME") or release.get("NAME", "")
+    except OSError:
+        name = ""
+    return f"{name or platform.system()} (kernel {platform.release()}, {platform.machine()})"
+
+
+def probe_versions() -> dict[str, Probed[str]]:
+    """Versions from package metadata: nothing is imported, so this is instant."""
+    versions: dict[str, Probed[str]] = {
+        "Python": Probed(value=platform.python_version()),
+    }
+    for display, distribution in DISTRIBUTIONS.items():
+        versions[display] = _probe(lambda d=distribution: metadata.version(d))  # type: ignore[misc]
+    versions["OS"] = _probe(_os_name)
+    return versions
+
+
+def reported_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: environ[k] for k in REPORTED_VARIABLES if k in environ}

@@ -1,0 +1,253 @@
+"""The TensorFlow probe: its build (CUDA, cuDNN, compute capabilities), the GPUs it lists,
+and the cuDNN library the process can load.
+
+Importing TensorFlow takes seconds and can hang or crash on a broken driver, so `mgpu
+doctor` runs `collect_in_process` in a child process (`collect`), with the GPU selection
+already in the child's environment, and reads one JSON line back. Training, which imports
+TensorFlow anyway, calls `collect_in_process` directly. Tests replace `collect`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mgpu_env.nvml import Probed
+
+T = TypeVar("T")
+
+JSON_MARKER = "MGPU_TFPROBE_JSON "
+DEFAULT_TIMEOUT_S = 300.0
+# The environment variables that decide which GPUs TensorFlow sees.
+VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+@dataclass(frozen=True)
+class TfBuildInfo:
+    """`tf.sysconfig.get_build_info()`, typed."""
+
+    is_cuda_build: bool
+    cuda_version: str | None = None  # "12.5.1"
+    cudnn_version: str | None = None  # "9" (the wheel names only the major)
+    compute_capabilities: tuple[str, ...] = ()  # ("sm_60", ..., "compute_90")
+
+
+@dataclass(frozen=True)
+class CudnnLibrary:
+    """A cuDNN library the process loaded, and its `cudnnGetVersion()`."""
+
+    version: str  # "9.3.0"
+    path: str
+    mapped_before_probe: bool = False  # already in the process (TensorFlow loaded it)
+
+
+@dataclass(frozen=True)
+class TfFacts:
+    """What TensorFlow says about itself and the GPUs it can use."""
+
+    version: Probed[str] = field(default_factory=Probed)
+    build: Probed[TfBuildInfo] = field(default_factory=Probed)
+    # Physical GPU devices, as in the seed's
+    # len(tf.config.experimental.list_physical_devices('GPU')).
+    gpus: Probed[tuple[str, ...]] = field(default_factory=Probed)
+    cudnn: Probed[CudnnLibrary] = field(default_factory=Probed)
+    # The visibility variables the probe ran with (absent: not set).
+    environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_gpus(self) -> int | None:
+        return len(self.gpus.value) if self.gpus.ok and self.gpus.value is not None else None
+
+
+def _probe(call: Callable[[], T]) -> Probed[T]:
+    try:
+        return Probed(value=call())
+    except Exception as err:
+        return Probed(error=str(err) or type(err).__name__)
+
+
+def failed(reason: str, environment: Mapping[str, str] | None = None) -> TfFacts:
+    """Facts that say every TensorFlow probe failed for `reason`."""
+    return TfFacts(
+        version=Probed(error=reason),
+        build=Probed(error=reason),
+        gpus=Probed(error=reason),
+        cudnn=Probed(error=reason),
+        environment=dict(environment or {}),
+    )
+
+
+def build_info_from(raw: Mapping[str, Any]) -> TfBuildInfo:
+    """Type the dict `tf.sysconfig.get_build_info()` returns (keys vary across builds)."""
+    capabilities = raw.get("cuda_compute_capabilities") or ()
+    if isinstance(capabilities, str):
+        capabilities = capabilities.replace(",", " ").split()
+    return TfBuildInfo(
+        is_cuda_build=bool(raw.get("is_cuda_build", False)),
+        cuda_version=str(raw["cuda_version"]) if raw.get("cuda_version") else None,
+        cudnn_version=str(raw["cudnn_version"]) if raw.get("cudnn_version") else None,
+        compute_capabilities=tuple(str(c) for c in capabilities),
+    )
+
+
+def decode_cudnn_version(encoded: int) -> str:
+    """cudnnGetVersion()'s number as text: 90300 -> '9.3.0' (cuDNN 9), 8902 -> '8.9.2' (8)."""
+    if encoded >= 90000:  # cuDNN 9: major*10000 + minor*100 + patch
+        return f"{encoded // 10000}.{(encoded % 10000) // 100}.{encoded % 100}"
+    return f"{encoded // 1000}.{(encoded % 1000) // 100}.{encoded % 100}"
+
+
+def _mapped_libraries(prefix: str) -> list[str]:
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    paths = []
+    for line in lines:
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if Path(path).name.startswith(prefix) and path not in paths:
+            paths.append(path)
+    return paths
+
+
+def _pip_cudnn_candidates() -> list[str]:
+    # tensorflow[and-cuda] installs cuDNN as the nvidia-cudnn-cu12 wheel, outside ld's path.
+    try:
+        import nvidia.cudnn  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    found = []
+    for root in getattr(nvidia.cudnn, "__path__", []):
+        found += sorted(str(p) for p in Path(root, "lib").glob("libcudnn.so*"))
+    return found
+
+
+def loaded_cudnn() -> CudnnLibrary:
+    """The cuDNN this process uses: the one already mapped, else the one the loader finds.
+
+    Raises RuntimeError naming where it looked when there is none (a CPU machine).
+    """
+    mapped = _mapped_libraries("libcudnn.so")
+    candidates = [*mapped, *_pip_cudnn_candidates(), "libcudnn.so.9", "libcudnn.so.8"]
+    reasons = []
+    for candidate in candidates:
+        try:
+            library = ctypes.CDLL(candidate)
+        except OSError as err:
+            reasons.append(str(err).split(":")[-1].strip() or candidate)
+            continue
+        get_version = library.cudnnGetVersion
+        get_version.restype = ctypes.c_size_t
+        return CudnnLibrary(
+            version=decode_cudnn_version(int(get_version())),
+            path=candidate,
+            mapped_before_probe=candidate in mapped,
+        )
+    raise RuntimeError(
+        "no cuDNN library found (tried " + ", ".join(candidates) + ")"
+    )
+
+
+def collect_in_process() -> TfFacts:
+    """Import TensorFlow here and ask it. Never raises. The GPU selection must be applied."""
+    environment = {k: os.environ[k] for k in VISIBILITY_VARIABLES if k in os.environ}
+    try:
+        import tensorflow as tf
+    except Exception as err:
+        return failed(f"TensorFlow does not import: {type(err).__name__}: {err}", environment)
+    return TfFacts(
+        version=_probe(lambda: str(tf.__version__)),
+        build=_probe(lambda: build_info_from(dict(tf.sysconfig.get_build_info()))),
+        gpus=_probe(
+            lambda: tuple(d.name for d in tf.config.experimental.list_physical_devices("GPU"))
+        ),
+        cudnn=_probe(loaded_cudnn),
+        environment=environment,
+    )
+
+
+def to_json(facts: TfFacts) -> str:
+    def probed(p: Probed[Any]) -> dict[str, Any]:
+        value = p.value
+        if isinstance(value, TfBuildInfo | CudnnLibrary):
+            value = value.__dict__
+        return {"value": value, "error": p.error}
+
+    return json.dumps(
+        {
+            "version": probed(facts.version),
+            "build": probed(facts.build),
+            "gpus": probed(facts.gpus),
+            "cudnn": probed(facts.cudnn),
+            "environment": facts.environment,
+        }
+    )
+
+
+def from_json(text: str) -> TfFacts:
+    data = json.loads(text)
+
+    def probed(key: str, make: Callable[[Any], Any]) -> Probed[Any]:
+        item = data[key]
+        if item["error"] is not None:
+            return Probed(error=item["error"])
+        return Probed(value=make(item["value"]))
+
+    return TfFacts(
+        version=probed("version", str),
+        build=probed(
+            "build",
+            lambda v: TfBuildInfo(
+                is_cuda_build=v["is_cuda_build"],
+                cuda_version=v["cuda_version"],
+                cudnn_version=v["cudnn_version"],
+                compute_capabilities=tuple(v["compute_capabilities"]),
+            ),
+        ),
+        gpus=probed("gpus", tuple),
+        cudnn=probed("cudnn", lambda v: CudnnLibrary(**v)),
+        environment=dict(data.get("environment", {})),
+    )
+
+
+def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) -> TfFacts:
+    """Run `collect_in_process` in a child Python with `environ`. Never raises."""
+    env = dict(environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up log out of it
+    visibility = {k: env[k] for k in VISIBILITY_VARIABLES if k in env}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "mgpu_env.tfprobe"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return failed(f"TensorFlow did not answer within {timeout_s:g} s", visibility)
+    except OSError as err:
+        return failed(f"could not start Python: {err}", visibility)
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(JSON_MARKER):
+            try:
+                return from_json(line.removeprefix(JSON_MARKER))
+            except (ValueError, KeyError, TypeError) as err:
+                return failed(f"unreadable answer from the TensorFlow probe: {err}", visibility)
+    tail = " | ".join(done.stderr.strip().splitlines()[-3:]) or "no output"
+    return failed(f"the TensorFlow probe exited with code {done.returncode}: {tail}", visibility)
+
+
+def main() -> None:
+    print(JSON_MARKER + to_json(collect_in_process()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
