@@ -39,6 +39,8 @@ class FakeNvml:
     topology_level: int = 10  # NVML_TOPOLOGY_SINGLE
     p2p_ok: bool = True
     nvlink: bool = False
+    # Per-pair overrides, keyed by (index a, index b) with a < b: (topology level, p2p, nvlink).
+    links: dict[tuple[int, int], tuple[int, bool, bool]] = field(default_factory=dict)
     initialised: int = 0
 
     # Constants the probe reads from the module.
@@ -112,13 +114,20 @@ class FakeNvml:
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE
         return mode, mode
 
+    def _link(self, a: FakeGpu, b: FakeGpu) -> tuple[int, bool, bool]:
+        ia = next(i for i, g in enumerate(self.gpus) if g is a)
+        ib = next(i for i, g in enumerate(self.gpus) if g is b)
+        default = (self.topology_level, self.p2p_ok, self.nvlink)
+        return self.links.get((min(ia, ib), max(ia, ib)), default)
+
     def nvmlDeviceGetTopologyCommonAncestor(self, a: FakeGpu, b: FakeGpu) -> int:
         self._check("nvmlDeviceGetTopologyCommonAncestor")
-        return self.topology_level
+        return self._link(a, b)[0]
 
     def nvmlDeviceGetP2PStatus(self, a: FakeGpu, b: FakeGpu, index: int) -> int:
         self._check("nvmlDeviceGetP2PStatus")
-        ok = self.nvlink if index == 2 else self.p2p_ok
+        _level, p2p, nvlink = self._link(a, b)
+        ok = nvlink if index == 2 else p2p
         return pynvml.NVML_P2P_STATUS_OK if ok else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
 
 

@@ -192,8 +192,12 @@ def preflight(
     if request.kind != "all":
         user_environ.pop("CUDA_VISIBLE_DEVICES", None)
     selection, selection_error = _select(request, snapshot.listing, user_environ)
-    if tensorflow is None and selection is not None and selection.gpus:
-        tensorflow = tfprobe.collect_in_process()
+    if selection is not None and not selection.gpus:
+        checks: tuple[Callable[[Facts], Check | list[Check]], ...] = (check_nvml, check_request)
+    else:
+        checks = PREFLIGHT_CHECKS
+        if tensorflow is None and selection is not None:
+            tensorflow = tfprobe.collect_in_process()
     facts = Facts(
         request=request,
         nvml=snapshot,
@@ -204,5 +208,5 @@ def preflight(
         versions={},
         tensorflow=tensorflow,
     )
-    checks = run_checks(facts, PREFLIGHT_CHECKS)
-    return [c for c in checks if c.status == "error" or (strict and c.status == "warn")]
+    results = run_checks(facts, checks)
+    return [c for c in results if c.status == "error" or (strict and c.status == "warn")]

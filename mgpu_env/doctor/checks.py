@@ -145,8 +145,9 @@ def check_driver_version(facts: Facts) -> Check:
         f">= {full} for CUDA {row.cuda} (TensorFlow {row.tensorflow}); "
         f">= {oldest} runs it with minor-version compatibility"
     )
-    if not facts.nvml.listing.available:
-        return Check("driver.version", title, "skip", "no driver", expected)
+    if not facts.nvml.listing.available or not facts.gpus:
+        found = "no GPU" if facts.nvml.listing.available else "no driver"
+        return Check("driver.version", title, "skip", found, expected)
     driver = facts.nvml.driver_version
     if not driver.ok or not driver.value:
         return Check(
@@ -176,8 +177,9 @@ def check_driver_cuda(facts: Facts) -> Check:
     title = "Driver CUDA"
     row = target_build(facts)
     expected = f">= {row.cuda} (the CUDA TensorFlow {row.tensorflow} is built with)"
-    if not facts.nvml.listing.available:
-        return Check("driver.cuda", title, "skip", "no driver", expected)
+    if not facts.nvml.listing.available or not facts.gpus:
+        found = "no GPU" if facts.nvml.listing.available else "no driver"
+        return Check("driver.cuda", title, "skip", found, expected)
     encoded = facts.nvml.cuda_driver_version
     if not encoded.ok or encoded.value is None:
         return Check("driver.cuda", title, "warn", encoded.text(), expected,
@@ -191,9 +193,10 @@ def check_driver_cuda(facts: Facts) -> Check:
     if have >= want:
         return Check("driver.cuda", title, "ok", supported, expected)
     if have[0] == want[0]:
-        return Check("driver.cuda", title, "warn",
+        # Judged once, by driver.version (a warning there); not a second warning here.
+        return Check("driver.cuda", title, "ok",
                      f"{supported}: CUDA {row.cuda} runs with minor-version compatibility",
-                     expected, fix)
+                     expected)
     return Check("driver.cuda", title, "error",
                  f"{supported}: CUDA {row.cuda} cannot run", expected, fix)
 

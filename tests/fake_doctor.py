@@ -1,0 +1,91 @@
+"""Canned doctor facts: fake TensorFlow answers, a healthy host, versions (no GPU needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mgpu_env import nvml
+from mgpu_env.doctor import facts as probes
+from mgpu_env.doctor import gather
+from mgpu_env.doctor.facts import Facts, HostFacts
+from mgpu_env.nvml import Probed
+from mgpu_env.settings import parse_gpus
+from mgpu_env.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
+
+TF_221_CAPABILITIES = ("sm_60", "sm_70", "sm_80", "sm_89", "compute_90")
+GIB = 1024**3
+
+
+def tf_facts(
+    gpus: int = 0,
+    *,
+    cuda_build: bool = True,
+    capabilities: tuple[str, ...] = TF_221_CAPABILITIES,
+    cudnn: str | None = "9.3.0",
+    version: str = "2.21.0",
+) -> TfFacts:
+    build = TfBuildInfo(
+        is_cuda_build=cuda_build,
+        cuda_version="12.5.1" if cuda_build else None,
+        cudnn_version="9" if cuda_build else None,
+        compute_capabilities=capabilities if cuda_build else (),
+    )
+    return TfFacts(
+        version=Probed(value=version),
+        build=Probed(value=build),
+        gpus=Probed(value=tuple(f"/physical_device:GPU:{i}" for i in range(gpus))),
+        cudnn=(
+            Probed(value=CudnnLibrary(cudnn, "/usr/lib/x86_64-linux-gnu/libcudnn.so.9"))
+            if cudnn else Probed(error="no cuDNN library found (tried libcudnn.so.9)")
+        ),
+    )
+
+
+def healthy_host(**changes: object) -> HostFacts:
+    values: dict[str, object] = {
+        "in_container": Probed(value=True),
+        "device_files": Probed(value=("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm")),
+        "shm_bytes": Probed(value=8 * GIB),
+        "memlock": Probed(value=(-1, -1)),
+        "euid": Probed(value=1000),
+    }
+    values.update(changes)
+    return HostFacts(**values)  # type: ignore[arg-type]
+
+
+def versions(python: str = "3.12.3", tensorflow: str = "2.21.0") -> dict[str, Probed[str]]:
+    return {
+        "Python": Probed(value=python),
+        "TensorFlow": Probed(value=tensorflow),
+        "Keras": Probed(value="3.15.1"),
+        "NumPy": Probed(value="2.4.6"),
+        "nvidia-ml-py": Probed(value="13.615.71"),
+        "OS": Probed(value="Ubuntu 24.04 LTS"),
+    }
+
+
+def make_facts(
+    gpus_setting: str = "all",
+    *,
+    tf: TfFacts | None = None,
+    host: HostFacts | None = None,
+    environ: Mapping[str, str] | None = None,
+    mixed_precision: str = "0",
+    python: str = "3.12.3",
+) -> Facts:
+    """Facts from whatever NVML `nvml.load_library` gives (install a fake first)."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(probes, "probe_host", lambda: host or healthy_host())
+        patch.setattr(probes, "probe_versions", lambda: versions(python=python))
+        return gather(
+            parse_gpus(gpus_setting),
+            dict(environ or {}),
+            with_tensorflow=tf is not None,
+            mixed_precision=mixed_precision,
+            collect_tensorflow=(lambda env: tf) if tf is not None else None,  # type: ignore[arg-type,return-value]
+        )
+
+
+__all__ = ["GIB", "healthy_host", "make_facts", "nvml", "tf_facts", "versions"]
