@@ -49,3 +49,48 @@ lint: $(STAMP) ## ruff and mypy
 .PHONY: clean
 clean: ## Remove the virtual environment and caches (runs/ is kept)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# --- Container (Dockerfile, docker-compose*.yml, docker/) -------------------------------
+# Compose v2 where installed, else v1; files are written as the host user.
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+IMAGE ?= mgpu-env:latest
+BASE_CPU_IMAGE ?= mgpu-env/base-cpu:bookworm
+WHEELS_PYTHON ?= 3.12
+COMPOSE_RUN := HOST_UID=$$(id -u) HOST_GID=$$(id -g) $(COMPOSE) run --rm
+
+.PHONY: build
+build: ## Build the GPU image (CUDA 12.5.1 + cuDNN 9.3 base; BASE_IMAGE=... to change)
+	IMAGE=$(IMAGE) docker/build-image.sh $(BUILD_ARGS)
+
+.PHONY: build-cpu
+build-cpu: ## Build the image on a local Debian base (no registry, no GPU)
+	docker/build-base-image.sh $(BASE_CPU_IMAGE)
+	IMAGE=mgpu-env:cpu BASE_IMAGE=$(BASE_CPU_IMAGE) docker/build-image.sh $(BUILD_ARGS)
+
+.PHONY: wheels
+wheels: ## Download the locked wheels into docker/wheels/ for an offline build
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) \
+		--platform manylinux_2_28_x86_64 --dest docker/wheels -r requirements.lock
+
+runs data:
+	mkdir -p $@
+
+.PHONY: docker-train
+docker-train: runs data ## Train in the container (docker compose run --rm train)
+	$(COMPOSE_RUN) train
+
+.PHONY: docker-doctor
+docker-doctor: runs data ## Check the GPUs from inside the container
+	$(COMPOSE_RUN) doctor
+
+.PHONY: docker-bench
+docker-bench: runs data ## Benchmark in the container
+	$(COMPOSE_RUN) bench
+
+.PHONY: tensorboard
+tensorboard: runs data ## TensorBoard on runs/ at http://127.0.0.1:6006
+	HOST_UID=$$(id -u) HOST_GID=$$(id -g) $(COMPOSE) up tensorboard
+
+.PHONY: test-container
+test-container: ## Build on a local CPU base and check doctor, train, stop/resume, compose
+	docker/test-container.sh

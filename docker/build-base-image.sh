@@ -8,6 +8,9 @@
 # Env:   FORCE=1 rebuilds even when TAG exists; SUITE (default bookworm);
 #        MIRROR (default: the tool's own default, deb.debian.org).
 set -Eeuo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=docker/lib.sh
+. docker/lib.sh
 
 TAG="${1:-${BASE_CPU_IMAGE:-mgpu-env/base-cpu:bookworm}}"
 SUITE="${SUITE:-bookworm}"
@@ -15,9 +18,6 @@ MIRROR="${MIRROR:-}"
 # The CUDA images ship ca-certificates; the stand-in does too so later
 # `apt-get`/`pip` calls over https behave the same on both.
 PACKAGES="ca-certificates"
-
-log() { printf 'build-base-image: %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
 
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 

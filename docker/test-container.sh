@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# The whole container check, on a machine with a Docker engine and no GPU and
+# no registry (CI): `make test-container` runs it, and tests/test_container.py
+# runs that where Docker is present.
+#
+#   1. a CPU base image (Debian rootfs, docker import), reused when it exists;
+#   2. the project's Dockerfile built on it, with only BASE_IMAGE changed;
+#   3. compose: doctor, then train (DATASET=digits EPOCHS=1 VIRTUAL_DEVICES=2):
+#      exit codes, log, metrics.json in the mounted runs folder, readable by
+#      the host user;
+#   4. `docker stop` in the middle of a training run, then a run that resumes;
+#   5. the GPU compose file merges into a valid configuration.
+# Plus: the image's user, entrypoint and build context.
+#
+# Env: BASE_CPU_IMAGE (default mgpu-env/base-cpu:bookworm), TEST_IMAGE (default
+# mgpu-env:cpu), TEST_UID/TEST_GID (the UID the containers run as when this
+# runs as root; default 4242), KEEP_TMP=1 keeps the work folder.
+set -Eeuo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=docker/lib.sh
+. docker/lib.sh
+
+BASE_CPU_IMAGE="${BASE_CPU_IMAGE:-mgpu-env/base-cpu:bookworm}"
+TEST_IMAGE="${TEST_IMAGE:-mgpu-env:cpu}"
+PROJECT="mgpu-test-$$"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/mgpu-test-container.XXXXXX")"
+STOP_CONTAINER="${PROJECT}-stopped-train"
+COMPOSE=()
+
+step() { printf '\n== %s\n' "$*" >&2; }
+elapsed() { printf '%ss' "$((SECONDS - $1))"; }
+
+cleanup() {
+    local code=$?
+    docker rm -f "$STOP_CONTAINER" >/dev/null 2>&1 || true
+    if [ "${#COMPOSE[@]}" -gt 0 ]; then
+        compose down --volumes --remove-orphans >/dev/null 2>&1 || true
+    fi
+    if [ "${KEEP_TMP:-0}" = 1 ] || [ "$code" -ne 0 ]; then
+        log "work folder kept: $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$code"
+}
+trap cleanup EXIT
+
+# compose with this test's project name, files and settings only: an --env-file
+# of our own, so a developer's .env cannot leak settings or COMPOSE_FILE in.
+compose() {
+    "${COMPOSE[@]}" --project-name "$PROJECT" --env-file "$WORK/compose.env" \
+        -f docker-compose.yml "$@"
+}
+
+show_log() { log "--- $1 (last 40 lines)"; tail -n 40 "$1" >&2; }
+
+fail_with_log() { show_log "$2"; die "$1"; }
+
+# Ownership and readability, as the host user would see them.
+check_host_readable() {
+    local file="$1" owner
+    owner="$(stat -c %u "$file")"
+    [ "$owner" = "$HOST_UID" ] || die "$file is owned by UID $owner, not the host user's $HOST_UID"
+    if [ "$(id -u)" -eq 0 ]; then
+        setpriv --reuid="$HOST_UID" --regid="$HOST_GID" --clear-groups cat "$file" >/dev/null \
+            || die "UID $HOST_UID cannot read $file"
+    else
+        [ -r "$file" ] || die "the host user cannot read $file"
+    fi
+}
+
+json_field() {
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' "$1" "$2"
+}
+
+prepare() {
+    find_compose
+    log "compose: ${COMPOSE[*]}"
+    if [ "$(id -u)" -eq 0 ]; then
+        # As root, run the containers as an arbitrary non-root UID, as a host
+        # user would: proves the image works for any UID, and that files come
+        # back owned by (and readable for) that user.
+        HOST_UID="${TEST_UID:-4242}"
+        HOST_GID="${TEST_GID:-4242}"
+    else
+        HOST_UID="$(id -u)"
+        HOST_GID="$(id -g)"
+    fi
+    mkdir -p "$WORK/runs" "$WORK/data"
+    chmod 755 "$WORK"
+    [ "$(id -u)" -eq 0 ] && chown "$HOST_UID:$HOST_GID" "$WORK/runs" "$WORK/data"
+    cat >"$WORK/compose.env" <<EOF
+MGPU_IMAGE=$TEST_IMAGE
+BASE_IMAGE=$BASE_CPU_IMAGE
+HOST_UID=$HOST_UID
+HOST_GID=$HOST_GID
+HOST_RUNS_DIR=$WORK/runs
+HOST_DATA_DIR=$WORK/data
+DATASET=digits
+VIRTUAL_DEVICES=2
+TF_CPP_MIN_LOG_LEVEL=2
+EOF
+    # Settings from the caller's shell would override the env file; drop them.
+    unset GPUS MIXED_PRECISION EPOCHS BATCH_SIZE LEARNING_RATE DATASET DATA_DIR OUTPUT_DIR \
+        RUN_NAME VIRTUAL_DEVICES XLA CROSS_DEVICE_OPS SEED MGPU_DEBUG ENV_FILE COMPOSE_FILE \
+        MGPU_IMAGE BASE_IMAGE HOST_RUNS_DIR HOST_DATA_DIR
+}
+
+build_images() {
+    local start=$SECONDS
+    step "1. CPU base image $BASE_CPU_IMAGE"
+    docker/build-base-image.sh "$BASE_CPU_IMAGE"
+    log "base image ready in $(elapsed "$start")"
+
+    start=$SECONDS
+    step "2. project image $TEST_IMAGE on $BASE_CPU_IMAGE"
+    IMAGE="$TEST_IMAGE" BASE_IMAGE="$BASE_CPU_IMAGE" docker/build-image.sh >"$WORK/build.log" 2>&1 \
+        || fail_with_log "docker build failed" "$WORK/build.log"
+    log "image built in $(elapsed "$start"), $(docker image inspect -f '{{.Size}}' "$TEST_IMAGE") bytes"
+}
+
+check_image() {
+    step "image: non-root user, exec-form mgpu entrypoint, build context"
+    local entrypoint cmd uid
+    entrypoint="$(docker image inspect -f '{{json .Config.Entrypoint}}' "$TEST_IMAGE")"
+    cmd="$(docker image inspect -f '{{json .Config.Cmd}}' "$TEST_IMAGE")"
+    [ "$entrypoint" = '["mgpu"]' ] || die "ENTRYPOINT is $entrypoint, expected [\"mgpu\"]"
+    [ "$cmd" = '["train"]' ] || die "CMD is $cmd, expected [\"train\"]"
+    uid="$(docker run --rm --entrypoint id "$TEST_IMAGE" -u)"
+    [ "$uid" != 0 ] || die "the image runs as root"
+    docker run --rm --entrypoint mgpu "$TEST_IMAGE" --help >/dev/null || die "mgpu --help fails in the image"
+
+    # What .dockerignore lets into the context: built with the same ignore file.
+    local probe="runs/.dockerignore-probe-$$" listing
+    mkdir -p runs && touch "$probe"
+    listing="$(printf 'FROM %s\nCOPY . /ctx\n' "$BASE_CPU_IMAGE" \
+        | docker build -q -t "${PROJECT}-context" -f - . >/dev/null \
+        && docker run --rm "${PROJECT}-context" find /ctx -maxdepth 2)"
+    rm -f "$probe"
+    docker rmi "${PROJECT}-context" >/dev/null 2>&1 || true
+    if grep -E '^/ctx/(\.env|\.git|\.venv|runs|data|tests|\.cache)(/|$)' <<<"$listing"; then
+        die ".dockerignore lets the paths above into the build context"
+    fi
+}
+
+check_doctor_and_train() {
+    local start=$SECONDS code=0
+    step "3a. compose run --rm doctor"
+    compose run --rm doctor >"$WORK/doctor.log" 2>&1 || code=$?
+    log "doctor exited $code in $(elapsed "$start")"
+    # No GPU here: the doctor may report that as an error (1), but a crash,
+    # a settings error (2) or a missing command (126/127) is a failure.
+    case "$code" in
+        0 | 1) ;;
+        *) fail_with_log "doctor exited $code" "$WORK/doctor.log" ;;
+    esac
+    grep -q 'Traceback' "$WORK/doctor.log" && fail_with_log "doctor printed a traceback" "$WORK/doctor.log"
+    [ -s "$WORK/doctor.log" ] || die "doctor printed nothing"
+
+    start=$SECONDS
+    code=0
+    step "3b. compose run --rm train (DATASET=digits EPOCHS=1 VIRTUAL_DEVICES=2)"
+    compose run --rm -e EPOCHS=1 -e RUN_NAME=ci-train train >"$WORK/train.log" 2>&1 || code=$?
+    log "train exited $code in $(elapsed "$start")"
+    [ "$code" -eq 0 ] || fail_with_log "train exited $code" "$WORK/train.log"
+    grep -q 'Traceback' "$WORK/train.log" && fail_with_log "train printed a traceback" "$WORK/train.log"
+    local metrics="$WORK/runs/ci-train/metrics.json"
+    [ -f "$metrics" ] || { find "$WORK/runs" >&2; fail_with_log "no $metrics" "$WORK/train.log"; }
+    check_host_readable "$metrics"
+    python3 -m json.tool "$metrics" >/dev/null || die "$metrics is not JSON"
+    log "metrics.json: $(tr -d '\n' <"$metrics" | cut -c1-300)"
+}
+
+# Waits until the log of the detached run shows a finished epoch (Keras prints
+# "Epoch N/M" at the start of epoch N), so a checkpoint exists to resume from.
+wait_for_epoch() {
+    local deadline=$((SECONDS + 600))
+    while [ $SECONDS -lt $deadline ]; do
+        docker logs "$STOP_CONTAINER" >"$WORK/stopped.log" 2>&1 || true
+        grep -Eq 'Epoch ([3-9]|[1-9][0-9]+)/' "$WORK/stopped.log" && return 0
+        [ "$(docker inspect -f '{{.State.Running}}' "$STOP_CONTAINER")" = true ] \
+            || fail_with_log "the training run ended before it could be stopped" "$WORK/stopped.log"
+        sleep 1
+    done
+    fail_with_log "no 'Epoch 3/' in the log within 600 s" "$WORK/stopped.log"
+}
+
+check_stop_and_resume() {
+    local start=$SECONDS code epochs=30
+    step "4. docker stop mid-run, then resume (EPOCHS=$epochs)"
+    compose run -d --name "$STOP_CONTAINER" -e EPOCHS=$epochs -e RUN_NAME=ci-resume train >/dev/null
+    wait_for_epoch
+    log "stopping after $(elapsed "$start")"
+    local stop_start=$SECONDS
+    docker stop --time 60 "$STOP_CONTAINER" >/dev/null
+    code="$(docker wait "$STOP_CONTAINER")"
+    docker logs "$STOP_CONTAINER" >"$WORK/stopped.log" 2>&1
+    log "stopped run exited $code, $(elapsed "$stop_start") after SIGTERM"
+    # 137 is SIGKILL: the entrypoint did not finish within the grace period.
+    [ "$code" != 137 ] || fail_with_log "SIGTERM did not stop training within 60 s" "$WORK/stopped.log"
+    docker rm "$STOP_CONTAINER" >/dev/null
+
+    start=$SECONDS
+    code=0
+    compose run --rm -e EPOCHS=$epochs -e RUN_NAME=ci-resume train >"$WORK/resume.log" 2>&1 || code=$?
+    log "resumed run exited $code in $(elapsed "$start")"
+    [ "$code" -eq 0 ] || fail_with_log "resumed train exited $code" "$WORK/resume.log"
+    local metrics="$WORK/runs/ci-resume/metrics.json" resumed
+    [ -f "$metrics" ] || fail_with_log "no $metrics" "$WORK/resume.log"
+    check_host_readable "$metrics"
+    resumed="$(json_field "$metrics" resumed_from_epoch)"
+    if [[ "$resumed" =~ ^[0-9]+$ ]] && [ "$resumed" -gt 0 ]; then
+        log "resumed_from_epoch=$resumed"
+    elif grep -qi 'resum' "$WORK/resume.log"; then
+        log "the log says it resumed: $(grep -i -m1 'resum' "$WORK/resume.log")"
+    else
+        fail_with_log "the second run did not resume (resumed_from_epoch=${resumed:-absent})" "$WORK/resume.log"
+    fi
+}
+
+check_gpu_config() {
+    step "5. docker-compose.yml + docker-compose.gpu.yml config"
+    compose -f docker-compose.gpu.yml config >"$WORK/gpu-config.yml" 2>"$WORK/gpu-config.err" \
+        || fail_with_log "the GPU compose configuration is invalid" "$WORK/gpu-config.err"
+    grep -q 'driver: nvidia' "$WORK/gpu-config.yml" || die "no nvidia device reservation in the merged config"
+}
+
+main() {
+    local start=$SECONDS
+    docker info >/dev/null 2>&1 || die "no Docker engine (docker info fails)"
+    prepare
+    build_images
+    check_image
+    check_gpu_config
+    check_doctor_and_train
+    check_stop_and_resume
+    step "container check passed in $(elapsed "$start")"
+}
+
+main "$@"

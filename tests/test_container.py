@@ -1,0 +1,56 @@
+"""The container, end to end: `make test-container` (docker/test-container.sh).
+
+Builds a CPU base image and the project's image on it, runs doctor and train
+through compose, stops a run with `docker stop` and checks that the next one
+resumes, and validates the GPU compose file. Needs a Docker engine; takes
+minutes the first time (the base image and the dependency layer are cached).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def docker_engine_missing() -> str | None:
+    """Why the container test cannot run here, or None when it can."""
+    if shutil.which("docker") is None:
+        return "requires a Docker engine: no docker command"
+    try:
+        info = subprocess.run(
+            ["docker", "info"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return "requires a Docker engine: docker info timed out"
+    if info.returncode != 0:
+        return f"requires a Docker engine: docker info fails ({info.stderr.strip()[:200]})"
+    if shutil.which("make") is None:
+        return "requires make"
+    return None
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_make_test_container(tmp_path: Path) -> None:
+    reason = docker_engine_missing()
+    if reason:
+        pytest.skip(reason)
+    log = tmp_path / "test-container.log"
+    with log.open("w") as out:
+        result = subprocess.run(
+            ["make", "--no-print-directory", "test-container"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=3500,
+            check=False,
+        )
+    output = log.read_text()
+    assert result.returncode == 0, f"make test-container failed:\n{output[-6000:]}"
+    assert "container check passed" in output
