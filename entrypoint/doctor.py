@@ -1,7 +1,7 @@
 """`mgpu doctor`: judge the driver, CUDA, cuDNN, GPUs, links and container; say the fixes."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: with_settings copies the command's
+# annotations as they are, and typer must see real Annotated[..., typer.Option] objects.
 import json
 import os
 from typing import Annotated
@@ -83,8 +83,7 @@ def command(
 ) -> None:
     """Check driver, CUDA, cuDNN, GPUs, links and the container; say how to fix problems.
 
-    Exit 0: no errors; 1: an error (--strict: or a warning); 2: bad settings, or GPUS names
-    a GPU this machine does not have.
+    Exit 0 no errors, 1 an error (or, with --strict, a warning), 2 a bad setting.
     """
     resolved = resolve_or_exit(flags)
     settings = resolved.settings
