@@ -17,6 +17,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from mgpu_env import compat
+from mgpu_env.settings import DECLARATIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -189,3 +190,10 @@ def test_hadolint_finds_nothing() -> None:
         [hadolint, str(DOCKERFILE)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_passes_every_setting_through() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    passed = set(re.findall(r"^\s+- ([A-Z][A-Z0-9_]+)$", compose, re.M))
+    missing = [d.env for d in DECLARATIONS if d.env != "ENV_FILE" and d.env not in passed]
+    assert not missing, f"docker-compose.yml does not pass {missing} to the container"
