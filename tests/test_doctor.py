@@ -221,7 +221,7 @@ def test_mixed_compute_capabilities(use_fake_nvml: Install) -> None:
     assert results["gpu.2"].status == "warn" and "PTX" in results["gpu.2"].fix
     assert results["gpu.uniform"].status == "warn"
     assert results["gpu.mixed_precision"].status == "warn"
-    assert "[1]" in results["gpu.mixed_precision"].fix
+    assert "GPU 1: no FP16" in results["gpu.mixed_precision"].fix
     # The old GPU left out of GPUS stops nothing.
     chosen = by_id(make_facts("0,2", tf=tf_facts(2)))
     assert chosen["gpu.1"].status == "ok" and "not used" in chosen["gpu.1"].found

@@ -171,3 +171,24 @@ def test_real_host_probes_never_crash(
     assert code in (0, 1)
     assert data["facts"]["versions"]["Python"]["value"]
     assert data["facts"]["versions"]["TensorFlow"]["value"] == "2.21.0"
+
+
+def test_no_tf_part_never_imports_tensorflow() -> None:
+    """The NVML/host part stays fast: TensorFlow is never imported in the doctor's process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, time\n"
+        "start = time.perf_counter()\n"
+        "from mgpu_env.doctor import diagnose\n"
+        "from mgpu_env.settings import parse_gpus\n"
+        "report = diagnose(parse_gpus('all'), os.environ, with_tensorflow=False)\n"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
+        "print(time.perf_counter() - start)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip()) < 2.0  # well under a second on a quiet machine

@@ -32,7 +32,7 @@ FIX_DRIVER_ON_HOST = (
 NCCL_HINTS = (
     "NCCL_DEBUG=INFO shows the transport NCCL picks; NCCL_P2P_LEVEL=SYS allows P2P across "
     "host bridges/sockets where the platform supports it; NCCL_P2P_DISABLE=1 if P2P hangs "
-    "(IOMMU/ACS); NCCL_SHM_DISABLE=0 and a large /dev/shm for the shared-memory path; "
+    "(IOMMU/ACS); keep NCCL_SHM_DISABLE unset and /dev/shm large for the shared-memory path; "
     "or pick GPUs that share a switch/NVLink with GPUS=..."
 )
 
@@ -107,6 +107,12 @@ def capability_support(
         elif capability >= built:
             result = "ptx"
     return result
+
+
+def _indices(indices: list[int]) -> str:
+    if not indices:
+        return "none"
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(str(i) for i in indices)
 
 
 def _cc_text(cc: tuple[int, int]) -> str:
@@ -445,7 +451,7 @@ def check_mixed_precision(facts: Facts) -> Check:
     fp16 = [g.index for g in selected if (g.compute_capability.value or (0, 0)) >= (7, 0)]
     bf16 = [g.index for g in selected if (g.compute_capability.value or (0, 0)) >= (8, 0)]
     found = (
-        f"MIXED_PRECISION={mode}; FP16 tensor cores: {fp16 or 'none'}, bf16: {bf16 or 'none'}"
+        f"MIXED_PRECISION={mode}; FP16 tensor cores: {_indices(fp16)}, bf16: {_indices(bf16)}"
         if facts.selected else f"MIXED_PRECISION={mode}; no GPU selected (CPU)"
     )
     expected = "fp16 needs compute capability >= 7.0, bf16 >= 8.0 on every GPU used"
@@ -458,12 +464,12 @@ def check_mixed_precision(facts: Facts) -> Check:
     if mode in ("1", "fp16") and len(fp16) < count:
         slow = [g.index for g in facts.selected if g.index not in fp16]
         return Check("gpu.mixed_precision", title, "warn", found, expected,
-                     f"GPU(s) {slow} have no FP16 tensor cores: fp16 will not be faster; "
+                     f"{_indices(slow)}: no FP16 tensor cores: fp16 will not be faster; "
                      "MIXED_PRECISION=0")
     if mode == "bf16" and len(bf16) < count:
         slow = [g.index for g in facts.selected if g.index not in bf16]
         return Check("gpu.mixed_precision", title, "warn", found, expected,
-                     f"GPU(s) {slow} have no bf16 support (needs 8.0): MIXED_PRECISION=fp16")
+                     f"{_indices(slow)}: no bf16 support (needs 8.0): MIXED_PRECISION=fp16")
     if mode == "0" and len(fp16) == count:
         return Check("gpu.mixed_precision", title, "ok", found, expected,
                      "MIXED_PRECISION=1 would use the tensor cores (the seed's FP16 tip)")
