@@ -1,11 +1,114 @@
-"""`mgpu bench`: being built (see the issue tracker)."""
+"""`mgpu bench`: samples/s and scaling efficiency against replicas; bench.json and a plot."""
 
 from __future__ import annotations
 
-from entrypoint.options import EXIT_FAILED, SettingFlags, fail, with_settings
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from entrypoint.options import (
+    EXIT_BAD_CONFIG,
+    EXIT_FAILED,
+    SettingFlags,
+    fail,
+    resolve_or_exit,
+    with_settings,
+)
+from mgpu_env.bench import BENCH_PNG, default_output_dir, run_bench, write_report
+from mgpu_env.errors import ConfigError
+from mgpu_env.launch import choose_gpus
+from mgpu_env.plot import plot_bench
+from mgpu_env.settings import SettingsErrors
 
 
 @with_settings()
 def command(flags: SettingFlags) -> None:
-    """Not built yet."""
-    fail("mgpu bench is not built yet", EXIT_FAILED)
+    """Sweep replica counts (and precision, XLA, data) and measure throughput and efficiency.
+
+    Each point runs in its own process: warm-up steps, then BENCH_INTERVALS timed intervals
+    of BENCH_STEPS steps. Writes bench.json and bench.png under OUTPUT_DIR.
+    """
+    resolved = resolve_or_exit(flags)
+    try:
+        launch = choose_gpus(resolved)
+    except SettingsErrors as err:
+        fail("\n".join(f"error: {e}" for e in err.errors), EXIT_BAD_CONFIG)
+    settings = resolved.settings
+    output_dir = default_output_dir(settings)
+    err_console = Console(stderr=True)
+
+    def progress(point: dict[str, Any], done: int, total: int) -> None:
+        what = f"[{done}/{total}] {point['replicas']} replica(s), {point['variant']}"
+        if point.get("error"):
+            err_console.print(f"{what}: [red]failed[/red]")
+        else:
+            err_console.print(f"{what}: {point['samples_per_s']['median']:,.0f} samples/s")
+
+    try:
+        report = run_bench(settings, launch.selection, on_point=progress)
+    except ConfigError as err:
+        fail(f"error: {err}", EXIT_BAD_CONFIG)
+    data = report.as_dict()
+    json_path = write_report(report, output_dir)
+    png_path = plot_bench(data, output_dir / BENCH_PNG)
+
+    console = Console()
+    console.print(render_table(data))
+    for note in data["notes"]:
+        console.print(f"note: {note}")
+    for cost in data["input_pipeline_cost"]:
+        console.print(
+            f"input pipeline ({cost['replicas']} replica(s), {cost['precision']}): "
+            f"{100 * cost['throughput_lost']:.1f}% of synthetic throughput lost, "
+            f"{cost['step_time_added_ms']:+.2f} ms per step"
+        )
+    comparison = data["seed_comparison"]
+    if comparison is not None:
+        if comparison.get("ratio") is None:
+            console.print(f"seed comparison failed: {comparison.get('error')}")
+        else:
+            console.print(
+                f"seed's model.fit: {comparison['seed_samples_per_s']:,.0f} samples/s; "
+                f"mgpu: {comparison['mgpu_samples_per_s']:,.0f} samples/s; "
+                f"mgpu/seed = {comparison['ratio']:.2f}x (1 replica, fp32, MLP, same data)"
+            )
+    console.print(f"wrote {json_path} and {png_path}")
+    for point in report.failed:
+        typer.echo(f"error: {point['error']}", err=True)
+    if report.failed:
+        raise typer.Exit(code=EXIT_FAILED)
+
+
+def render_table(data: dict[str, Any]) -> Table:
+    """One row per point: throughput with its spread, per replica, step time, efficiency."""
+    devices = data["devices"]
+    kind = f"logical {devices['kind']}" if devices["logical"] else devices["kind"]
+    variants = list(dict.fromkeys(p["variant"] for p in data["points"]))
+    title = f"mgpu bench: {data['settings'].get('BENCH_MODEL', '')}, {kind} devices"
+    if len(variants) == 1:
+        title += f", {variants[0]}"
+    table = Table(title=title, caption="samples/s: median over timed intervals; IQR: "
+                  "q3-q1; CI: 95% of the mean; eff.: samples/s / (n x samples/s at base)")
+    columns = ["variant"] if len(variants) > 1 else []
+    columns += ["n", "batch", "samples/s", "IQR", "CI", "/replica", "step ms", "eff."]
+    for name in columns:
+        table.add_column(name, justify="left" if name == "variant" else "right")
+    for point in data["points"]:
+        row = [point["variant"]] if len(variants) > 1 else []
+        row += [str(point["replicas"]), str(point["global_batch"])]
+        if point.get("error"):
+            table.add_row(*row, "failed", "", "", "", "", "")
+            continue
+        samples = point["samples_per_s"]
+        table.add_row(
+            *row,
+            f"{samples['median']:,.0f}",
+            f"{samples['iqr']:,.0f}",
+            f"±{samples['ci95']:,.0f}",
+            f"{point['samples_per_s_per_replica']:,.0f}",
+            f"{point['step_time_ms']['median']:.2f}",
+            f"{100 * point['efficiency']:.0f}%",
+        )
+    return table

@@ -1,0 +1,250 @@
+"""One point of `mgpu bench`, in a process of its own: `python -m mgpu_env.bench_worker SPEC`.
+
+SPEC is a `PointSpec` as JSON. The parent has already put this point's GPUs in
+CUDA_VISIBLE_DEVICES; the worker splits devices (VIRTUAL_DEVICES is fixed once per
+process, hence one process per point), builds the strategy, model and step, runs the
+warm-up, times `intervals` intervals of `steps_per_interval` steps, and prints one line:
+RESULT_PREFIX + JSON. Each timed interval ends by fetching a value to the host, so
+asynchronous execution is finished inside the interval.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mgpu_env.bench import RESULT_PREFIX, PointSpec
+
+
+def time_intervals(
+    run_steps: Callable[[int], Any], warmup_steps: int, steps_per_interval: int, intervals: int
+) -> list[float]:
+    """Run `warmup_steps` untimed, then time `intervals` calls of `steps_per_interval` steps.
+
+    `run_steps(n)` must run n steps and return only once they are done (it fetches a value
+    to the host).
+    """
+    remaining = warmup_steps
+    while remaining > 0:  # warm-up: tracing, compilation, allocator and cache warm-up
+        chunk = min(remaining, steps_per_interval)
+        run_steps(chunk)
+        remaining -= chunk
+    durations = []
+    for _ in range(intervals):
+        start = time.perf_counter()
+        run_steps(steps_per_interval)
+        durations.append(time.perf_counter() - start)
+    return durations
+
+
+def _policy_name(mixed_precision: str, device_type: str) -> str:
+    """Keras dtype policy for MIXED_PRECISION: 1 is fp16 on GPUs and bf16 on the CPU."""
+    if mixed_precision == "0":
+        return "float32"
+    if mixed_precision == "1":
+        return "mixed_float16" if device_type == "GPU" else "mixed_bfloat16"
+    return {"fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[mixed_precision]
+
+
+def _strategy(spec: PointSpec, device_type: str, devices: tuple[str, ...]) -> Any:
+    import tensorflow as tf
+
+    ops: Any = None
+    if spec.cross_device_ops == "nccl":
+        ops = tf.distribute.NcclAllReduce()
+    elif spec.cross_device_ops == "hierarchical_copy":
+        ops = tf.distribute.HierarchicalCopyAllReduce()
+    elif spec.cross_device_ops == "reduction_to_one" or device_type == "CPU":
+        # NCCL needs GPUs; logical CPU devices reduce through one device.
+        ops = tf.distribute.ReductionToOneDevice()
+    return tf.distribute.MirroredStrategy(devices=list(devices), cross_device_ops=ops)
+
+
+def _synthetic_batch(spec: PointSpec, strategy: Any, input_shape: tuple[int, ...]) -> Any:
+    """One batch per replica, made on that replica's device, reused every step."""
+    import tensorflow as tf
+
+    def make(context: Any) -> tuple[Any, Any]:
+        generator = tf.random.Generator.from_seed(spec.seed + context.replica_id_in_sync_group)
+        x = generator.uniform((spec.per_replica_batch, *input_shape))
+        y = generator.uniform((spec.per_replica_batch,), maxval=10, dtype=tf.int32)
+        return x, y
+
+    return strategy.experimental_distribute_values_from_function(make)
+
+
+def _real_iterator(spec: PointSpec, strategy: Any, input_shape: tuple[int, ...]) -> Any:
+    """An iterator over the training pipeline's real data, distributed over the replicas."""
+    import tensorflow as tf
+
+    from mgpu_env.bench_data import real_dataset
+
+    dataset = real_dataset(spec.dataset, spec.data_dir, spec.global_batch, spec.seed,
+                           input_shape)
+    return iter(strategy.experimental_distribute_dataset(dataset.repeat().prefetch(
+        tf.data.AUTOTUNE)))
+
+
+def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
+    """Measure the packaged training step (several steps per tf.function call)."""
+    import keras
+    import tensorflow as tf
+
+    from mgpu_env.bench_models import SHAPES, build_model
+    from mgpu_env.devices import configure_virtual_devices
+
+    logical = configure_virtual_devices(spec.virtual_devices)
+    devices = logical.logical[: spec.replicas]
+    if len(devices) < spec.replicas:
+        raise RuntimeError(
+            f"{spec.replicas} replicas asked for, {len(devices)} {logical.device_type} "
+            "device(s) visible"
+        )
+    policy = _policy_name(spec.mixed_precision, logical.device_type)
+    keras.mixed_precision.set_global_policy(policy)
+    keras.utils.set_random_seed(spec.seed)
+    strategy = _strategy(spec, logical.device_type, devices)
+    shape = SHAPES[spec.model]
+    with strategy.scope():
+        model = build_model(spec.model)
+        optimizer: Any = keras.optimizers.Adam(spec.learning_rate)
+        if policy == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        loss_object = keras.losses.SparseCategoricalCrossentropy(reduction="none")
+        optimizer.build(model.trainable_variables)
+
+    def forward_backward(x: Any, y: Any) -> tuple[Any, list[Any]]:
+        with tf.GradientTape() as tape:
+            predictions = model(x, training=True)
+            loss = tf.nn.compute_average_loss(
+                loss_object(y, predictions), global_batch_size=spec.global_batch
+            )
+            scaled = optimizer.scale_loss(loss)
+        return loss, tape.gradient(scaled, model.trainable_variables)
+
+    # XLA compiles the per-replica computation; the all-reduce and update stay outside it.
+    compiled = tf.function(forward_backward, jit_compile=spec.xla)
+
+    def replica_step(x: Any, y: Any) -> Any:
+        loss, grads = compiled(x, y)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    if spec.data == "synthetic":
+        batch = _synthetic_batch(spec, strategy, shape.input_shape)
+
+        @tf.function
+        def run_synthetic(steps: Any) -> Any:
+            for _ in tf.range(steps):
+                strategy.run(replica_step, args=batch)
+            return tf.identity(optimizer.iterations.value)
+
+        def run_steps(n: int) -> Any:
+            return int(run_synthetic(tf.constant(n)))
+    else:
+        iterator = _real_iterator(spec, strategy, shape.input_shape)
+
+        @tf.function
+        def run_real(steps: Any) -> Any:
+            for _ in tf.range(steps):
+                strategy.run(replica_step, args=next(iterator))
+            return tf.identity(optimizer.iterations.value)
+
+        def run_steps(n: int) -> Any:
+            return int(run_real(tf.constant(n)))
+
+    durations = time_intervals(
+        run_steps, spec.warmup_steps, spec.steps_per_interval, spec.intervals
+    )
+    return _result(spec, durations, logical.device_type, devices, model.count_params(), policy)
+
+
+def measure_seed(spec: PointSpec) -> dict[str, Any]:
+    """Measure the seed's plain script: MirroredStrategy(), compile, `model.fit` on numpy.
+
+    The seed's code as written (the Sequential MLP, Adam, numpy arrays, one epoch, the
+    default steps_per_execution of 1), on synthetic MNIST-shaped data and on the one device
+    this process sees, with the same per-replica batch. The clock is read at the start of
+    the batches that bound each interval, after reading a weight to the host (which waits
+    for the steps before it); `on_train_batch_begin` keeps Keras' asynchronous dispatch on.
+    """
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from mgpu_env.devices import configure_virtual_devices
+
+    logical = configure_virtual_devices(spec.virtual_devices)
+    keras.utils.set_random_seed(spec.seed)
+    boundaries = [spec.warmup_steps + i * spec.steps_per_interval
+                  for i in range(spec.intervals + 1)]
+    samples = spec.per_replica_batch * (boundaries[-1] + 1)
+    rng = np.random.default_rng(spec.seed)
+    x_train = rng.random((samples, 784), dtype=np.float32)
+    y_train = rng.integers(0, 10, size=samples)
+
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input(shape=(784,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ])
+        model.compile(loss="sparse_categorical_crossentropy",
+                      optimizer=keras.optimizers.Adam(spec.learning_rate),
+                      metrics=["accuracy"])
+
+    clock: list[float] = []
+    wanted = set(boundaries)
+
+    class IntervalClock(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            if batch in wanted:
+                model.optimizer.iterations.numpy()  # waits for the steps already queued
+                clock.append(time.perf_counter())
+
+    model.fit(x_train, y_train, epochs=1, batch_size=spec.per_replica_batch, verbose=0,
+              callbacks=[IntervalClock()])
+    durations = [end - start for start, end in itertools.pairwise(clock)]
+    devices = tuple(strategy.extended.worker_devices)
+    return _result(spec, durations, logical.device_type, devices, model.count_params(),
+                   "float32")
+
+
+def _result(
+    spec: PointSpec, durations: list[float], device_type: str, devices: tuple[str, ...],
+    params: int, policy: str,
+) -> dict[str, Any]:
+    import tensorflow as tf
+
+    return {
+        "interval_seconds": durations,
+        "device_type": device_type,
+        "devices": list(devices),
+        "logical_devices": bool(spec.virtual_devices),
+        "parameters": int(params),
+        "dtype_policy": policy,
+        "tensorflow": tf.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m mgpu_env.bench_worker '<PointSpec JSON>'", file=sys.stderr)
+        return 2
+    spec = PointSpec.from_json(argv[1])
+    result = measure_seed(spec) if spec.runner == "seed" else measure_mgpu(spec)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

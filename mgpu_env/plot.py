@@ -1,0 +1,67 @@
+"""The bench plot: throughput and scaling efficiency against replicas, with the ideal lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_bench(report: dict[str, Any], path: Path) -> Path:
+    """Draw bench.json's content to a PNG at `path`: two panels, one series per variant.
+
+    Left: median samples/s against replicas, with the interquartile range as error bars
+    and the ideal line n x throughput(base). Right: scaling efficiency in percent, with
+    100% as the ideal.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display in containers and CI
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[dict[str, Any]]] = {}
+    for point in report.get("points", []):
+        if not point.get("error"):
+            series.setdefault(point["variant"], []).append(point)
+
+    fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.5))
+    all_replicas: set[int] = set()
+    for index, (variant, points) in enumerate(sorted(series.items())):
+        points = sorted(points, key=lambda p: p["replicas"])
+        replicas = [p["replicas"] for p in points]
+        all_replicas.update(replicas)
+        medians = [p["samples_per_s"]["median"] for p in points]
+        low = [p["samples_per_s"]["median"] - p["samples_per_s"]["q1"] for p in points]
+        high = [p["samples_per_s"]["q3"] - p["samples_per_s"]["median"] for p in points]
+        color = f"C{index % 10}"
+        ax_tp.errorbar(replicas, medians, yerr=[low, high], marker="o", capsize=3,
+                       color=color, label=variant)
+        base_n, base_tp = replicas[0], medians[0]
+        ax_tp.plot(replicas, [base_tp * n / base_n for n in replicas], linestyle="--",
+                   color=color, alpha=0.5, label=f"ideal ({variant})")
+        ax_eff.plot(replicas, [100.0 * p["efficiency"] for p in points], marker="o",
+                    color=color, label=variant)
+    ax_eff.axhline(100.0, linestyle="--", color="grey", label="ideal")
+
+    devices = report.get("devices", {})
+    kind = devices.get("kind", "?")
+    if devices.get("logical"):
+        kind = f"logical {kind} devices"
+    ticks = sorted(all_replicas)
+    for ax in (ax_tp, ax_eff):
+        ax.set_xlabel(f"replicas ({kind})")
+        if ticks:
+            ax.set_xticks(ticks)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    ax_tp.set_ylabel("samples/s (median, IQR bars)")
+    ax_tp.set_title("Throughput")
+    ax_eff.set_ylabel("scaling efficiency (%)")
+    ax_eff.set_ylim(bottom=0)
+    ax_eff.set_title("Efficiency: throughput(n) / (n x throughput(1))")
+    model = report.get("settings", {}).get("BENCH_MODEL", "")
+    fig.suptitle(f"mgpu bench: {model}, weak scaling (global batch = batch x replicas)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
