@@ -11,6 +11,7 @@ import functools
 import inspect
 import os
 import sys
+import typing
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any, NoReturn
 
@@ -44,7 +45,14 @@ def with_settings(
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         declarations = [d for d in DECLARATIONS if wanted is None or d.env in wanted]
-        own = [p for p in inspect.signature(command).parameters.values() if p.name != "flags"]
+        # Resolve string annotations (from __future__ import annotations) to the real
+        # Annotated[...] objects, or typer would not see the commands' own typer.Option()s.
+        hints = typing.get_type_hints(command, include_extras=True)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(command).parameters.values()
+            if p.name != "flags"
+        ]
         setting_params = [
             inspect.Parameter(
                 d.field_name,
