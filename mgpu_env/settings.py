@@ -349,6 +349,10 @@ class Settings:
         "prints the mgpu/seed throughput ratio.",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1",
     )
+    quiet: bool = setting(
+        "QUIET", "0", "Print no per-epoch progress bars, only the start and end summaries.",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1",
+    )
     env_file: Path | None = setting(
         "ENV_FILE", "",
         f"Settings file read after the environment (default: {DEFAULT_ENV_FILE} if present).",

@@ -1,0 +1,90 @@
+"""Choosing the Keras mixed-precision policy from `MIXED_PRECISION` and the devices.
+
+`choose_precision` is pure (device facts in, a decision out) so every branch is tested
+without a GPU; `apply_precision` sets the Keras global policy and must run before the model
+is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mgpu_env.errors import ConfigError
+
+FLOAT32 = "float32"
+MIXED_FLOAT16 = "mixed_float16"
+MIXED_BFLOAT16 = "mixed_bfloat16"
+# FP16 tensor cores arrived with Volta (7.0); native bf16 with Ampere (8.0).
+FP16_TENSOR_CORES = (7, 0)
+BF16_NATIVE = (8, 0)
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The Keras policy for a run, whether it needs loss scaling, and why it was chosen."""
+
+    policy: str  # float32, mixed_float16, mixed_bfloat16
+    loss_scaling: bool  # fp16 gradients underflow without it; bf16 has float32's range
+    reason: str
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.policy != FLOAT32
+
+
+def choose_precision(
+    mode: str, device_type: str, compute_capabilities: Sequence[tuple[int, int] | None] = ()
+) -> PrecisionChoice:
+    """Turn MIXED_PRECISION (0, 1, fp16, bf16) into a policy for these devices.
+
+    `device_type` is "GPU" or "CPU"; `compute_capabilities` lists each selected GPU's
+    (major, minor), None where it could not be probed. Raises ConfigError for a choice that
+    cannot work on these devices.
+    """
+    on_gpu = device_type == "GPU"
+    known = [cc for cc in compute_capabilities if cc is not None]
+    lowest = min(known) if known else None
+    lowest_text = f"{lowest[0]}.{lowest[1]}" if lowest else "unknown"
+    if mode == "0":
+        return PrecisionChoice(FLOAT32, False, "MIXED_PRECISION=0")
+    if mode == "1":
+        if not on_gpu:
+            return PrecisionChoice(
+                MIXED_BFLOAT16, False, "MIXED_PRECISION=1 on the CPU: bf16 (no loss scaling)"
+            )
+        if lowest is not None and lowest < FP16_TENSOR_CORES:
+            return PrecisionChoice(
+                FLOAT32,
+                False,
+                f"MIXED_PRECISION=1 but the slowest GPU has compute capability {lowest_text}, "
+                "without FP16 tensor cores (7.0+): float32 is as fast there",
+            )
+        return PrecisionChoice(
+            MIXED_FLOAT16, True,
+            f"MIXED_PRECISION=1 on GPUs with FP16 tensor cores (compute capability "
+            f"{lowest_text}): fp16 with dynamic loss scaling",
+        )
+    if mode == "fp16":
+        reason = "MIXED_PRECISION=fp16 with dynamic loss scaling"
+        if not on_gpu:
+            reason += " (on the CPU fp16 is emulated and slow; bf16 is the faster choice)"
+        return PrecisionChoice(MIXED_FLOAT16, True, reason)
+    if mode == "bf16":
+        if on_gpu and lowest is not None and lowest < BF16_NATIVE:
+            raise ConfigError(
+                f"MIXED_PRECISION=bf16 needs GPUs of compute capability 8.0 (Ampere) or newer; "
+                f"the selected GPUs go down to {lowest_text}.\n"
+                "  Valid here: 0, 1 or fp16. Fix: set MIXED_PRECISION=fp16 (or 1)."
+            )
+        return PrecisionChoice(MIXED_BFLOAT16, False, "MIXED_PRECISION=bf16 (no loss scaling)")
+    raise ConfigError(
+        f"Bad MIXED_PRECISION={mode!r}. Valid: 0, 1, fp16, bf16."
+    )
+
+
+def apply_precision(choice: PrecisionChoice) -> None:
+    """Set the Keras global dtype policy. Call before building the model."""
+    import keras
+
+    keras.mixed_precision.set_global_policy(choice.policy)

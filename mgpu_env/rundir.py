@@ -1,0 +1,172 @@
+"""The run folder (OUTPUT_DIR): its layout, its identity, and writes that cannot tear.
+
+Layout:
+    run.json        what defines the run (data set, batches, learning rate, seed, precision);
+                    a second start with other values is refused rather than mixed in
+    checkpoints/    tf.train.CheckpointManager's files, one per completed epoch
+    history.json    per-epoch loss, accuracy and samples/s, rewritten after every epoch
+    logs/           TensorBoard event files (per-epoch scalars)
+    model.keras     the trained model, written once training has finished
+    metrics.json    the run's results, written only by a run that finished
+
+Every JSON file and the model are written to a temporary file in the same folder and then
+`os.replace`d over the old one, which is atomic on POSIX filesystems: a kill -9 at any
+moment leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgpu_env.errors import ConfigError
+
+RUNS_ROOT = Path("runs")
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.json"
+HISTORY_FILE = "history.json"
+MODEL_FILE = "model.keras"
+CHECKPOINT_DIR = "checkpoints"
+LOG_DIR = "logs"
+# Files whose presence marks a folder as an mgpu run (or something we must not overwrite).
+_RUN_MARKERS = (RUN_FILE, METRICS_FILE, MODEL_FILE, CHECKPOINT_DIR)
+
+
+def default_output_dir(run_name: str, now: float | None = None) -> Path:
+    """runs/<RUN_NAME>, or runs/<UTC timestamp> when RUN_NAME is empty."""
+    if run_name:
+        return RUNS_ROOT / run_name
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    return RUNS_ROOT / stamp
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers (and a crash) see the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_save(path: Path, save: Callable[[Path], None], suffix: str) -> None:
+    """Let `save` write a temporary file next to `path` (ending in `suffix`), then replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=suffix, dir=path.parent)
+    os.close(handle)
+    try:
+        save(Path(temp))
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when the file is absent. ConfigError if unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"{path} cannot be read ({err}).\n"
+            "  Fix: choose another OUTPUT_DIR, or move this folder away."
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} does not hold a JSON object. Fix: choose another OUTPUT_DIR.")
+    return data
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """What OUTPUT_DIR holds before a run starts."""
+
+    path: Path
+    exists: bool
+    identity: dict[str, Any] | None  # run.json's identity, None for a fresh folder
+    finished_metrics: dict[str, Any] | None  # metrics.json of a finished run, if any
+
+    @property
+    def fresh(self) -> bool:
+        return self.identity is None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+
+def inspect_run_folder(path: Path, identity: Mapping[str, Any]) -> RunFolder:
+    """Check that OUTPUT_DIR is empty, new, or a run with the same identity. Writes nothing.
+
+    Raises ConfigError (exit 2) for a folder that holds another run, or files that an mgpu
+    run would overwrite without being one.
+    """
+    if not path.exists():
+        return RunFolder(path, False, None, None)
+    if not path.is_dir():
+        raise ConfigError(f"OUTPUT_DIR={path} is a file, not a folder. Fix: choose a folder.")
+    stored = read_json(path / RUN_FILE)
+    if stored is None:
+        present = [name for name in _RUN_MARKERS if (path / name).exists()]
+        if present:
+            raise ConfigError(
+                f"OUTPUT_DIR={path} holds {', '.join(present)} but no {RUN_FILE}, so it is not "
+                "a run this version can resume.\n  Fix: choose another OUTPUT_DIR (or RUN_NAME)."
+            )
+        return RunFolder(path, True, None, None)
+    previous = stored.get("identity")
+    if not isinstance(previous, dict):
+        raise ConfigError(f"{path / RUN_FILE} has no identity. Fix: choose another OUTPUT_DIR.")
+    differences = [
+        f"{key}={previous.get(key)!r} there, {identity.get(key)!r} now"
+        for key in sorted(set(previous) | set(identity))
+        if previous.get(key) != identity.get(key)
+    ]
+    if differences:
+        raise ConfigError(
+            f"OUTPUT_DIR={path} holds a run with other settings ({'; '.join(differences)}); "
+            "resuming it would mix two runs.\n"
+            "  Fix: use the same settings to resume it, or choose another OUTPUT_DIR or RUN_NAME."
+        )
+    metrics = read_json(path / METRICS_FILE)
+    finished = metrics if metrics and metrics.get("status") == "finished" else None
+    return RunFolder(path, True, dict(previous), finished)
+
+
+def claim_run_folder(folder: RunFolder, identity: Mapping[str, Any]) -> None:
+    """Create the folder and write run.json (only for a fresh folder)."""
+    folder.path.mkdir(parents=True, exist_ok=True)
+    if folder.fresh:
+        atomic_write_json(
+            folder.path / RUN_FILE,
+            {"identity": dict(identity), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                 time.gmtime())},
+        )
+
+
+def read_history(folder: Path, epochs_done: int) -> list[dict[str, Any]]:
+    """The per-epoch history of the epochs the restored checkpoint covers."""
+    data = read_json(folder / HISTORY_FILE)
+    entries = data.get("epochs", []) if data else []
+    return [e for e in entries if isinstance(e, dict) and int(e.get("epoch", 0)) <= epochs_done]
+
+
+def write_history(folder: Path, history: list[dict[str, Any]]) -> None:
+    atomic_write_json(folder / HISTORY_FILE, {"epochs": history})

@@ -1,0 +1,202 @@
+"""One factory from settings and devices to a `tf.distribute` strategy.
+
+`plan_strategy` is pure: devices, platform facts and `CROSS_DEVICE_OPS` in, a
+`StrategyPlan` out (what runs where, which all-reduce and why), so each branch is tested
+without GPUs. `make_strategy` turns the plan into the strategy object.
+
+- Several devices (GPUs, or the logical devices of VIRTUAL_DEVICES): MirroredStrategy.
+- One device: MirroredStrategy with that one device, so one code path serves every count.
+- `TF_CONFIG` set: MultiWorkerMirroredStrategy; its `WorkerRole` says whether this process
+  is the chief, the one that writes checkpoints, logs, the model and metrics.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mgpu_env.errors import ConfigError
+
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
+StrategyKind = Literal["mirrored", "multi_worker"]
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """This process's place in the cluster; a single-process run is the chief of one."""
+
+    task_type: str = "chief"
+    task_id: int = 0
+    num_workers: int = 1
+
+    @property
+    def is_chief(self) -> bool:
+        """The chief writes the outputs; the other workers train and write nothing."""
+        return self.task_type == "chief" or (
+            self.task_type == "worker" and self.task_id == 0 and not self._has_chief
+        )
+
+    _has_chief: bool = field(default=True, repr=False)
+
+
+SINGLE_PROCESS = WorkerRole()
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    """What the strategy will be: devices, replicas, all-reduce and the reason for it."""
+
+    kind: StrategyKind
+    devices: tuple[str, ...]
+    device_type: str  # "GPU" or "CPU"
+    physical_devices: int  # devices the logical ones were split from
+    cross_device_ops: str  # nccl, hierarchical_copy, reduction_to_one, ring, none
+    reason: str
+    role: WorkerRole = SINGLE_PROCESS
+
+    @property
+    def local_replicas(self) -> int:
+        return len(self.devices)
+
+    @property
+    def logical_split(self) -> bool:
+        return len(self.devices) > self.physical_devices
+
+
+def parse_tf_config(text: str | None) -> WorkerRole | None:
+    """The role TF_CONFIG gives this process, or None when TF_CONFIG is unset or empty."""
+    if text is None or not text.strip():
+        return None
+    try:
+        config = json.loads(text)
+        cluster = config["cluster"]
+        task = config["task"]
+        task_type = str(task["type"])
+        task_id = int(task["index"])
+        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(
+            f"TF_CONFIG is not valid ({type(err).__name__}: {err}): it must be JSON like "
+            '{"cluster": {"worker": ["host1:port", "host2:port"]}, '
+            '"task": {"type": "worker", "index": 0}}.\n  Fix: correct TF_CONFIG or unset it.'
+        ) from None
+    return WorkerRole(task_type, task_id, max(workers, 1), _has_chief="chief" in cluster)
+
+
+def nccl_possible(platform: str = sys.platform, built_with_cuda: bool = True) -> bool:
+    """NCCL ships only in TensorFlow's Linux CUDA builds."""
+    return platform.startswith("linux") and built_with_cuda
+
+
+def _invalid(value: str, why: str, valid: Sequence[str]) -> ConfigError:
+    return ConfigError(
+        f"CROSS_DEVICE_OPS={value} cannot work here: {why}.\n"
+        f"  Valid values here are [{', '.join(valid)}]. Supplied value: {value}."
+    )
+
+
+def plan_strategy(
+    requested: str,
+    devices: Sequence[str],
+    device_type: str,
+    physical_devices: int,
+    *,
+    nccl_available: bool = True,
+    role: WorkerRole | None = None,
+) -> StrategyPlan:
+    """Choose the strategy and the all-reduce for these devices. Raises ConfigError.
+
+    `devices` are the logical device names MirroredStrategy will mirror over;
+    `physical_devices` how many real devices they come from (fewer when VIRTUAL_DEVICES
+    split them); `requested` is CROSS_DEVICE_OPS.
+    """
+    if requested not in CROSS_DEVICE_OPS:
+        raise ConfigError(
+            f"Valid values for CROSS_DEVICE_OPS are [{', '.join(CROSS_DEVICE_OPS)}]. "
+            f"Supplied value: {requested}."
+        )
+    if not devices:
+        raise ConfigError("No device to train on: TensorFlow lists no CPU or GPU.")
+    devices = tuple(devices)
+    shared = len(devices) > physical_devices
+    on_gpu = device_type == "GPU"
+
+    if role is not None:
+        # Between workers, MultiWorkerMirroredStrategy's collectives use NCCL on GPUs and
+        # ring all-reduce otherwise; CROSS_DEVICE_OPS=nccl forces NCCL.
+        if requested == "nccl" and not (on_gpu and nccl_available):
+            raise _invalid(requested, "NCCL needs GPUs and a Linux CUDA build", ["auto"])
+        ops = "nccl" if on_gpu and nccl_available and not shared else "ring"
+        return StrategyPlan(
+            "multi_worker", devices, device_type, physical_devices, ops,
+            f"TF_CONFIG names {role.num_workers} worker(s); collectives use {ops}", role,
+        )
+
+    if len(devices) == 1:
+        return StrategyPlan(
+            "mirrored", devices, device_type, physical_devices, "none",
+            "one replica: nothing to all-reduce",
+        )
+    without_nccl = ["auto", "hierarchical_copy", "reduction_to_one"]
+    if requested == "nccl":
+        if not on_gpu:
+            raise _invalid(requested, "NCCL runs between GPUs, and these are CPU devices",
+                           without_nccl)
+        if shared:
+            raise _invalid(
+                requested,
+                f"the {len(devices)} logical GPUs share {physical_devices} physical GPU(s) "
+                "(VIRTUAL_DEVICES), and NCCL needs one GPU per rank",
+                without_nccl,
+            )
+        if not nccl_available:
+            raise _invalid(requested, "this platform's TensorFlow has no NCCL", without_nccl)
+        return StrategyPlan("mirrored", devices, device_type, physical_devices, "nccl",
+                            "CROSS_DEVICE_OPS=nccl")
+    if requested != "auto":
+        return StrategyPlan("mirrored", devices, device_type, physical_devices, requested,
+                            f"CROSS_DEVICE_OPS={requested}")
+    if not on_gpu:
+        chosen, why = "reduction_to_one", "auto: CPU devices have no NCCL"
+    elif shared:
+        chosen, why = "reduction_to_one", (
+            "auto: the logical GPUs share a physical GPU, where NCCL cannot work"
+        )
+    elif not nccl_available:
+        chosen, why = "hierarchical_copy", "auto: this platform's TensorFlow has no NCCL"
+    else:
+        chosen, why = "nccl", "auto: one physical GPU per replica, NCCL available"
+    return StrategyPlan("mirrored", devices, device_type, physical_devices, chosen, why)
+
+
+def make_strategy(plan: StrategyPlan) -> Any:
+    """Build the tf.distribute strategy the plan describes."""
+    import tensorflow as tf
+
+    if plan.kind == "multi_worker":
+        implementation = (
+            tf.distribute.experimental.CommunicationImplementation.NCCL
+            if plan.cross_device_ops == "nccl"
+            else tf.distribute.experimental.CommunicationImplementation.RING
+        )
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=implementation
+            )
+        )
+    cross_device_ops: Any = None
+    if plan.cross_device_ops == "nccl":
+        cross_device_ops = tf.distribute.NcclAllReduce()
+    elif plan.cross_device_ops == "hierarchical_copy":
+        cross_device_ops = tf.distribute.HierarchicalCopyAllReduce()
+    elif plan.cross_device_ops in ("reduction_to_one", "none"):
+        cross_device_ops = tf.distribute.ReductionToOneDevice()
+    return tf.distribute.MirroredStrategy(list(plan.devices), cross_device_ops=cross_device_ops)
+
+
+def role_from_environ(environ: Mapping[str, str]) -> WorkerRole | None:
+    """The WorkerRole of TF_CONFIG in `environ`, None for a single-process run."""
+    return parse_tf_config(environ.get("TF_CONFIG"))
