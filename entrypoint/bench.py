@@ -23,7 +23,7 @@ from mgpu_env.plot import plot_bench
 from mgpu_env.settings import SettingsErrors
 
 
-@with_settings()
+@with_settings(scope="bench")
 def command(flags: SettingFlags) -> None:
     """Sweep replica counts (and precision, XLA, data) and measure throughput and efficiency.
 

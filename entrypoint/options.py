@@ -34,17 +34,22 @@ def _option_help(env: str) -> str:
 
 
 def with_settings(
-    only: Iterable[str] | None = None,
+    only: Iterable[str] | None = None, scope: str = "common"
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command one option per setting; it receives them as `flags` (env name -> text).
 
-    The options carry no envvar of their own: precedence (flag > environment > env file >
+    `only` limits the flags to those settings; `scope` adds the settings declared for one
+    command (e.g. "bench") to the common ones. The options carry no envvar of their own: precedence (flag > environment > env file >
     default) and validation belong to `mgpu_env.settings.resolve_settings`.
     """
     wanted = set(only) if only is not None else None
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        declarations = [d for d in DECLARATIONS if wanted is None or d.env in wanted]
+        declarations = [
+            d
+            for d in DECLARATIONS
+            if (wanted is None or d.env in wanted) and d.scope in ("common", scope)
+        ]
         # Resolve string annotations (from __future__ import annotations) to the real
         # Annotated[...] objects, or typer would not see the commands' own typer.Option()s.
         hints = typing.get_type_hints(command, include_extras=True)

@@ -212,8 +212,13 @@ def setting(
     valid: str,
     *,
     metavar: str = "TEXT",
+    scope: str = "common",
 ) -> Any:
-    """Declare one setting as a dataclass field: its env var, default text, help, parser."""
+    """Declare one setting as a dataclass field: its env var, default text, help, parser.
+
+    `scope` names the one command whose flags show it ("bench"); "common" settings show on
+    every command that takes settings. Every command still validates every setting.
+    """
     return field(
         default=parse(default),
         metadata={
@@ -223,6 +228,7 @@ def setting(
             "parse": parse,
             "valid": valid,
             "metavar": metavar,
+            "scope": scope,
         },
     )
 
@@ -308,46 +314,46 @@ class Settings:
         "BENCH_MODEL", "mlp",
         "Model mgpu bench measures: mlp (the seed's) or resnet (a small ResNet on 32x32x3 "
         "images, about 0.5M parameters, big enough for scaling to mean something).",
-        parse_choice("mlp", "resnet"), "mlp, resnet", metavar="NAME",
+        parse_choice("mlp", "resnet"), "mlp, resnet", metavar="NAME", scope="bench",
     )
     bench_replicas: tuple[int, ...] = setting(
         "BENCH_REPLICAS", "auto",
         "Replica counts mgpu bench sweeps: auto (1, 2, 4, ... up to the selected GPUs, or "
         "to VIRTUAL_DEVICES when it is 2 or more) or a comma list like 1,2,4.",
         parse_replica_counts, "auto, or a comma list of whole numbers from 1 to 64 like 1,2,4",
-        metavar="LIST",
+        metavar="LIST", scope="bench",
     )
     bench_sweep: tuple[str, ...] = setting(
         "BENCH_SWEEP", "",
         "Axes mgpu bench sweeps besides replicas: precision (fp32 and mixed), xla (off and "
         "on); a comma list, empty for neither (MIXED_PRECISION and XLA then apply).",
         parse_choice_list("precision", "xla"), "empty, or a comma list of precision, xla",
-        metavar="LIST",
+        metavar="LIST", scope="bench",
     )
     bench_data: str = setting(
         "BENCH_DATA", "synthetic",
         "Input mgpu bench feeds: synthetic (tensors already on the device), real (the "
         "tf.data pipeline over DATASET), both (reports the input pipeline's cost).",
-        parse_choice("synthetic", "real", "both"), "synthetic, real, both", metavar="MODE",
+        parse_choice("synthetic", "real", "both"), "synthetic, real, both", metavar="MODE", scope="bench",
     )
     bench_warmup: int = setting(
         "BENCH_WARMUP", "10", "Warm-up steps mgpu bench runs and does not time (tracing too).",
-        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N",
+        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope="bench",
     )
     bench_steps: int = setting(
         "BENCH_STEPS", "20", "Training steps in each interval mgpu bench times.",
-        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N",
+        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope="bench",
     )
     bench_intervals: int = setting(
         "BENCH_INTERVALS", "5",
         "Timed intervals per point; mgpu bench reports their median and spread.",
-        parse_int(2, 1000), "a whole number from 2 to 1000", metavar="N",
+        parse_int(2, 1000), "a whole number from 2 to 1000", metavar="N", scope="bench",
     )
     bench_compare: bool = setting(
         "BENCH_COMPARE", "0",
         "mgpu bench also runs the seed's plain model.fit on the same data and device and "
         "prints the mgpu/seed throughput ratio.",
-        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1", scope="bench",
     )
     quiet: bool = setting(
         "QUIET", "0", "Print no per-epoch progress bars, only the start and end summaries.",
@@ -380,6 +386,7 @@ class Declaration:
     help: str
     valid: str
     metavar: str
+    scope: str
     parse: Callable[[str], Any]
 
     @property
@@ -395,6 +402,7 @@ DECLARATIONS: tuple[Declaration, ...] = tuple(
         help=f.metadata["help"],
         valid=f.metadata["valid"],
         metavar=f.metadata["metavar"],
+        scope=f.metadata["scope"],
         parse=f.metadata["parse"],
     )
     for f in dataclasses.fields(Settings)

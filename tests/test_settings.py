@@ -166,12 +166,17 @@ def test_debug_shows_traceback_for_unexpected_errors(monkeypatch: pytest.MonkeyP
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
-def test_help_lists_every_setting_with_its_env_var() -> None:
-    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+@pytest.mark.parametrize("command", ["train", "bench"])
+def test_help_lists_every_setting_with_its_env_var(command: str) -> None:
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
-    for declaration in DECLARATIONS:
+    shown = [d for d in DECLARATIONS if d.scope in ("common", command)]
+    for declaration in shown:
         assert declaration.flag in result.output
         assert f"env {declaration.env}" in result.output
+    hidden = [d for d in DECLARATIONS if d not in shown]
+    for declaration in hidden:
+        assert declaration.flag not in result.output
 
 
 def test_top_level_help_lists_the_commands() -> None:
