@@ -94,7 +94,10 @@ def render_table(data: dict[str, Any]) -> Table:
     columns = ["variant"] if len(variants) > 1 else []
     columns += ["n", "batch", "samples/s", "IQR", "CI", "/replica", "step ms", "eff."]
     for name in columns:
-        table.add_column(name, justify="left" if name == "variant" else "right")
+        if name == "variant":
+            table.add_column(name, overflow="fold")
+        else:
+            table.add_column(name, justify="right")
     for point in data["points"]:
         row = [point["variant"]] if len(variants) > 1 else []
         row += [str(point["replicas"]), str(point["global_batch"])]

@@ -226,6 +226,23 @@ def comparison_points(settings: Settings, devices: DevicePlan) -> tuple[PointSpe
     return dataclasses.replace(mgpu, runner="seed"), mgpu
 
 
+def check_plan(specs: list[PointSpec], devices: DevicePlan, selection: GpuSelection) -> None:
+    """Refuse, before any child starts, a precision or all-reduce these devices cannot run.
+
+    Uses the training modules' pure planners, so `mgpu bench` and `mgpu train` agree.
+    Raises ConfigError (exit 2).
+    """
+    from mgpu_env.precision import choose_precision
+    from mgpu_env.strategy import plan_strategy
+
+    capabilities = [g.compute_capability.value for g in selection.gpus]
+    for spec in specs:
+        choose_precision(spec.mixed_precision, devices.kind, capabilities)
+        physical = 1 if devices.logical or devices.kind == "CPU" else spec.replicas
+        plan_strategy(spec.cross_device_ops, [f"device:{i}" for i in range(spec.replicas)],
+                      devices.kind, physical)
+
+
 # ------------------------------------------------------------------------------ children
 
 ChildRunner = Callable[[PointSpec], dict[str, Any]]
@@ -258,6 +275,8 @@ def run_child(spec: PointSpec, timeout_s: float | None = None) -> dict[str, Any]
         timeout=timeout_s, check=False,
     )
     result = parse_child_output(completed.stdout)
+    if result is not None and "error" in result:
+        raise RunFailed(f"the {spec.replicas}-replica point ({spec.variant}): {result['error']}")
     if completed.returncode != 0 or result is None:
         tail = "\n    ".join((completed.stderr or completed.stdout).strip().splitlines()[-6:])
         raise RunFailed(
@@ -394,7 +413,7 @@ def run_bench(
     selection: GpuSelection,
     *,
     environ: Mapping[str, str] | None = None,
-    runner: ChildRunner = run_child,
+    runner: ChildRunner | None = None,
     on_point: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> BenchReport:
     """Run the sweep (and the seed comparison if BENCH_COMPARE) and return the report.
@@ -403,8 +422,10 @@ def run_bench(
     decides the exit code from `report.failed`. Raises ConfigError for an impossible plan.
     """
     environ = os.environ if environ is None else environ
+    runner = run_child if runner is None else runner
     devices = plan_devices(settings, selection, environ)
     specs = plan_points(settings, devices)
+    check_plan(specs, devices, selection)
     comparison = comparison_points(settings, devices) if settings.bench_compare else None
     report = BenchReport(
         settings=settings.describe(),

@@ -30,29 +30,18 @@ SHAPES: dict[str, ModelShape] = {
 }
 
 
-def build_model(name: str) -> Any:
+def build_model(name: str, seed: int) -> Any:
     """A fresh Keras model by name; softmax outputs in float32 under mixed precision."""
     if name == "mlp":
-        return build_seed_mlp()
+        from mgpu_env.model import build_model as build_seed_mlp
+
+        return build_seed_mlp(seed)
     if name == "resnet":
+        import keras
+
+        keras.utils.set_random_seed(seed)
         return build_small_resnet()
     raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
-
-
-def build_seed_mlp() -> Any:
-    """The seed's model: Dense 64 relu, Dense 64 relu, Dense 10 softmax on 784 inputs."""
-    import keras
-
-    return keras.Sequential(
-        [
-            keras.Input(shape=(784,)),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(10),
-            keras.layers.Activation("softmax", dtype="float32"),
-        ],
-        name="seed_mlp",
-    )
 
 
 def build_small_resnet(

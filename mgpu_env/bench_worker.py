@@ -16,9 +16,11 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mgpu_env.bench import RESULT_PREFIX, PointSpec
+from mgpu_env.errors import MgpuError
 
 
 def time_intervals(
@@ -42,27 +44,15 @@ def time_intervals(
     return durations
 
 
-def _policy_name(mixed_precision: str, device_type: str) -> str:
-    """Keras dtype policy for MIXED_PRECISION: 1 is fp16 on GPUs and bf16 on the CPU."""
-    if mixed_precision == "0":
-        return "float32"
-    if mixed_precision == "1":
-        return "mixed_float16" if device_type == "GPU" else "mixed_bfloat16"
-    return {"fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[mixed_precision]
-
-
-def _strategy(spec: PointSpec, device_type: str, devices: tuple[str, ...]) -> Any:
+def _compute_capabilities(device_type: str) -> list[tuple[int, int] | None]:
     import tensorflow as tf
 
-    ops: Any = None
-    if spec.cross_device_ops == "nccl":
-        ops = tf.distribute.NcclAllReduce()
-    elif spec.cross_device_ops == "hierarchical_copy":
-        ops = tf.distribute.HierarchicalCopyAllReduce()
-    elif spec.cross_device_ops == "reduction_to_one" or device_type == "CPU":
-        # NCCL needs GPUs; logical CPU devices reduce through one device.
-        ops = tf.distribute.ReductionToOneDevice()
-    return tf.distribute.MirroredStrategy(devices=list(devices), cross_device_ops=ops)
+    if device_type != "GPU":
+        return []
+    return [
+        tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        for gpu in tf.config.list_physical_devices("GPU")
+    ]
 
 
 def _synthetic_batch(spec: PointSpec, strategy: Any, input_shape: tuple[int, ...]) -> Any:
@@ -78,16 +68,30 @@ def _synthetic_batch(spec: PointSpec, strategy: Any, input_shape: tuple[int, ...
     return strategy.experimental_distribute_values_from_function(make)
 
 
-def _real_iterator(spec: PointSpec, strategy: Any, input_shape: tuple[int, ...]) -> Any:
-    """An iterator over the training pipeline's real data, distributed over the replicas."""
+def real_dataset(spec: PointSpec, input_shape: tuple[int, ...]) -> Any:
+    """The training module's tf.data pipeline over DATASET, repeated, shaped for the model.
+
+    For the ResNet the 784-value rows become 32x32x3 images in the pipeline (reshape, pad
+    by 2, repeat the channel), so that work counts as input cost too.
+    """
     import tensorflow as tf
 
-    from mgpu_env.bench_data import real_dataset
+    from mgpu_env.data import load_arrays, resolve_dataset, train_dataset
 
-    dataset = real_dataset(spec.dataset, spec.data_dir, spec.global_batch, spec.seed,
-                           input_shape)
-    return iter(strategy.experimental_distribute_dataset(dataset.repeat().prefetch(
-        tf.data.AUTOTUNE)))
+    choice = resolve_dataset(spec.dataset, Path(spec.data_dir) if spec.data_dir else None)
+    arrays = load_arrays(choice, spec.seed)
+    dataset = train_dataset(arrays, spec.global_batch, spec.seed, epoch=0).repeat()
+    if input_shape != (arrays.x_train.shape[1],):
+        side = int(arrays.x_train.shape[1] ** 0.5)
+
+        def to_image(x: Any, y: Any) -> tuple[Any, Any]:
+            images = tf.reshape(x, (-1, side, side, 1))
+            pad = (input_shape[0] - side) // 2
+            images = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+            return tf.repeat(images, input_shape[-1], axis=-1), y
+
+        dataset = dataset.map(to_image, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE), choice.describe()
 
 
 def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
@@ -97,6 +101,9 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
 
     from mgpu_env.bench_models import SHAPES, build_model
     from mgpu_env.devices import configure_virtual_devices
+    from mgpu_env.model import build_optimizer
+    from mgpu_env.precision import apply_precision, choose_precision
+    from mgpu_env.strategy import make_strategy, nccl_possible, plan_strategy
 
     logical = configure_virtual_devices(spec.virtual_devices)
     devices = logical.logical[: spec.replicas]
@@ -105,16 +112,19 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
             f"{spec.replicas} replicas asked for, {len(devices)} {logical.device_type} "
             "device(s) visible"
         )
-    policy = _policy_name(spec.mixed_precision, logical.device_type)
-    keras.mixed_precision.set_global_policy(policy)
-    keras.utils.set_random_seed(spec.seed)
-    strategy = _strategy(spec, logical.device_type, devices)
+    precision = choose_precision(
+        spec.mixed_precision, logical.device_type, _compute_capabilities(logical.device_type)
+    )
+    apply_precision(precision)
+    plan = plan_strategy(
+        spec.cross_device_ops, devices, logical.device_type, logical.physical,
+        nccl_available=nccl_possible(built_with_cuda=tf.test.is_built_with_cuda()),
+    )
+    strategy = make_strategy(plan)
     shape = SHAPES[spec.model]
     with strategy.scope():
-        model = build_model(spec.model)
-        optimizer: Any = keras.optimizers.Adam(spec.learning_rate)
-        if policy == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model = build_model(spec.model, spec.seed)
+        optimizer = build_optimizer(spec.learning_rate, precision.loss_scaling)
         loss_object = keras.losses.SparseCategoricalCrossentropy(reduction="none")
         optimizer.build(model.trainable_variables)
 
@@ -147,7 +157,8 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
         def run_steps(n: int) -> Any:
             return int(run_synthetic(tf.constant(n)))
     else:
-        iterator = _real_iterator(spec, strategy, shape.input_shape)
+        dataset, data_source = real_dataset(spec, shape.input_shape)
+        iterator = iter(strategy.experimental_distribute_dataset(dataset))
 
         @tf.function
         def run_real(steps: Any) -> Any:
@@ -161,7 +172,13 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     durations = time_intervals(
         run_steps, spec.warmup_steps, spec.steps_per_interval, spec.intervals
     )
-    return _result(spec, durations, logical.device_type, devices, model.count_params(), policy)
+    result = _result(spec, durations, logical.device_type, devices, model.count_params(),
+                     precision.policy)
+    result["cross_device_ops"] = plan.cross_device_ops
+    result["precision_reason"] = precision.reason
+    if spec.data == "real":
+        result["data_source"] = data_source
+    return result
 
 
 def measure_seed(spec: PointSpec) -> dict[str, Any]:
@@ -241,7 +258,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m mgpu_env.bench_worker '<PointSpec JSON>'", file=sys.stderr)
         return 2
     spec = PointSpec.from_json(argv[1])
-    result = measure_seed(spec) if spec.runner == "seed" else measure_mgpu(spec)
+    try:
+        result = measure_seed(spec) if spec.runner == "seed" else measure_mgpu(spec)
+    except MgpuError as err:  # a message for the user: no traceback
+        print(RESULT_PREFIX + json.dumps({"error": str(err)}), flush=True)
+        return err.exit_code
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0
 

@@ -341,7 +341,7 @@ class Settings:
         parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope="bench",
     )
     bench_steps: int = setting(
-        "BENCH_STEPS", "20", "Training steps in each interval mgpu bench times.",
+        "BENCH_STEPS", "50", "Training steps in each interval mgpu bench times.",
         parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope="bench",
     )
     bench_intervals: int = setting(
