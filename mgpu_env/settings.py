@@ -313,7 +313,7 @@ class Settings:
     bench_model: str = setting(
         "BENCH_MODEL", "mlp",
         "Model mgpu bench measures: mlp (the seed's) or resnet (a small ResNet on 32x32x3 "
-        "images, about 0.5M parameters, big enough for scaling to mean something).",
+        "images, about 0.7M parameters, big enough for scaling to mean something).",
         parse_choice("mlp", "resnet"), "mlp, resnet", metavar="NAME", scope="bench",
     )
     bench_replicas: tuple[int, ...] = setting(
