@@ -11,20 +11,73 @@ from mgpu_env.launch import choose_gpus
 from mgpu_env.settings import SettingsErrors
 
 
+def plan_lines(plan: object) -> list[str]:
+    """The one-screen start summary (also what --dry-run prints)."""
+    from mgpu_env.train import TrainPlan
+
+    assert isinstance(plan, TrainPlan)
+    info = plan.describe()
+    devices = ", ".join(info["devices"])
+    physical = ", ".join(info["physical_devices"])
+    resume = (
+        f"resumes after epoch {plan.resume_epoch} of {plan.settings.epochs}"
+        if plan.resume_epoch
+        else "fresh run"
+    )
+    lines = [
+        f"  devices        {plan.strategy.local_replicas} x {plan.device_type} ({physical})",
+        f"                 {devices}",
+        f"  replicas       {plan.replicas} ({plan.strategy.kind})",
+        f"  batch          {plan.per_replica_batch_size} per replica, "
+        f"{plan.global_batch_size} global, {plan.steps_per_epoch} steps per epoch",
+        f"  precision      {plan.precision.policy} ({plan.precision.reason})",
+        f"  all-reduce     {plan.strategy.cross_device_ops} ({plan.strategy.reason})",
+        f"  xla            {'on (forward and backward pass)' if plan.xla else 'off'}",
+        f"  dataset        {plan.dataset.describe()}: {plan.train_size} train, "
+        f"{plan.test_size} test",
+        f"  epochs         {plan.settings.epochs}, {resume}",
+        f"  output         {plan.output_dir}",
+    ]
+    if plan.defaulted:
+        lines.append(f"  defaults       {', '.join(sorted(plan.defaulted))}")
+    lines.extend(f"  note: {note}" for note in plan.notes)
+    return lines
+
+
 @with_settings()
 def command(
     flags: SettingFlags,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the resolved plan and exit.")
     ] = False,
+    quiet_flag: Annotated[
+        bool, typer.Option("-q", help="Same as QUIET=1: no per-epoch progress bars.")
+    ] = False,
 ) -> None:
     """Train the seed's MNIST model on every selected GPU with MirroredStrategy."""
+    if quiet_flag:
+        flags["QUIET"] = "1"
     resolved = resolve_or_exit(flags)
     try:
         launch = choose_gpus(resolved)
     except SettingsErrors as err:
         fail("\n".join(f"error: {e}" for e in err.errors), EXIT_BAD_CONFIG)
+
+    # TensorFlow is imported only now, after choose_gpus wrote CUDA_VISIBLE_DEVICES.
+    from mgpu_env.train import ProgbarReporter, Reporter, plan_training, run_training
+
+    plan = plan_training(launch)
+    typer.echo("mgpu train: dry run, nothing is trained or written" if dry_run else "mgpu train")
+    for line in plan_lines(plan):
+        typer.echo(line)
     if dry_run:
-        typer.echo(f"GPUs: {launch.selection}")
         return
-    fail("training is being built", 1)
+    reporter = Reporter() if resolved.settings.quiet else ProgbarReporter(typer.echo)
+    result = run_training(plan, reporter)
+    if result.already_finished:
+        typer.echo(f"Nothing to do: {plan.output_dir} already holds a finished run.")
+    typer.echo(
+        f"Done: test accuracy {result.test_accuracy:.4f}, "
+        f"{result.train_samples_per_sec:,.0f} samples/s, wall time {result.wall_time_s:.1f} s"
+    )
+    typer.echo(f"  outputs in {result.output_dir} (metrics.json, model.keras, checkpoints/, logs/)")

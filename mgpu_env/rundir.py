@@ -46,10 +46,23 @@ def default_output_dir(run_name: str, now: float | None = None) -> Path:
     return RUNS_ROOT / stamp
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def _temp_beside(path: Path, suffix: str) -> tuple[int, str]:
+    """A temporary file in `path`'s folder (so os.replace stays atomic), mode as open() gives."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=suffix, dir=path.parent)
+    os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600 files; outputs are for sharing
+    return handle, temp
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` so that readers (and a crash) see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    handle, temp = _temp_beside(path, ".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
@@ -67,8 +80,7 @@ def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 def atomic_save(path: Path, save: Callable[[Path], None], suffix: str) -> None:
     """Let `save` write a temporary file next to `path` (ending in `suffix`), then replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=suffix, dir=path.parent)
+    handle, temp = _temp_beside(path, suffix)
     os.close(handle)
     try:
         save(Path(temp))

@@ -1,0 +1,123 @@
+"""The distributed training and evaluation steps, shared by `mgpu train` and `mgpu bench`.
+
+Why a custom step and not `model.fit`: Keras 3's `model.fit` under
+MultiWorkerMirroredStrategy fails with "Attempt to convert a value (PerReplica...) with an
+unsupported type ... to a Tensor" (keras-team/keras#20585, open; reproduced with TF 2.21 /
+Keras 3.15), while a step run with `strategy.run` inside a `tf.function` works under both
+MirroredStrategy and MultiWorkerMirroredStrategy. So one path serves one device, many
+GPUs and many workers: the Keras model, optimizer, loss and metrics, driven by our loop.
+
+Speed: `train_steps(iterator, n)` runs n steps in one `tf.function` call (a `tf.range`
+loop, like Keras' `steps_per_execution`), so Python runs once per n steps, and the metrics
+are read once per call. With XLA on, only the forward and backward pass of each replica is
+jit-compiled: the gradient all-reduce and the optimizer update stay outside XLA, because
+they use the strategy's `merge_call`, which XLA cannot compile (under MirroredStrategy a
+fully compiled step fails with "Trying to access resource ... located in device CPU:1 from
+device CPU:0", with or without mixed precision). This split works with mixed precision too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class StepFunctions:
+    """The compiled functions of one run and the Keras metrics they update."""
+
+    train_steps: Any  # (distributed iterator, tf.int32 count) -> None
+    evaluate: Any  # (distributed dataset) -> None
+    train_loss: Any  # keras.metrics.Mean over per-example losses
+    train_accuracy: Any  # keras.metrics.SparseCategoricalAccuracy
+    test_loss: Any
+    test_accuracy: Any
+
+    def reset_train_metrics(self) -> None:
+        self.train_loss.reset_state()
+        self.train_accuracy.reset_state()
+
+
+def make_step_functions(
+    strategy: Any,
+    model: Any,
+    optimizer: Any,
+    global_batch_size: int,
+    *,
+    loss_scaling: bool,
+    jit_compile: bool,
+) -> StepFunctions:
+    """Build the train and evaluation functions. Call after the model and optimizer exist.
+
+    The per-replica loss is the sum of its per-example losses divided by the GLOBAL batch
+    (`tf.nn.compute_average_loss`), so the all-reduced SUM of gradients is the gradient of
+    the mean loss over the global batch, whatever the replica count. Training batches are
+    always full (the data pipeline drops the partial last batch).
+    """
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        loss_object = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+        train_loss = keras.metrics.Mean(name="loss")
+        train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        test_loss = keras.metrics.Mean(name="test_loss")
+        test_accuracy = keras.metrics.SparseCategoricalAccuracy(name="test_accuracy")
+
+    def forward_backward(x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
+        with tf.GradientTape() as tape:
+            probabilities = model(x, training=True)
+            per_example = loss_object(y, probabilities)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+            if loss_scaling:
+                loss = optimizer.scale_loss(loss)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        return per_example, probabilities, gradients
+
+    compute = tf.function(forward_backward, jit_compile=True) if jit_compile else forward_backward
+
+    def replica_step(x: Any, y: Any) -> None:
+        per_example, probabilities, gradients = compute(x, y)
+        if loss_scaling:
+            gradients = _agree_on_finite(gradients)
+        # Keras' optimizer all-reduces (sums) the gradients across replicas itself.
+        optimizer.apply(gradients, model.trainable_variables)
+        train_loss.update_state(per_example)
+        train_accuracy.update_state(y, probabilities)
+
+    @tf.function
+    def train_steps(iterator: Any, count: Any) -> None:
+        for _ in tf.range(count):
+            strategy.run(replica_step, args=next(iterator))
+
+    def replica_evaluate(x: Any, y: Any) -> None:
+        probabilities = model(x, training=False)
+        test_loss.update_state(loss_object(y, probabilities))
+        test_accuracy.update_state(y, probabilities)
+
+    @tf.function
+    def evaluate(dataset: Any) -> None:
+        for x, y in dataset:
+            strategy.run(replica_evaluate, args=(x, y))
+
+    return StepFunctions(
+        train_steps, evaluate, train_loss, train_accuracy, test_loss, test_accuracy
+    )
+
+
+def _agree_on_finite(gradients: list[Any]) -> list[Any]:
+    """Make every replica see non-finite gradients when any replica has them.
+
+    Keras' LossScaleOptimizer checks for inf/NaN on each replica's own gradients before they
+    are all-reduced, and under MirroredStrategy acts on replica 0's answer only: an overflow
+    on another replica would be summed into the update. One scalar all-reduce makes the
+    replicas agree, so the step is skipped (and the loss scale halved) everywhere.
+    """
+    import tensorflow as tf
+
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients])
+    overflowed = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32)
+    )
+    poison = tf.where(overflowed > 0, float("nan"), 0.0)
+    return [g + tf.cast(poison, g.dtype) for g in gradients]
