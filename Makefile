@@ -70,7 +70,8 @@ build-cpu: ## Build the image on a local Debian base (no registry, no GPU)
 .PHONY: wheels
 wheels: ## Download the locked wheels into docker/wheels/ for an offline build
 	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) \
-		--platform manylinux_2_28_x86_64 --dest docker/wheels -r requirements.lock
+		$(foreach p,manylinux2014 manylinux_2_17 manylinux_2_27 manylinux_2_28,--platform $(p)_x86_64) \
+		--dest docker/wheels -r requirements.lock
 
 runs data:
 	mkdir -p $@
