@@ -52,7 +52,8 @@ def plot_bench(report: dict[str, Any], path: Path) -> Path:
         if ticks:
             ax.set_xticks(ticks)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        if series:
+            ax.legend(fontsize="small")
     ax_tp.set_ylabel("samples/s (median, IQR bars)")
     ax_tp.set_title("Throughput")
     ax_eff.set_ylabel("scaling efficiency (%)")

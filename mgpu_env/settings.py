@@ -334,7 +334,8 @@ class Settings:
         "BENCH_DATA", "synthetic",
         "Input mgpu bench feeds: synthetic (tensors already on the device), real (the "
         "tf.data pipeline over DATASET), both (reports the input pipeline's cost).",
-        parse_choice("synthetic", "real", "both"), "synthetic, real, both", metavar="MODE", scope="bench",
+        parse_choice("synthetic", "real", "both"), "synthetic, real, both", metavar="MODE",
+        scope="bench",
     )
     bench_warmup: int = setting(
         "BENCH_WARMUP", "10", "Warm-up steps mgpu bench runs and does not time (tracing too).",
