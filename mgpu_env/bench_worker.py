@@ -15,12 +15,13 @@ import json
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mgpu_env.bench import RESULT_PREFIX, PointSpec
-from mgpu_env.errors import MgpuError
+from mgpu_env.errors import MgpuError, RunFailed
 
 
 def time_intervals(
@@ -53,6 +54,23 @@ def _compute_capabilities(device_type: str) -> list[tuple[int, int] | None]:
         tf.config.experimental.get_device_details(gpu).get("compute_capability")
         for gpu in tf.config.list_physical_devices("GPU")
     ]
+
+
+class SameBatch:
+    """An "iterator" that yields one batch already on the devices, step after step.
+
+    The training step calls `next()` on what it is given while tracing, so the per-replica
+    tensors become inputs of the traced loop: no host-to-device copy and no input pipeline.
+    """
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __iter__(self) -> SameBatch:
+        return self
+
+    def __next__(self) -> Any:
+        return self.batch
 
 
 def _synthetic_batch(spec: PointSpec, strategy: Any, input_shape: tuple[int, ...]) -> Any:
@@ -96,19 +114,19 @@ def real_dataset(spec: PointSpec, input_shape: tuple[int, ...]) -> Any:
 
 def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     """Measure the packaged training step (several steps per tf.function call)."""
-    import keras
     import tensorflow as tf
 
     from mgpu_env.bench_models import SHAPES, build_model
     from mgpu_env.devices import configure_virtual_devices
     from mgpu_env.model import build_optimizer
     from mgpu_env.precision import apply_precision, choose_precision
+    from mgpu_env.steps import make_step_functions
     from mgpu_env.strategy import make_strategy, nccl_possible, plan_strategy
 
     logical = configure_virtual_devices(spec.virtual_devices)
     devices = logical.logical[: spec.replicas]
     if len(devices) < spec.replicas:
-        raise RuntimeError(
+        raise RunFailed(
             f"{spec.replicas} replicas asked for, {len(devices)} {logical.device_type} "
             "device(s) visible"
         )
@@ -125,49 +143,25 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     with strategy.scope():
         model = build_model(spec.model, spec.seed)
         optimizer = build_optimizer(spec.learning_rate, precision.loss_scaling)
-        loss_object = keras.losses.SparseCategoricalCrossentropy(reduction="none")
         optimizer.build(model.trainable_variables)
-
-    def forward_backward(x: Any, y: Any) -> tuple[Any, list[Any]]:
-        with tf.GradientTape() as tape:
-            predictions = model(x, training=True)
-            loss = tf.nn.compute_average_loss(
-                loss_object(y, predictions), global_batch_size=spec.global_batch
-            )
-            scaled = optimizer.scale_loss(loss)
-        return loss, tape.gradient(scaled, model.trainable_variables)
-
-    # XLA compiles the per-replica computation; the all-reduce and update stay outside it.
-    compiled = tf.function(forward_backward, jit_compile=spec.xla)
-
-    def replica_step(x: Any, y: Any) -> Any:
-        loss, grads = compiled(x, y)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
+    # The training module's step: n steps per tf.function call, XLA on the per-replica
+    # forward and backward pass only, loss scaling agreed between replicas.
+    steps = make_step_functions(
+        strategy, model, optimizer, spec.global_batch,
+        loss_scaling=precision.loss_scaling, jit_compile=spec.xla,
+    )
 
     if spec.data == "synthetic":
-        batch = _synthetic_batch(spec, strategy, shape.input_shape)
-
-        @tf.function
-        def run_synthetic(steps: Any) -> Any:
-            for _ in tf.range(steps):
-                strategy.run(replica_step, args=batch)
-            return tf.identity(optimizer.iterations.value)
-
-        def run_steps(n: int) -> Any:
-            return int(run_synthetic(tf.constant(n)))
+        batches: Any = SameBatch(_synthetic_batch(spec, strategy, shape.input_shape))
     else:
+        warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
         dataset, data_source = real_dataset(spec, shape.input_shape)
-        iterator = iter(strategy.experimental_distribute_dataset(dataset))
+        batches = iter(strategy.experimental_distribute_dataset(dataset))
 
-        @tf.function
-        def run_real(steps: Any) -> Any:
-            for _ in tf.range(steps):
-                strategy.run(replica_step, args=next(iterator))
-            return tf.identity(optimizer.iterations.value)
-
-        def run_steps(n: int) -> Any:
-            return int(run_real(tf.constant(n)))
+    def run_steps(n: int) -> int:
+        steps.train_steps(batches, tf.constant(n))
+        # Reading a variable to the host waits for the steps queued before it.
+        return int(optimizer.iterations.numpy())
 
     durations = time_intervals(
         run_steps, spec.warmup_steps, spec.steps_per_interval, spec.intervals
