@@ -59,11 +59,17 @@ def command(flags: SettingFlags) -> None:
     for note in data["notes"]:
         console.print(f"note: {note}")
     for cost in data["input_pipeline_cost"]:
-        console.print(
-            f"input pipeline ({cost['replicas']} replica(s), {cost['precision']}): "
-            f"{100 * cost['throughput_lost']:.1f}% of synthetic throughput lost, "
-            f"{cost['step_time_added_ms']:+.2f} ms per step"
-        )
+        what = f"input pipeline ({cost['replicas']} replica(s), {cost['precision']}): "
+        if cost["significant"] and cost["throughput_lost"] > 0:
+            console.print(
+                f"{what}{100 * cost['throughput_lost']:.1f}% of synthetic throughput lost, "
+                f"{cost['step_time_added_ms']:+.2f} ms per step"
+            )
+        else:
+            console.print(
+                f"{what}no cost measurable: real vs synthetic data differ by "
+                f"{-100 * cost['throughput_lost']:+.1f}%, within the noise of the intervals"
+            )
     comparison = data["seed_comparison"]
     if comparison is not None:
         if comparison.get("ratio") is None:

@@ -404,6 +404,9 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "real_samples_per_s": real_tp,
             "throughput_lost": input_pipeline_cost(synth_tp, real_tp),
             "step_time_added_ms": real["step_time_ms"]["median"] - twin["step_time_ms"]["median"],
+            # The two means differ by more than their 95% CIs together: not just noise.
+            "significant": abs(twin["samples_per_s"]["mean"] - real["samples_per_s"]["mean"])
+            > twin["samples_per_s"]["ci95"] + real["samples_per_s"]["ci95"],
         })
     return costs
 

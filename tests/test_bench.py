@@ -194,6 +194,7 @@ def test_input_pipeline_cost_pairs_real_with_synthetic() -> None:
     costs = data["input_pipeline_cost"]
     assert [c["replicas"] for c in costs] == [1, 2]
     assert costs[0]["throughput_lost"] == pytest.approx(1 - 1 / 1.25)
+    assert costs[0]["significant"] is True
 
 
 def test_seed_comparison_reuses_the_sweeps_point_and_reports_the_ratio() -> None:
