@@ -1,0 +1,48 @@
+"""MIXED_PRECISION -> Keras policy, for CPUs and GPUs of each generation."""
+
+from __future__ import annotations
+
+import pytest
+
+from mgpu_env.errors import ConfigError
+from mgpu_env.precision import choose_precision
+
+
+@pytest.mark.parametrize(
+    ("mode", "device", "capabilities", "policy", "loss_scaling"),
+    [
+        ("0", "GPU", [(8, 0)], "float32", False),
+        ("0", "CPU", [], "float32", False),
+        ("1", "CPU", [], "mixed_bfloat16", False),
+        ("1", "GPU", [(7, 0), (8, 0)], "mixed_float16", True),
+        ("1", "GPU", [(9, 0)], "mixed_float16", True),
+        ("1", "GPU", [(6, 1)], "float32", False),  # Pascal: no FP16 tensor cores
+        ("1", "GPU", [None], "mixed_float16", True),  # capability unknown: assume modern
+        ("fp16", "GPU", [(6, 1)], "mixed_float16", True),
+        ("fp16", "CPU", [], "mixed_float16", True),
+        ("bf16", "CPU", [], "mixed_bfloat16", False),
+        ("bf16", "GPU", [(8, 6)], "mixed_bfloat16", False),
+    ],
+)
+def test_policy_choice(
+    mode: str, device: str, capabilities: list, policy: str, loss_scaling: bool
+) -> None:
+    choice = choose_precision(mode, device, capabilities)
+    assert (choice.policy, choice.loss_scaling) == (policy, loss_scaling)
+    assert choice.reason
+
+
+def test_one_slow_gpu_decides_for_all() -> None:
+    choice = choose_precision("1", "GPU", [(8, 0), (6, 0)])
+    assert choice.policy == "float32" and "6.0" in choice.reason
+
+
+def test_bf16_on_pre_ampere_gpus_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        choose_precision("bf16", "GPU", [(7, 5)])
+    message = str(caught.value)
+    assert "7.5" in message and "MIXED_PRECISION=fp16" in message
+
+
+def test_fp16_on_cpu_says_it_is_slow() -> None:
+    assert "slow" in choose_precision("fp16", "CPU").reason

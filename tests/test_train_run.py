@@ -1,0 +1,170 @@
+"""`mgpu train` end to end, in subprocesses: replicas, learning, kill -9, SIGTERM, bad input.
+
+Each run is its own process because splitting the CPU into logical devices must happen
+before TensorFlow initialises, once per process. Digits (built in, offline) keeps every
+run to a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def train_env(output_dir: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "MGPU_DEBUG")}
+    env.update(
+        PYTHONPATH=str(REPO),
+        TF_CPP_MIN_LOG_LEVEL="2",
+        GPUS="none",
+        DATASET="digits",
+        QUIET="1",
+        OUTPUT_DIR=str(output_dir),
+        HOME=str(output_dir.parent / "home"),  # an empty Keras cache
+    )
+    env.update(settings)
+    return env
+
+
+def start(output_dir: Path, *args: str, **settings: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "train", *args],
+        env=train_env(output_dir, **settings),
+        cwd=output_dir.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run(output_dir: Path, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    process = start(output_dir, *args, **settings)
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def metrics(output_dir: Path) -> dict:
+    return json.loads((output_dir / "metrics.json").read_text())
+
+
+def wait_for_epochs(output_dir: Path, process: subprocess.Popen[str], epochs: int) -> None:
+    """Wait until history.json lists `epochs` epochs (it is written just before each save)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        try:
+            done = len(json.loads((output_dir / "history.json").read_text())["epochs"])
+        except (OSError, ValueError, KeyError):
+            done = 0
+        if done >= epochs:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{epochs} epochs did not complete in time")
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_trains_with_that_many_replicas_and_learns(tmp_path: Path, replicas: int) -> None:
+    output = tmp_path / "run"
+    # The same global batch (64) for every replica count, so each learns as fast.
+    result = run(output, VIRTUAL_DEVICES=str(replicas), BATCH_SIZE=str(64 // replicas),
+                 EPOCHS="5")
+    assert result.returncode == 0, result.stderr
+    assert f"replicas       {replicas} (mirrored)" in result.stdout
+    found = metrics(output)
+    assert found["replicas"] == replicas and len(found["devices"]) == replicas
+    assert found["global_batch_size"] == 64
+    assert found["epochs_completed"] == 5 and found["resumed_from_epoch"] == 0
+    assert [e["epoch"] for e in found["history"]] == [1, 2, 3, 4, 5]
+    assert found["test_accuracy"] >= 0.9, found["test_accuracy"]
+    assert (output / "model.keras").is_file() and list((output / "logs").iterdir())
+    assert "Done: test accuracy" in result.stdout
+
+
+def test_kill_9_mid_training_then_rerun_resumes_and_finishes(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    settings = {"EPOCHS": "40", "VIRTUAL_DEVICES": "2", "BATCH_SIZE": "32"}
+    # Two hard kills at different moments (mid-epoch, or mid-save), then a clean finish.
+    for epochs_before_kill, extra_delay in ((3, 0.0), (8, 0.05)):
+        process = start(output, **settings)
+        wait_for_epochs(output, process, epochs_before_kill)
+        time.sleep(extra_delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        assert not (output / "metrics.json").exists()
+    result = run(output, **settings)
+    assert result.returncode == 0, result.stderr
+    found = metrics(output)
+    assert found["resumed_from_epoch"] >= 8 and found["epochs_completed"] == 40
+    assert [e["epoch"] for e in found["history"]] == list(range(1, 41))
+    assert "resumes after epoch" in result.stdout
+    assert found["test_accuracy"] >= 0.9
+
+
+def test_sigterm_saves_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    process = start(output, EPOCHS="200")
+    wait_for_epochs(output, process, 2)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert "SIGTERM received" in stderr and f"OUTPUT_DIR={output} mgpu train" in stderr
+    assert "Traceback" not in stderr
+    assert not (output / "metrics.json").exists()
+    checkpoints = sorted(p.name for p in (output / "checkpoints").glob("ckpt-*.index"))
+    assert checkpoints, "the last completed epoch's checkpoint is kept"
+
+    # A corrupt checkpoint is refused (exit 2), never silently replaced by a fresh start.
+    broken = tmp_path / "broken"
+    subprocess.run(["cp", "-r", str(output), str(broken)], check=True)
+    for data_file in (broken / "checkpoints").glob("ckpt-*.data-*"):
+        data_file.write_bytes(b"garbage")
+    result = run(broken, EPOCHS="200")
+    assert result.returncode == 2, result.stderr
+    assert "cannot be restored" in result.stderr and "Traceback" not in result.stderr
+
+    # The interrupted run resumes to the end (fewer epochs this time: EPOCHS may change).
+    resumed_at = int(checkpoints[-1].split("-")[1].split(".")[0])
+    result = run(output, EPOCHS=str(resumed_at + 2))
+    assert result.returncode == 0, result.stderr
+    assert metrics(output)["resumed_from_epoch"] == resumed_at
+
+
+def test_finished_run_is_kept_and_other_settings_are_refused(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    assert run(output, EPOCHS="1").returncode == 0
+    before = (output / "metrics.json").read_text()
+    again = run(output, EPOCHS="1")
+    assert again.returncode == 0 and "already holds a finished run" in again.stdout
+    refused = run(output, EPOCHS="1", LEARNING_RATE="0.01")
+    assert refused.returncode == 2 and "other settings" in refused.stderr
+    assert (output / "metrics.json").read_text() == before
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    result = run(output, "--dry-run", VIRTUAL_DEVICES="2", MIXED_PRECISION="1")
+    assert result.returncode == 0, result.stderr
+    for expected in ("replicas       2", "64 per replica, 128 global", "mixed_bfloat16",
+                     "reduction_to_one", "digits", str(output)):
+        assert expected in result.stdout
+    assert not output.exists()
+
+
+def test_corrupt_mnist_npz_is_exit_2_without_traceback(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "mnist.npz").write_bytes(b"PK\x03\x04 truncated")
+    result = run(tmp_path / "run", DATASET="auto", DATA_DIR=str(data_dir))
+    assert result.returncode == 2, result.stderr
+    assert "mnist.npz" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "metrics.json").exists()
