@@ -17,7 +17,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,11 +176,29 @@ def replica_counts(settings: Settings, devices: DevicePlan) -> tuple[int, ...]:
     return settings.bench_replicas
 
 
-def plan_points(settings: Settings, devices: DevicePlan) -> list[PointSpec]:
-    """Every point of the sweep: each variant (precision, XLA, data) at each replica count."""
+_POLICY_MODES = {"float32": "0", "mixed_float16": "fp16", "mixed_bfloat16": "bf16"}
+
+
+def plan_points(
+    settings: Settings,
+    devices: DevicePlan,
+    capabilities: Sequence[tuple[int, int] | None] = (),
+) -> list[PointSpec]:
+    """Every point of the sweep: each variant (precision, XLA, data) at each replica count.
+
+    MIXED_PRECISION=1 is resolved here, with the training module's rule for these devices
+    (fp16 on GPUs with tensor cores, bf16 on the CPU), so the table says which one ran.
+    """
+    from mgpu_env.precision import choose_precision
+
     mixed = settings.mixed_precision
-    precisions = ["0", mixed if mixed != "0" else "1"] if "precision" in settings.bench_sweep \
+    wanted = ["0", mixed if mixed != "0" else "1"] if "precision" in settings.bench_sweep \
         else [mixed]
+    precisions = list(dict.fromkeys(
+        _POLICY_MODES[choose_precision(mode, devices.kind, capabilities).policy]
+        if mode == "1" else mode
+        for mode in wanted
+    ))
     xlas = [False, True] if "xla" in settings.bench_sweep else [settings.xla]
     datas = ["synthetic", "real"] if settings.bench_data == "both" else [settings.bench_data]
     points = []
@@ -427,7 +445,9 @@ def run_bench(
     environ = os.environ if environ is None else environ
     runner = run_child if runner is None else runner
     devices = plan_devices(settings, selection, environ)
-    specs = plan_points(settings, devices)
+    specs = plan_points(
+        settings, devices, [g.compute_capability.value for g in selection.gpus]
+    )
     check_plan(specs, devices, selection)
     comparison = comparison_points(settings, devices) if settings.bench_compare else None
     report = BenchReport(

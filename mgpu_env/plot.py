@@ -37,7 +37,8 @@ def plot_bench(report: dict[str, Any], path: Path) -> Path:
                        color=color, label=variant)
         base_n, base_tp = replicas[0], medians[0]
         ax_tp.plot(replicas, [base_tp * n / base_n for n in replicas], linestyle="--",
-                   color=color, alpha=0.5, label=f"ideal ({variant})")
+                   color=color, alpha=0.5,
+                   label="ideal: n x base (dashed)" if index == 0 else None)
         ax_eff.plot(replicas, [100.0 * p["efficiency"] for p in points], marker="o",
                     color=color, label=variant)
     ax_eff.axhline(100.0, linestyle="--", color="grey", label="ideal")

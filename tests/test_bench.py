@@ -131,11 +131,20 @@ def test_points_cover_every_axis() -> None:
     )
     points = plan_points(chosen, plan_devices(chosen, cpu_selection(), {}))
     assert len(points) == 2 * 2 * 2 * 2  # data x precision x xla x replicas
-    assert {p.mixed_precision for p in points} == {"0", "1"}
+    assert {p.mixed_precision for p in points} == {"0", "bf16"}  # 1 is bf16 on the CPU
     assert {p.xla for p in points} == {False, True}
     assert {p.data for p in points} == {"synthetic", "real"}
     assert {(p.replicas, p.global_batch) for p in points} == {(1, 32), (2, 64)}
-    assert {p.variant for p in points} >= {"fp32", "mixed(1)+xla+real-data"}
+    assert {p.variant for p in points} >= {"fp32", "mixed(bf16)+xla+real-data"}
+
+
+def test_mixed_precision_1_is_fp16_on_tensor_core_gpus_and_fp32_before_them() -> None:
+    chosen = settings(BENCH_SWEEP="precision")
+    devices = plan_devices(chosen, gpu_selection(2), {})
+    assert {p.mixed_precision for p in plan_points(chosen, devices, [(8, 0)] * 2)} == {
+        "0", "fp16"
+    }
+    assert {p.mixed_precision for p in plan_points(chosen, devices, [(6, 1)] * 2)} == {"0"}
 
 
 def test_spec_round_trips_through_json() -> None:
