@@ -70,7 +70,7 @@ def run_seed(epochs: int, device: str) -> dict[str, float]:
         [sys.executable, __file__, "--seed-child", "--epochs", str(epochs)],
         env=_env(device), capture_output=True, text=True, check=False,
     )
-    line = next((l for l in out.stdout.splitlines() if l.startswith("SEED_RESULT ")), None)
+    line = next((t for t in out.stdout.splitlines() if t.startswith("SEED_RESULT ")), None)
     if out.returncode != 0 or line is None:
         raise SystemExit(f"the seed's script failed:\n{out.stderr[-3000:]}")
     data = json.loads(line.removeprefix("SEED_RESULT "))

@@ -102,7 +102,7 @@ def test_fashion_loads_gzipped_and_plain_idx(tmp_path: Path) -> None:
         folder = write_fashion(tmp_path / f"f{gz}", gz=gz)
         arrays = load_arrays(DatasetChoice("fashion_mnist", "file", folder), seed=0)
         assert arrays.x_train.shape == (6, 784) and arrays.x_test.shape == (2, 784)
-        assert arrays.x_train.dtype == np.float32 and 0 <= arrays.x_train.min()
+        assert arrays.x_train.dtype == np.float32 and arrays.x_train.min() >= 0
         assert arrays.x_train.max() <= 1.0
 
 

@@ -37,7 +37,7 @@ def test_a_folder_with_another_runs_settings_is_refused(tmp_path: Path) -> None:
 
 def test_a_folder_with_outputs_but_no_run_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "metrics.json").write_text("{}")
-    with pytest.raises(ConfigError, match="no run.json"):
+    with pytest.raises(ConfigError, match=r"no run\.json"):
         rundir.inspect_run_folder(tmp_path, IDENTITY)
 
 

@@ -115,7 +115,7 @@ def test_sigterm_saves_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
     process = start(output, EPOCHS="200")
     wait_for_epochs(output, process, 2)
     process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=60)
+    _stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 143, stderr
     assert "SIGTERM received" in stderr and f"OUTPUT_DIR={output} mgpu train" in stderr
     assert "Traceback" not in stderr
