@@ -183,6 +183,9 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
     this process sees, with the same per-replica batch. The clock is read at the start of
     the batches that bound each interval, after reading a weight to the host (which waits
     for the steps before it); `on_train_batch_begin` keeps Keras' asynchronous dispatch on.
+    The seed's code is repeated here, not imported from benchmarks/seed_mnist.py, because
+    the image ships only the packages; `verbose=0` drops the seed's progress bar, which
+    gives the seed its best case.
     """
     import keras
     import numpy as np
