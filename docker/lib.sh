@@ -24,7 +24,8 @@ find_build_docker() {
 }
 
 # Compose v2 (`docker compose`) where installed, else v1 (`docker-compose`).
-# Sets the COMPOSE array.
+# Sets the COMPOSE array, which the sourcing script uses.
+# shellcheck disable=SC2034
 find_compose() {
     if docker compose version >/dev/null 2>&1; then
         COMPOSE=(docker compose)
