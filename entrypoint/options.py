@@ -39,8 +39,9 @@ def with_settings(
     """Give a command one option per setting; it receives them as `flags` (env name -> text).
 
     `only` limits the flags to those settings; `scope` adds the settings declared for one
-    command (e.g. "bench") to the common ones. The options carry no envvar of their own: precedence (flag > environment > env file >
-    default) and validation belong to `mgpu_env.settings.resolve_settings`.
+    command (e.g. "bench") to the common ones. The options carry no envvar of their own:
+    precedence (flag > environment > env file > default) and validation belong to
+    `mgpu_env.settings.resolve_settings`.
     """
     wanted = set(only) if only is not None else None
 
