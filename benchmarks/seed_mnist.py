@@ -15,7 +15,7 @@ from tensorflow.keras.optimizers import Adam
 
 def train(x_train, y_train, epochs=5, batch_size=64, callbacks=None):
     strategy = tf.distribute.MirroredStrategy()
-    print(f'Number of devices: {strategy.num_replicas_in_sync}')
+    print('Number of devices: {}'.format(strategy.num_replicas_in_sync))  # noqa: UP032
     with strategy.scope():
         model = Sequential([Dense(64, activation='relu', input_shape=(784,)),
                             Dense(64, activation='relu'),
