@@ -178,10 +178,13 @@ def plan_training(launch: Launch, environ: Mapping[str, str] | None = None) -> T
 
     role = role_from_environ(environ)
     try:
-        logical = configure_virtual_devices(
-            settings.virtual_devices,
-            [g.memory_free_mib.value or 0 for g in launch.selection.gpus] or None,
-        )
+        if role is None:
+            logical = configure_virtual_devices(
+                settings.virtual_devices,
+                [g.memory_free_mib.value or 0 for g in launch.selection.gpus] or None,
+            )
+        else:
+            logical = _worker_devices(settings.virtual_devices)
     except RuntimeError as err:
         raise RunFailed(f"TensorFlow could not set up the devices: {err}") from None
     device_type = logical.device_type
@@ -248,6 +251,33 @@ def plan_training(launch: Launch, environ: Mapping[str, str] | None = None) -> T
         resume_epoch=resume_epoch,
         notes=tuple(notes),
     )
+
+
+def _worker_devices(virtual_devices: int) -> Any:
+    """The local devices of a multi-worker run, found without starting TensorFlow's runtime.
+
+    MultiWorkerMirroredStrategy must be created before the runtime starts ("Collective ops
+    must be configured at program startup"), and listing logical devices would start it;
+    physical devices can be listed, and split, before that.
+    """
+    import tensorflow as tf
+
+    from mgpu_env.devices import LogicalDevices
+
+    gpus = tf.config.list_physical_devices("GPU")
+    device_type = "GPU" if gpus else "CPU"
+    physical = gpus or tf.config.list_physical_devices("CPU")[:1]
+    split = virtual_devices if virtual_devices >= 2 else 1
+    if split > 1:
+        for device in physical:
+            config = (
+                tf.config.LogicalDeviceConfiguration(memory_limit=4096)
+                if device_type == "GPU"
+                else tf.config.LogicalDeviceConfiguration()
+            )
+            tf.config.set_logical_device_configuration(device, [config] * split)
+    names = tuple(f"/device:{device_type}:{i}" for i in range(len(physical) * split))
+    return LogicalDevices(device_type, len(physical), names)
 
 
 def _completed_epochs(folder: rundir.RunFolder) -> int:
