@@ -426,6 +426,14 @@ def run_training(plan: TrainPlan, reporter: Reporter | None = None) -> TrainResu
             return _train(plan, reporter, stop, started)
         except (ConfigError, RunFailed):
             raise
+        except KeyboardInterrupt:
+            # A second Ctrl-C stops at once, even mid-save: the `checkpoint` index file is
+            # replaced last, so the previous checkpoint stays the one that is resumed.
+            raise Interrupted(
+                "SIGINT received twice: training stopped at once; the last checkpoint "
+                f"written is kept.\n  Resume with: {resume_command(plan.output_dir)}",
+                signal.SIGINT,
+            ) from None
         except Exception as err:
             if type(err).__module__.startswith("tensorflow"):
                 raise RunFailed(
@@ -658,6 +666,7 @@ def _metrics(
         "train_samples": arrays.train_size,
         "test_samples": arrays.test_size,
         "devices": described["devices"],
+        "device_names": described["physical_devices"],
         "device_type": plan.device_type,
         "cross_device_ops": plan.strategy.cross_device_ops,
         "xla": plan.xla,

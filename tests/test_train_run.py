@@ -172,6 +172,22 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path) -> None:
     assert not output.exists()
 
 
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").is_file(),
+    reason="needs Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist)",
+)
+def test_fashion_mnist_from_the_debian_package_reaches_the_seeds_accuracy(
+    tmp_path: Path,
+) -> None:
+    output = tmp_path / "run"
+    result = run(output, DATASET="fashion_mnist", EPOCHS="5")
+    assert result.returncode == 0, result.stderr
+    assert "/usr/share/datasets/fashion-mnist" in result.stdout
+    found = metrics(output)
+    assert found["train_samples"] == 60_000 and found["test_samples"] == 10_000
+    assert found["test_accuracy"] >= 0.85, found["test_accuracy"]  # the seed: about 0.87
+
+
 def test_corrupt_mnist_npz_is_exit_2_without_traceback(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     data_dir.mkdir()
