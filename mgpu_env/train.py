@@ -452,7 +452,7 @@ def _train(plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: floa
     # TensorFlow warns about that on every run, and it changes nothing here.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
 
-    from mgpu_env.data import test_dataset, train_dataset
+    from mgpu_env.data import test_dataset, train_base, train_dataset
     from mgpu_env.model import build_model, build_optimizer
     from mgpu_env.precision import apply_precision
     from mgpu_env.steps import make_step_functions
@@ -502,11 +502,12 @@ def _train(plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: floa
     trained_samples = 0
     trained_seconds = 0.0
     samples_per_epoch = plan.steps_per_epoch * plan.global_batch_size
+    base = train_base(arrays)
     for epoch in range(start_epoch, settings.epochs):
         if stop.requested:
             _raise_interrupted(plan, stop, epoch)
         dataset = strategy.experimental_distribute_dataset(
-            train_dataset(arrays, plan.global_batch_size, settings.seed, epoch)
+            train_dataset(arrays, plan.global_batch_size, settings.seed, epoch, base)
         )
         iterator = iter(dataset)
         steps.reset_train_metrics()
