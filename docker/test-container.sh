@@ -10,11 +10,13 @@
 #      the host user;
 #   4. `docker stop` in the middle of a training run, then a run that resumes;
 #   5. the GPU compose file merges into a valid configuration.
-# Plus: the image's user, entrypoint and build context.
+# Plus: the image's user, entrypoint and build context, and TensorBoard on the
+# loopback (once the lock pins tensorboard).
 #
 # Env: BASE_CPU_IMAGE (default mgpu-env/base-cpu:bookworm), TEST_IMAGE (default
 # mgpu-env:cpu), TEST_UID/TEST_GID (the UID the containers run as when this
-# runs as root; default 4242), KEEP_TMP=1 keeps the work folder.
+# runs as root; default 4242), TEST_TENSORBOARD_PORT (default 16006),
+# KEEP_TMP=1 keeps the work folder.
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=docker/lib.sh
@@ -26,6 +28,7 @@ PROJECT="mgpu-test-$$"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/mgpu-test-container.XXXXXX")"
 STOP_CONTAINER="${PROJECT}-stopped-train"
 COMPOSE=()
+TENSORBOARD_PORT="${TEST_TENSORBOARD_PORT:-16006}"
 
 step() { printf '\n== %s\n' "$*" >&2; }
 elapsed() { printf '%ss' "$((SECONDS - $1))"; }
@@ -96,6 +99,7 @@ HOST_UID=$HOST_UID
 HOST_GID=$HOST_GID
 HOST_RUNS_DIR=$WORK/runs
 HOST_DATA_DIR=$WORK/data
+TENSORBOARD_PORT=$TENSORBOARD_PORT
 DATASET=digits
 VIRTUAL_DEVICES=2
 TF_CPP_MIN_LOG_LEVEL=2
@@ -218,6 +222,30 @@ check_stop_and_resume() {
     fi
 }
 
+# TensorBoard answers on the loopback port only. Strict once the lock pins
+# tensorboard (TensorFlow 2.21 no longer pulls it in); a warning until then.
+check_tensorboard() {
+    step "tensorboard on 127.0.0.1:$TENSORBOARD_PORT"
+    if ! grep -qi '^tensorboard==' requirements.lock; then
+        log "WARNING: tensorboard is not in requirements.lock, so the tensorboard service cannot start"
+        return 0
+    fi
+    compose up -d tensorboard >"$WORK/tensorboard.log" 2>&1 \
+        || fail_with_log "compose up tensorboard failed" "$WORK/tensorboard.log"
+    local deadline=$((SECONDS + 120)) url="http://127.0.0.1:$TENSORBOARD_PORT/"
+    until python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$url" 2>/dev/null; do
+        if [ $SECONDS -ge $deadline ]; then
+            compose logs tensorboard >>"$WORK/tensorboard.log" 2>&1 || true
+            fail_with_log "TensorBoard did not answer on $url within 120 s" "$WORK/tensorboard.log"
+        fi
+        sleep 2
+    done
+    local published
+    published="$(compose port tensorboard 6006)"
+    [[ "$published" == 127.0.0.1:* ]] || die "TensorBoard is published on $published, not the loopback"
+    compose stop tensorboard >/dev/null 2>&1
+}
+
 check_gpu_config() {
     step "5. docker-compose.yml + docker-compose.gpu.yml config"
     compose -f docker-compose.gpu.yml config >"$WORK/gpu-config.yml" 2>"$WORK/gpu-config.err" \
@@ -234,6 +262,7 @@ main() {
     check_gpu_config
     check_doctor_and_train
     check_stop_and_resume
+    check_tensorboard
     step "container check passed in $(elapsed "$start")"
 }
 
