@@ -10,6 +10,7 @@ validation. Nothing here imports TensorFlow, so bad values are refused in millis
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -201,6 +202,69 @@ def parse_choice_list(*choices: str) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
+def parse_worker_hosts(text: str) -> tuple[str, ...]:
+    """Empty (one process), or a comma list of host:port, one per worker, the chief first."""
+    items = [item.strip() for item in text.split(",")] if text.strip() else []
+    for item in items:
+        host, _, port = item.rpartition(":")
+        if not item:
+            raise SettingError("the list has an empty item")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise SettingError(f"{item!r} is not host:port (a port from 1 to 65535)")
+    duplicates = sorted({item for item in items if items.count(item) > 1})
+    if duplicates:
+        raise SettingError(f"{duplicates[0]} is listed twice")
+    return tuple(items)
+
+
+def parse_optional_index(text: str) -> int | None:
+    if not text.strip():
+        return None
+    return parse_int(0, 1023)(text)
+
+
+def parse_tf_config(text: str) -> str:
+    """TF_CONFIG as TensorFlow reads it; checked here so a typo fails in milliseconds.
+
+    Returns the text unchanged (TensorFlow parses it again); empty means one process.
+    """
+    if not text.strip():
+        return ""
+    try:
+        config = json.loads(text)
+    except ValueError as err:
+        raise SettingError(f"not JSON ({err})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
+        raise SettingError('it has no "cluster" object')
+    cluster = config["cluster"]
+    unsupported = sorted(set(cluster) - {"chief", "worker"})
+    if unsupported:
+        raise SettingError(
+            f'it has a "{unsupported[0]}" job; MultiWorkerMirroredStrategy takes only '
+            '"chief" and "worker" tasks'
+        )
+    for job, addresses in cluster.items():
+        if not isinstance(addresses, list) or not addresses:
+            raise SettingError(f'cluster "{job}" must be a non-empty list of "host:port"')
+        try:
+            parse_worker_hosts(",".join(str(a) for a in addresses))
+        except SettingError as err:
+            raise SettingError(f'cluster "{job}": {err}') from None
+    if len(cluster.get("chief", [])) > 1:
+        raise SettingError('cluster "chief" can have only one address')
+    task = config.get("task")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise SettingError('it has no "task": {"type": ..., "index": ...}')
+    task_type, index = task["type"], task["index"]
+    if task_type not in cluster:
+        raise SettingError(f'task type "{task_type}" is not a job of the cluster')
+    if not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
+        raise SettingError(
+            f'task index {index!r} is not 0..{len(cluster[task_type]) - 1} for "{task_type}"'
+        )
+    return text.strip()
+
+
 # ------------------------------------------------------------------------ declarations
 
 
@@ -355,6 +419,35 @@ class Settings:
         "mgpu bench also runs the seed's plain model.fit on the same data and device and "
         "prints the mgpu/seed throughput ratio.",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1", scope="bench",
+    )
+    tf_config: str = setting(
+        "TF_CONFIG", "",
+        "Multi-worker cluster as TensorFlow reads it (JSON), set by Kubernetes' TFJob and "
+        "other launchers; switches to MultiWorkerMirroredStrategy. Empty: one process.",
+        parse_tf_config,
+        'empty, or JSON like {"cluster": {"worker": ["host1:2222", "host2:2222"]}, '
+        '"task": {"type": "worker", "index": 0}}',
+        metavar="JSON",
+    )
+    worker_hosts: tuple[str, ...] = setting(
+        "WORKER_HOSTS", "",
+        "Multi-worker without writing TF_CONFIG: every worker's host:port, the same list on "
+        "each, the chief (index 0) first; builds TF_CONFIG with WORKER_INDEX.",
+        parse_worker_hosts, "empty, or a comma list of host:port like w0:2222,w1:2222",
+        metavar="LIST",
+    )
+    worker_index: int | None = setting(
+        "WORKER_INDEX", "",
+        "This worker's position in WORKER_HOSTS (0 is the chief, which writes the outputs).",
+        parse_optional_index, "empty, or a whole number from 0 to the number of hosts - 1",
+        metavar="N",
+    )
+    worker_timeout: float = setting(
+        "WORKER_TIMEOUT", "300",
+        "Multi-worker: seconds a worker waits for the others (to join, or to finish a "
+        "step) before it stops; a dead worker is noticed in about 10 s anyway.",
+        parse_positive_float(86_400.0), "a number of seconds above 0, at most 86400",
+        metavar="SECONDS",
     )
     quiet: bool = setting(
         "QUIET", "0", "Print no per-epoch progress bars, only the start and end summaries.",

@@ -38,9 +38,10 @@ from mgpu_env.data import (
 )
 from mgpu_env.errors import ConfigError, RunFailed
 from mgpu_env.launch import Launch
+from mgpu_env.multiworker import WorkerSession, agreement_values, resolve_cluster
 from mgpu_env.precision import PrecisionChoice, choose_precision
 from mgpu_env.settings import Settings
-from mgpu_env.strategy import StrategyPlan, nccl_possible, plan_strategy, role_from_environ
+from mgpu_env.strategy import StrategyPlan, nccl_possible, plan_strategy
 
 # Steps run per tf.function call: Python (and a signal check) runs once per call.
 STEPS_PER_CALL = 50
@@ -176,7 +177,8 @@ def plan_training(launch: Launch, environ: Mapping[str, str] | None = None) -> T
 
     from mgpu_env.devices import configure_virtual_devices
 
-    role = role_from_environ(environ)
+    cluster = resolve_cluster(settings)  # TF_CONFIG, or WORKER_HOSTS + WORKER_INDEX
+    role = cluster.role if cluster is not None else None
     try:
         if role is None:
             logical = configure_virtual_devices(
@@ -416,14 +418,19 @@ def run_training(plan: TrainPlan, reporter: Reporter | None = None) -> TrainResu
     """
     reporter = reporter or Reporter()
     started = time.time()
-    if plan.folder.finished_metrics is not None and (
+    # A multi-worker run goes on even when finished: the chief's state decides for all.
+    if plan.strategy.role.num_workers == 1 and plan.folder.finished_metrics is not None and (
         plan.folder.finished_metrics.get("epochs_completed") == plan.settings.epochs
     ):
         return TrainResult(plan.output_dir, plan.folder.finished_metrics, already_finished=True)
     stop = StopRequest()
+    multi_worker = plan.strategy.kind == "multi_worker"
+    session = WorkerSession(plan.settings, plan.strategy.role if multi_worker else None)
     with _stop_on_signals(stop):
         try:
-            return _train(plan, reporter, stop, started)
+            result = _train(plan, reporter, stop, started, session)
+            session.close(succeeded=True)
+            return result
         except (ConfigError, RunFailed):
             raise
         except KeyboardInterrupt:
@@ -435,6 +442,9 @@ def run_training(plan: TrainPlan, reporter: Reporter | None = None) -> TrainResu
                 signal.SIGINT,
             ) from None
         except Exception as err:
+            lost = session.failure(err)
+            if lost is not None:
+                raise RunFailed(lost) from err
             if type(err).__module__.startswith("tensorflow"):
                 raise RunFailed(
                     f"TensorFlow failed: {type(err).__name__}: {str(err).splitlines()[0]}\n"
@@ -442,9 +452,14 @@ def run_training(plan: TrainPlan, reporter: Reporter | None = None) -> TrainResu
                     f"{resume_command(plan.output_dir)} (run with --debug for the traceback)"
                 ) from err
             raise
+        finally:
+            session.close(succeeded=False)
 
 
-def _train(plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: float) -> TrainResult:
+def _train(
+    plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: float,
+    session: WorkerSession,
+) -> TrainResult:
     import keras
     import tensorflow as tf
 
@@ -465,7 +480,13 @@ def _train(plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: floa
 
     apply_precision(plan.precision)
     keras.utils.set_random_seed(settings.seed)
+    session.join()
     strategy = make_strategy(plan.strategy)
+    session.agree(strategy, agreement_values(
+        settings, dataset=plan.dataset.name, precision_policy=plan.precision.policy,
+        local_replicas=plan.strategy.local_replicas, train_samples=arrays.train_size,
+        steps_per_epoch=plan.steps_per_epoch,
+    ))
     with strategy.scope():
         model = build_model(settings.seed)
         optimizer = build_optimizer(settings.learning_rate, plan.precision.loss_scaling)
@@ -482,16 +503,18 @@ def _train(plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: floa
         checkpoint_dir = plan.folder.checkpoint_dir
     else:
         # Every worker must take part in saving (the save is collective); only the chief's
-        # copy is kept. The multi-worker runner gives each worker its own scratch folder.
-        checkpoint_dir = plan.output_dir / rundir.CHECKPOINT_DIR / (
-            f".worker-{plan.strategy.role.task_id}"
-        )
+        # copy is kept. The others save to a scratch folder, deleted at the end.
+        checkpoint_dir = session.checkpoint_dir(plan.folder.checkpoint_dir)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_counter)
     manager = tf.train.CheckpointManager(
         checkpoint, str(checkpoint_dir), max_to_keep=CHECKPOINTS_KEPT,
         checkpoint_name="ckpt",
     )
     start_epoch = _restore(checkpoint, manager, epoch_counter)
+    # Multi-worker: the chief's checkpoint is the truth; the others receive its values, so
+    # they need no shared folder (and resume from the same epoch).
+    session.share_restored(strategy, [*model.variables, *optimizer.variables, epoch_counter])
+    start_epoch = int(epoch_counter.numpy())
     history = rundir.read_history(plan.output_dir, start_epoch) if start_epoch else []
     if start_epoch:
         reporter.note(f"Resuming from the checkpoint of epoch {start_epoch} in {checkpoint_dir}")
@@ -517,6 +540,7 @@ def _train(plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: floa
         while done < plan.steps_per_epoch:
             count = min(STEPS_PER_CALL, plan.steps_per_epoch - done)
             steps.train_steps(iterator, tf.constant(count, dtype=tf.int32))
+            session.progress()
             done += count
             loss = float(steps.train_loss.result())
             accuracy = float(steps.train_accuracy.result())
@@ -541,7 +565,9 @@ def _train(plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: floa
             # the checkpoint's epoch, so a kill between the two loses nothing.
             rundir.write_history(plan.output_dir, history)
         epoch_counter.assign(epoch + 1)
+        session.progress("saving the checkpoint")
         manager.save(checkpoint_number=epoch + 1)
+        session.progress("training")
         with writer.as_default(step=epoch + 1):
             for name in ("loss", "accuracy", "samples_per_sec"):
                 _write_scalar(name, record[name])
@@ -553,6 +579,7 @@ def _train(plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: floa
 
     steps.test_loss.reset_state()
     steps.test_accuracy.reset_state()
+    session.progress("evaluating")
     steps.evaluate(strategy.experimental_distribute_dataset(
         test_dataset(arrays, plan.global_batch_size)
     ))
