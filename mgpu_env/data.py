@@ -62,7 +62,7 @@ class DatasetChoice:
         if self.origin == "file":
             return f"{self.name} from {self.location}"
         if self.origin == "download":
-            return f"{self.name}, downloaded to {self.location}"
+            return f"{self.name}, downloaded (if not yet) to {self.location}"
         if self.origin == "built-in":
             return f"{self.name} (built into scikit-learn, offline)"
         return f"{self.name} (random, generated)"
