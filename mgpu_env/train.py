@@ -44,7 +44,7 @@ from mgpu_env.settings import Settings
 from mgpu_env.strategy import StrategyPlan, nccl_possible, plan_strategy
 
 # Steps run per tf.function call: Python (and a signal check) runs once per call.
-STEPS_PER_CALL = 50
+STEPS_PER_CALL = 200
 CHECKPOINTS_KEPT = 3
 # Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
 # 20% held out by a stratified split.
