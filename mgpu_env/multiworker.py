@@ -28,9 +28,11 @@ Nothing here imports TensorFlow at module level.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -48,6 +50,9 @@ from mgpu_env.strategy import WorkerRole
 VALUE_WIDTH = 48
 # What a worker that hits the watchdog exits with (RunFailed's code).
 EXIT_WORKER_LOST = 1
+# How long after the watchdog's deadline the GIL-free backstop ends a process that the
+# watchdog's own thread could not (see Watchdog).
+BACKSTOP_GRACE_S = 5.0
 
 
 # ------------------------------------------------------------------------------ cluster
@@ -377,8 +382,15 @@ class Watchdog:
     """Ends the run when no progress is reported for `timeout_s` seconds.
 
     `start(phase)` arms it; `progress(phase)` pushes the deadline back (call it after every
-    completed `train_steps` call, save and evaluation); `stop()` disarms it. On expiry it
-    calls `on_expire` with a message naming the phase, once.
+    completed `train_steps` call, save and evaluation); `stop()` disarms it. On expiry a
+    Python thread calls `on_expire` with a message naming the phase, once.
+
+    That thread needs the GIL, and one wait holds it: MultiWorkerMirroredStrategy's
+    constructor, waiting for the other workers to join, blocks in C++ without releasing
+    it (measured with TF 2.21: the thread never ran; so does SIGTERM's handler, and the
+    coordination service's `cluster_register_timeout` did not end the wait either). So
+    `backstop` also arms `faulthandler.dump_traceback_later`, whose C thread needs no GIL:
+    BACKSTOP_GRACE_S after the deadline it prints "Timeout" and the stacks, and exits 1.
     """
 
     def __init__(
@@ -388,6 +400,7 @@ class Watchdog:
         on_expire: Callable[[str], None] = abort_process,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float | None = None,
+        backstop: bool = True,
     ) -> None:
         self.timeout_s = timeout_s
         self.who = who
@@ -399,6 +412,7 @@ class Watchdog:
         self._deadline = float("inf")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._backstop = backstop
         self.expired = False
 
     def start(self, phase: str) -> None:
@@ -412,9 +426,15 @@ class Watchdog:
             if phase is not None:
                 self._phase = phase
             self._deadline = self._clock() + self.timeout_s
+        if self._backstop and not self._stop.is_set():
+            faulthandler.dump_traceback_later(
+                self.timeout_s + BACKSTOP_GRACE_S, repeat=False, file=sys.stderr, exit=True
+            )
 
     def stop(self) -> None:
         self._stop.set()
+        if self._backstop:
+            faulthandler.cancel_dump_traceback_later()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
@@ -441,6 +461,18 @@ class Watchdog:
         self.stop()
 
 
+def reclaim_signal_handlers() -> None:
+    """Install Python's SIGTERM and SIGINT handlers again, over any C library's."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(signum)
+        if handler is None:
+            continue  # set outside Python: leave it
+        try:
+            signal.signal(signum, handler)
+        except ValueError:
+            return  # not the main thread: Python cannot install handlers here
+
+
 # ------------------------------------------------------------------------------ session
 
 
@@ -448,7 +480,7 @@ class WorkerSession:
     """The multi-worker steps of one training run, in the order the trainer takes them.
 
     For a single-process run (`role` None) every method does nothing, so the training loop
-    has one path. Order: `join` (before the strategy exists), `agree` (right after),
+    has one path. Order: `join` (before the strategy exists), `after_strategy` (right after),
     `checkpoint_dir`, `share_restored` (after the chief restored), `progress` (after every
     completed unit of work), `close`.
     """
@@ -482,11 +514,23 @@ class WorkerSession:
             a for addresses in self._cluster.jobs.values() for a in addresses
             if a != self._cluster.address
         )
+        sys.stderr.write(
+            f"{self.who}: waiting up to {self.watchdog.timeout_s:g} s (WORKER_TIMEOUT) for "
+            f"the other workers ({others}); if they do not join, this worker stops with a "
+            "'Timeout' report.\n"
+        )
         self.watchdog.start(f"waiting for the other workers to join ({others})")
 
-    def agree(self, strategy: Any, values: Mapping[str, str]) -> None:
+    def after_strategy(self, strategy: Any, values: Mapping[str, str]) -> None:
+        """Take SIGTERM back from TensorFlow, then check the workers agree (`check_agreement`).
+
+        Creating MultiWorkerMirroredStrategy installs TensorFlow's own SIGTERM handler (for
+        its preemption notice) over ours, which then never runs: `docker stop` would wait
+        for SIGKILL. Measured with TF 2.21: SIGTERM to both workers changed nothing.
+        """
         if self.multi:
             assert self.role is not None
+            reclaim_signal_handlers()
             self.watchdog.progress("comparing settings with the other workers")
             check_agreement(strategy, values, self.role)
             self.watchdog.progress("building the model")

@@ -482,7 +482,7 @@ def _train(
     keras.utils.set_random_seed(settings.seed)
     session.join()
     strategy = make_strategy(plan.strategy)
-    session.agree(strategy, agreement_values(
+    session.after_strategy(strategy, agreement_values(
         settings, dataset=plan.dataset.name, precision_policy=plan.precision.policy,
         local_replicas=plan.strategy.local_replicas, train_samples=arrays.train_size,
         steps_per_epoch=plan.steps_per_epoch,
