@@ -31,6 +31,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -346,9 +347,26 @@ def is_worker_failure(err: BaseException) -> bool:
     return any(marker.lower() in text.lower() for marker in _FAILURE_MARKERS)
 
 
-def explain_worker_failure(err: BaseException, where: str) -> str:
+_TASK_RE = re.compile(r"/job:(chief|worker)/(?:replica:\d+/)?task:(\d+)")
+
+
+def lost_tasks(text: str, me: tuple[str, int] | None = None) -> list[str]:
+    """The other tasks a TensorFlow error names ("worker 1"), in order of appearance."""
+    found: list[str] = []
+    for job, index in _TASK_RE.findall(text):
+        if me is not None and (job, int(index)) == me:
+            continue
+        name = f"{job} {index}"
+        if name not in found:
+            found.append(name)
+    return found
+
+
+def explain_worker_failure(err: BaseException, who: str, me: tuple[str, int] | None = None) -> str:
     """One readable message for a lost worker, with TensorFlow's most telling line."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = str(err)
+    lines = [re.sub(r"\{\{[^}]*\}\}\s*", "", line).strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
     telling = next(
         (
             line for line in lines
@@ -356,11 +374,12 @@ def explain_worker_failure(err: BaseException, where: str) -> str:
         ),
         lines[0] if lines else type(err).__name__,
     )
-    tasks = [line for line in lines if line.startswith("/job:")]
-    if tasks and tasks[0] not in telling:
-        telling = f"{telling} {tasks[0]}"
+    lost = lost_tasks(text, me)
+    subject = f"{lost[0]} stopped or cannot be reached" if lost else (
+        "another worker stopped or cannot be reached"
+    )
     return (
-        f"Another worker stopped or cannot be reached, so {where} stops too.\n"
+        f"{subject[0].upper()}{subject[1:]}, so {who} stops too.\n"
         f"  TensorFlow: {telling}\n"
         "  Completed epochs are in the chief's checkpoints: start every worker again "
         "(same settings) to resume."
@@ -556,7 +575,10 @@ class WorkerSession:
     def failure(self, err: BaseException) -> str | None:
         """The message for a TensorFlow error that means a worker was lost, else None."""
         if self.multi and is_worker_failure(err):
-            return explain_worker_failure(err, self.who)
+            assert self.role is not None
+            return explain_worker_failure(
+                err, self.who, (self.role.task_type, self.role.task_id)
+            )
         return None
 
     def close(self, succeeded: bool) -> None:
