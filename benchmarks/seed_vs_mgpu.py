@@ -41,8 +41,7 @@ def seed_child(epochs: int) -> None:
     import numpy as np
     import tensorflow as tf
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import seed_mnist
+    from mgpu_env import seed
 
     rng = np.random.default_rng(SEED)
     # As the seed prepares MNIST: uint8 pixels divided by 255.0 (float64), labels uint8.
@@ -61,7 +60,7 @@ def seed_child(epochs: int) -> None:
             self.seconds.append(time.perf_counter() - self._start)
 
     timer = EpochTimer()
-    seed_mnist.train(x_train, y_train, epochs=epochs, batch_size=BATCH, callbacks=[timer])
+    seed.train(x_train, y_train, epochs=epochs, batch_size=BATCH, callbacks=[timer])
     print("SEED_RESULT " + json.dumps({"seconds": timer.seconds, "samples": TRAIN_SAMPLES}))
 
 

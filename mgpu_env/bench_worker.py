@@ -183,14 +183,14 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
     this process sees, with the same per-replica batch. The clock is read at the start of
     the batches that bound each interval, after reading a weight to the host (which waits
     for the steps before it); `on_train_batch_begin` keeps Keras' asynchronous dispatch on.
-    The seed's code is repeated here, not imported from benchmarks/seed_mnist.py, because
-    the image ships only the packages; `verbose=0` drops the seed's progress bar, which
-    gives the seed its best case.
+    The model is the seed's own (`mgpu_env.seed.seed_model`); `verbose=0` drops the seed's
+    progress bar, which gives the seed its best case.
     """
     import keras
     import numpy as np
     import tensorflow as tf
 
+    from mgpu_env import seed
     from mgpu_env.devices import configure_virtual_devices
 
     logical = configure_virtual_devices(spec.virtual_devices)
@@ -204,15 +204,7 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
 
     strategy = tf.distribute.MirroredStrategy()
     with strategy.scope():
-        model = keras.Sequential([
-            keras.Input(shape=(784,)),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(10, activation="softmax"),
-        ])
-        model.compile(loss="sparse_categorical_crossentropy",
-                      optimizer=keras.optimizers.Adam(spec.learning_rate),
-                      metrics=["accuracy"])
+        model = seed.seed_model(spec.learning_rate)
 
     clock: list[float] = []
     wanted = set(boundaries)
