@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from mgpu_env.errors import MgpuError
 from mgpu_env.settings import DECLARATIONS, ResolvedSettings, SettingsErrors, resolve_settings
 
 # Exit codes, documented in the README.
@@ -84,7 +85,16 @@ def with_settings(
             flags: SettingFlags = {
                 by_field[k]: kwargs.pop(k) for k in list(kwargs) if k in by_field
             }
-            return command(flags=flags, **kwargs)
+            # The library's user-facing errors end here, as one message and their exit
+            # code, whether the command runs from `mgpu` or from typer's test runner.
+            try:
+                return command(flags=flags, **kwargs)
+            except SettingsErrors as err:
+                fail("\n".join(f"error: {e}" for e in err.errors), EXIT_BAD_CONFIG)
+            except MgpuError as err:
+                if debug_enabled():
+                    raise
+                fail(f"error: {err}", err.exit_code)
 
         parameters = [
             p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own

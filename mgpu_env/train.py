@@ -155,10 +155,26 @@ def _compute_capabilities(launch: Launch) -> list[tuple[int, int] | None]:
 
 
 def preflight(launch: Launch) -> None:
-    """Checks to run before TensorFlow starts training (driver, CUDA, cuDNN, devices).
+    """The doctor's checks that decide whether training can start (driver, CUDA, cuDNN,
+    visible devices); stops the run with their findings and fixes when one fails.
 
-    The place for the doctor's preflight: raise ConfigError or RunFailed to stop the run.
+    A bad setting (a GPU the machine does not have) is a ConfigError (exit 2), anything
+    else a RunFailed (exit 1). With GPUS=none or no GPU it costs milliseconds.
     """
+    from mgpu_env.doctor import preflight as doctor_preflight
+
+    failing = doctor_preflight(launch.resolved.settings.gpus)
+    if not failing:
+        return
+    lines = []
+    for check in failing:
+        expected = f" (expected {check.expected})" if check.expected else ""
+        lines.append(f"pre-flight check failed: {check.title}: {check.found}{expected}")
+        if check.fix:
+            lines.append(f"  Fix: {check.fix}")
+    lines.append("  `mgpu doctor` shows the whole report.")
+    error = ConfigError if any(check.bad_setting for check in failing) else RunFailed
+    raise error("\n".join(lines))
 
 
 def plan_training(launch: Launch, environ: Mapping[str, str] | None = None) -> TrainPlan:
