@@ -1,0 +1,192 @@
+"""Two `mgpu train` workers on 127.0.0.1: training together, a settings mismatch, a kill.
+
+Each worker is its own process, as on two machines; WORKER_HOSTS lists two free loopback
+ports picked here. The workers get separate OUTPUT_DIRs (nothing shared), so the tests also
+show that only the chief writes outputs and that resuming needs no shared folder. Digits,
+tiny batches and few epochs keep each run to seconds; every wait is bounded and every
+process is killed in `finally`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+RUN_TIMEOUT_S = 240
+# A dead worker is noticed by TensorFlow's coordination service (10 s heartbeat timeout) or
+# at once (connection reset); WORKER_TIMEOUT below bounds every other wait.
+SURVIVOR_EXIT_BOUND_S = 45
+WORKER_TIMEOUT_S = "40"
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def worker_env(tmp_path: Path, hosts: str, index: int, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "MGPU_DEBUG")}
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env.update(
+        PYTHONPATH=str(REPO),
+        TF_CPP_MIN_LOG_LEVEL="2",
+        GPUS="none",
+        DATASET="digits",
+        QUIET="1",
+        BATCH_SIZE="16",
+        EPOCHS="2",
+        WORKER_HOSTS=hosts,
+        WORKER_INDEX=str(index),
+        WORKER_TIMEOUT=WORKER_TIMEOUT_S,
+        OUTPUT_DIR=str(tmp_path / f"out{index}"),
+        HOME=str(tmp_path / "home"),  # an empty Keras cache
+        TMPDIR=str(scratch),  # where non-chief workers put their scratch checkpoints
+    )
+    env.update(settings)
+    return env
+
+
+@contextmanager
+def two_workers(tmp_path: Path, **settings_per_worker: dict[str, str]) -> Iterator[
+    list[subprocess.Popen[str]]
+]:
+    """Start worker 0 (the chief) and worker 1; kill whatever still runs on the way out."""
+    hosts = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    processes = []
+    try:
+        for index in (0, 1):
+            log = (tmp_path / f"worker{index}.log").open("w")
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "entrypoint", "train"],
+                    env=worker_env(tmp_path, hosts, index,
+                                   **settings_per_worker.get(f"w{index}", {})),
+                    cwd=tmp_path,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        yield processes
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
+
+
+def log_of(tmp_path: Path, index: int) -> str:
+    return (tmp_path / f"worker{index}.log").read_text()
+
+
+def wait_all(tmp_path: Path, processes: list[subprocess.Popen[str]]) -> list[int]:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"workers did not finish in {RUN_TIMEOUT_S} s:\n"
+                        + "\n".join(log_of(tmp_path, i)[-3000:] for i in (0, 1)))
+    return [p.returncode for p in processes]
+
+
+def completed_epochs(output: Path) -> int:
+    try:
+        return len(json.loads((output / "history.json").read_text())["epochs"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def epoch_losses(log: str) -> list[str]:
+    """The loss at the end of each epoch, from Keras' progress bar (QUIET=0)."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log)  # Keras colours the bar
+    losses = re.findall(r"(\d+)/\1 .*? - loss: ([0-9.]+)", plain)
+    assert losses, log[-3000:]
+    return [loss for _, loss in losses]
+
+
+def test_two_workers_train_together_and_only_the_chief_writes(tmp_path: Path) -> None:
+    verbose = {"QUIET": "0"}
+    with two_workers(tmp_path, w0=verbose, w1=verbose) as processes:
+        codes = wait_all(tmp_path, processes)
+    assert codes == [0, 0], log_of(tmp_path, 0)[-3000:] + log_of(tmp_path, 1)[-3000:]
+    chief = json.loads((tmp_path / "out0" / "metrics.json").read_text())
+    assert chief["replicas"] == 2 and chief["global_batch_size"] == 32
+    assert chief["epochs_completed"] == 2
+    # One model, trained by both: the same loss after every epoch on each worker.
+    losses = epoch_losses(log_of(tmp_path, 0))
+    assert len(losses) == 2 and losses == epoch_losses(log_of(tmp_path, 1))
+    assert f"{chief['history'][-1]['loss']:.4f}" == losses[-1]
+    # Only the chief wrote outputs; the worker's scratch checkpoints are gone.
+    for name in ("metrics.json", "model.keras", "history.json", "run.json", "logs",
+                 "checkpoints"):
+        assert (tmp_path / "out0" / name).exists(), name
+    assert not (tmp_path / "out1").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_workers_with_different_settings_stop_and_say_which(tmp_path: Path) -> None:
+    with two_workers(tmp_path, w1={"BATCH_SIZE": "8"}) as processes:
+        codes = wait_all(tmp_path, processes)
+    assert codes == [2, 2]
+    for index in (0, 1):
+        log = log_of(tmp_path, index)
+        assert "The workers' settings differ" in log, log[-3000:]
+        assert "worker 1: BATCH_SIZE=8 there but 16 on worker 0" in log
+    assert not (tmp_path / "out0" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker", "kill-chief"])
+def test_a_killed_worker_stops_the_other_and_a_restart_resumes(
+    tmp_path: Path, victim: int
+) -> None:
+    survivor = 1 - victim
+    slow = {"EPOCHS": "40"}
+    with two_workers(tmp_path, w0=slow, w1=slow) as processes:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while completed_epochs(tmp_path / "out0") < 2:
+            assert all(p.poll() is None for p in processes), log_of(tmp_path, 0)[-3000:]
+            assert time.monotonic() < deadline, "2 epochs did not complete in time"
+            time.sleep(0.05)
+        processes[victim].kill()
+        killed = time.monotonic()
+        try:
+            processes[survivor].wait(timeout=SURVIVOR_EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the survivor still runs {SURVIVOR_EXIT_BOUND_S} s after the kill")
+        took = time.monotonic() - killed
+    assert processes[survivor].returncode == 1
+    message = log_of(tmp_path, survivor)
+    assert f"Worker {victim} stopped or cannot be reached" in message, message[-3000:]
+    assert "start every worker again" in message
+    print(f"survivor exited {took:.1f} s after the kill")
+    kept = completed_epochs(tmp_path / "out0")
+    assert kept >= 2
+
+    resume = {"EPOCHS": str(kept + 1)}
+    with two_workers(tmp_path, w0=resume, w1=resume) as processes:
+        codes = wait_all(tmp_path, processes)
+    assert codes == [0, 0], log_of(tmp_path, 0)[-3000:] + log_of(tmp_path, 1)[-3000:]
+    chief = json.loads((tmp_path / "out0" / "metrics.json").read_text())
+    assert chief["resumed_from_epoch"] >= 2 and chief["epochs_completed"] == kept + 1
+    assert [e["epoch"] for e in chief["history"]] == list(range(1, kept + 2))
+    assert not (tmp_path / "out1").exists()
