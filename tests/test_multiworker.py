@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -322,3 +323,33 @@ def test_stopped_watchdog_never_fires() -> None:
     dog.stop()
     clock.now += 100
     assert not fired.wait(0.1) and messages == []
+
+
+# ------------------------------------------------------------------- compose and TFJob
+
+REPO = Path(__file__).resolve().parent.parent
+NOT_SETTINGS = {"MGPU_DEBUG", "NCCL_DEBUG", "TF_CPP_MIN_LOG_LEVEL"}
+
+
+def test_the_compose_file_passes_real_settings_and_flags() -> None:
+    from mgpu_env.settings import BY_ENV
+
+    text = (REPO / "docker-compose.multiworker.yml").read_text()
+    passed = set(re.findall(r"^\s+- ([A-Z][A-Z0-9_]+)(?:=|$)", text, re.M))
+    assert {"WORKER_HOSTS", "WORKER_TIMEOUT", "EPOCHS", "BATCH_SIZE", "RUN_NAME"} <= passed
+    assert passed - NOT_SETTINGS <= set(BY_ENV), passed - NOT_SETTINGS - set(BY_ENV)
+    commands = re.findall(r'command: \["train", "--worker-index", "(\d)"\]', text)
+    assert commands == ["0", "1"] and BY_ENV["WORKER_INDEX"].flag == "--worker-index"
+    assert "worker0:2222,worker1:2222" in text
+    assert "ports:" not in text  # nothing published on the host
+
+
+def test_the_tfjob_manifest_sets_only_real_settings() -> None:
+    from mgpu_env.settings import BY_ENV
+
+    text = (REPO / "k8s" / "tfjob.yaml").read_text()
+    names = set(re.findall(r"\{name: ([A-Z][A-Z0-9_]+), value:", text))
+    assert names and names <= set(BY_ENV), names - set(BY_ENV)
+    assert "TF_CONFIG" not in names and "WORKER_HOSTS" not in names  # the operator's job
+    assert "kind: TFJob" in text and text.count("- name: tensorflow") == 2
+    assert "Chief:" in text and "Worker:" in text and "containerPort: 2222" in text

@@ -1,0 +1,167 @@
+"""docker-compose.multiworker.yml: two worker containers train together, a kill, a resume.
+
+The same checks as tests/test_multiworker_run.py, with each worker in its own container
+and address on the compose network. The image is built with the container check's own
+scripts (docker/build-base-image.sh, docker/build-image.sh: a CPU base, no registry), so
+the first run takes minutes and later ones reuse the cached layers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_container import docker_engine_missing
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.multiworker.yml"
+BASE_CPU_IMAGE = os.environ.get("BASE_CPU_IMAGE", "mgpu-env/base-cpu:bookworm")
+TEST_IMAGE = os.environ.get("TEST_IMAGE", "mgpu-env:cpu")
+SURVIVOR_EXIT_BOUND_S = 60
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def compose_command() -> list[str] | None:
+    """Compose v2 where installed, else v1 (`docker-compose`), like docker/lib.sh."""
+    v2 = subprocess.run(["docker", "compose", "version"], capture_output=True, check=False)
+    if v2.returncode == 0:
+        return ["docker", "compose"]
+    return ["docker-compose"] if shutil.which("docker-compose") else None
+
+
+class Project:
+    """One compose project on the multi-worker file, with its own env file and runs folder."""
+
+    def __init__(self, work: Path, compose: list[str]) -> None:
+        self.name = f"mgpu-mw-{os.getpid()}"
+        self.work = work
+        self.runs = work / "runs"
+        self.runs.mkdir()
+        (work / "data").mkdir()
+        uid, gid = (4242, 4242) if os.getuid() == 0 else (os.getuid(), os.getgid())
+        if os.getuid() == 0:
+            os.chown(self.runs, uid, gid)
+        self.env_file = work / "compose.env"
+        self.env_file.write_text(
+            f"MGPU_IMAGE={TEST_IMAGE}\nBASE_IMAGE={BASE_CPU_IMAGE}\n"
+            f"HOST_UID={uid}\nHOST_GID={gid}\n"
+            f"HOST_RUNS_DIR={self.runs}\nHOST_DATA_DIR={work / 'data'}\n"
+            "DATASET=digits\nBATCH_SIZE=16\nRUN_NAME=mw\nGPUS=none\n"
+            "WORKER_TIMEOUT=60\nTF_CPP_MIN_LOG_LEVEL=2\n"
+        )
+        self.compose = compose
+
+    def run(self, *args: str, timeout: float = 600, extra_env: dict[str, str] | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        # Only this test's settings: the caller's shell must not leak any in.
+        env = {k: v for k, v in os.environ.items()
+               if k in ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG")}
+        env.update(extra_env or {})
+        result = subprocess.run(
+            [*self.compose, "--project-name", self.name, "--env-file", str(self.env_file),
+             "-f", str(COMPOSE_FILE), *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and result.returncode != 0:
+            pytest.fail(f"compose {' '.join(args)} exited {result.returncode}:\n"
+                        f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        return result
+
+    def container(self, service: str) -> str:
+        return self.run("ps", "-q", service).stdout.strip()
+
+    def exit_code(self, service: str) -> int:
+        inspected = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.ExitCode}}", self.container(service)],
+            capture_output=True, text=True, check=True,
+        )
+        return int(inspected.stdout.strip())
+
+    def logs(self, service: str) -> str:
+        return self.run("logs", "--no-color", service).stdout
+
+    def up(self, **settings: str) -> None:
+        """Both workers, in the foreground, until both have exited."""
+        self.run("up", "--no-build", "--force-recreate", extra_env=settings, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    reason = docker_engine_missing()
+    if reason:
+        pytest.skip(reason)
+    compose = compose_command()
+    if compose is None:
+        pytest.skip("requires docker compose (v2) or docker-compose (v1)")
+    for script, env in (
+        (["docker/build-base-image.sh", BASE_CPU_IMAGE], {}),
+        (["docker/build-image.sh"], {"IMAGE": TEST_IMAGE, "BASE_IMAGE": BASE_CPU_IMAGE}),
+    ):
+        built = subprocess.run(script, cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                               text=True, timeout=3000, check=False)
+        assert built.returncode == 0, f"{script[0]} failed:\n{built.stderr[-4000:]}"
+    work = tmp_path_factory.mktemp("multiworker-compose")
+    work.chmod(0o755)
+    project = Project(work, compose)
+    try:
+        yield project
+    finally:
+        project.run("down", "--volumes", "--remove-orphans", check=False, timeout=120)
+
+
+def epoch_losses(log: str) -> list[str]:
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log)  # Keras colours the bar on a terminal
+    return [loss for _, loss in re.findall(r"(\d+)/\1 .*? - loss: ([0-9.]+)", plain)]
+
+
+def completed_epochs(run: Path) -> int:
+    try:
+        return len(json.loads((run / "history.json").read_text())["epochs"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_two_containers_train_together(project: Project) -> None:
+    project.up(EPOCHS="2")
+    logs = {service: project.logs(service) for service in ("worker0", "worker1")}
+    assert [project.exit_code("worker0"), project.exit_code("worker1")] == [0, 0], logs
+    metrics = json.loads((project.runs / "mw" / "metrics.json").read_text())
+    assert metrics["replicas"] == 2 and metrics["epochs_completed"] == 2
+    losses = epoch_losses(logs["worker0"])
+    assert len(losses) == 2 and losses == epoch_losses(logs["worker1"]), logs
+    # Both containers mount the same runs folder; only the chief wrote into it.
+    assert sorted(p.name for p in (project.runs).iterdir()) == ["mw"]
+
+
+def test_killing_a_container_stops_the_other_and_both_resume(project: Project) -> None:
+    shutil.rmtree(project.runs / "mw", ignore_errors=True)
+    project.run("up", "-d", "--no-build", "--force-recreate", extra_env={"EPOCHS": "40"})
+    deadline = time.monotonic() + 300
+    while completed_epochs(project.runs / "mw") < 2:
+        assert time.monotonic() < deadline, project.logs("worker0")[-3000:]
+        time.sleep(0.2)
+    subprocess.run(["docker", "kill", project.container("worker1")], check=True,
+                   capture_output=True)
+    killed = time.monotonic()
+    waited = subprocess.run(["docker", "wait", project.container("worker0")],
+                            capture_output=True, text=True, timeout=SURVIVOR_EXIT_BOUND_S,
+                            check=False)
+    took = time.monotonic() - killed
+    assert waited.stdout.strip() == "1", project.logs("worker0")[-3000:]
+    assert "Worker 1 stopped or cannot be reached" in project.logs("worker0")
+    print(f"worker0 exited {took:.1f} s after worker1 was killed")
+
+    kept = completed_epochs(project.runs / "mw")
+    project.up(EPOCHS=str(kept + 1))
+    assert [project.exit_code("worker0"), project.exit_code("worker1")] == [0, 0]
+    metrics = json.loads((project.runs / "mw" / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] >= 2 and metrics["epochs_completed"] == kept + 1
