@@ -609,6 +609,11 @@ def _train(
         plan, start_epoch, history, test_accuracy, test_loss,
         trained_samples, trained_seconds, time.time() - started, arrays,
     )
+    finished_before = plan.folder.finished_metrics
+    if start_epoch == settings.epochs and finished_before is not None:
+        # A multi-worker restart of a finished run (the workers still evaluated together):
+        # keep the chief's results rather than replace them with a run of no epochs.
+        return TrainResult(plan.output_dir, finished_before, already_finished=True)
     if is_chief:
         rundir.atomic_save(
             plan.output_dir / rundir.MODEL_FILE, lambda path: model.save(path), ".keras"
