@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -190,3 +191,45 @@ def test_a_killed_worker_stops_the_other_and_a_restart_resumes(
     assert chief["resumed_from_epoch"] >= 2 and chief["epochs_completed"] == kept + 1
     assert [e["epoch"] for e in chief["history"]] == list(range(1, kept + 2))
     assert not (tmp_path / "out1").exists()
+
+
+def test_a_worker_whose_peer_never_comes_stops_after_worker_timeout(tmp_path: Path) -> None:
+    """The wait for the other workers holds the GIL; the faulthandler backstop ends it."""
+    hosts = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    log = (tmp_path / "worker0.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "train"],
+        env=worker_env(tmp_path, hosts, 0, WORKER_TIMEOUT="8"),
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        process.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the lone worker still waits 90 s later, with WORKER_TIMEOUT=8")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+    output = log_of(tmp_path, 0)
+    assert process.returncode == 1, output[-3000:]
+    assert "waiting up to 8 s (WORKER_TIMEOUT) for the other workers" in output
+    assert "Timeout" in output
+
+
+def test_sigterm_stops_every_worker_at_a_step_boundary(tmp_path: Path) -> None:
+    """TensorFlow's own SIGTERM handler must not swallow `docker stop`'s signal."""
+    slow = {"EPOCHS": "40"}
+    with two_workers(tmp_path, w0=slow, w1=slow) as processes:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while completed_epochs(tmp_path / "out0") < 2:
+            assert all(p.poll() is None for p in processes), log_of(tmp_path, 0)[-3000:]
+            assert time.monotonic() < deadline, "2 epochs did not complete in time"
+            time.sleep(0.05)
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            process.wait(timeout=SURVIVOR_EXIT_BOUND_S)
+    codes = [p.returncode for p in processes]
+    # Both stop; one may notice the other's exit first (1) instead of its own signal.
+    assert 143 in codes and set(codes) <= {143, 1}, codes
+    assert completed_epochs(tmp_path / "out0") < 40
