@@ -18,6 +18,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from mgpu_env.errors import MgpuError
+from mgpu_env.launch import prepare_environment
 from mgpu_env.settings import DECLARATIONS, ResolvedSettings, SettingsErrors, resolve_settings
 
 # Exit codes, documented in the README.
@@ -114,11 +115,14 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 
 
 def resolve_or_exit(flags: SettingFlags) -> ResolvedSettings:
-    """Resolve the settings; on bad values print each and exit 2 before anything slow."""
+    """Resolve the settings (exit 2 on bad values, before anything slow); export the
+    settings file's other variables."""
     try:
-        return resolve_settings(flags, os.environ)
+        resolved = resolve_settings(flags, os.environ)
     except SettingsErrors as err:
         fail("\n".join(f"error: {e}" for e in err.errors), EXIT_BAD_CONFIG)
+    prepare_environment(resolved)
+    return resolved
 
 
 def debug_enabled() -> bool:

@@ -119,12 +119,14 @@ def resolve_dataset(
             if folder is not None and (folder / MNIST_FILE).is_file():
                 return DatasetChoice("mnist", "file", folder / MNIST_FILE)
         if name == "auto":
-            where = f"{data_dir} (DATA_DIR) nor {cache}" if data_dir else f"{cache}"
+            where = (
+                f"in neither {data_dir} (DATA_DIR) nor {cache}" if data_dir else f"not in {cache}"
+            )
             return DatasetChoice(
                 "digits",
                 "built-in",
                 note=(
-                    f"DATASET=auto: {MNIST_FILE} is in neither {where}, so training uses "
+                    f"DATASET=auto: {MNIST_FILE} is {where}, so training uses "
                     "the built-in digits (set DATASET=mnist to download MNIST)"
                 ),
             )

@@ -13,8 +13,24 @@ from mgpu_env.settings import (
     ResolvedSettings,
     SettingError,
     SettingsErrors,
+    export_env_file_extras,
     setting_error_message,
 )
+
+
+def prepare_environment(
+    resolved: ResolvedSettings, environ: MutableMapping[str, str] | None = None
+) -> list[str]:
+    """Export the settings file's other variables (NCCL_*, ...) and quiet TensorFlow's logs.
+
+    The process environment wins over the file, as with docker compose's env_file. TensorFlow's
+    C++ INFO and WARNING lines (oneDNN, CPU features) bury the summary, so they are hidden
+    unless TF_CPP_MIN_LOG_LEVEL is set. Returns the names exported from the file.
+    """
+    environ = os.environ if environ is None else environ
+    exported = export_env_file_extras(resolved, environ)
+    environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return exported
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -608,7 +608,9 @@ def _pick(
     return declaration.default, "default"
 
 
-def export_env_file_extras(resolved: ResolvedSettings, environ: dict[str, str]) -> list[str]:
+def export_env_file_extras(
+    resolved: ResolvedSettings, environ: MutableMapping[str, str]
+) -> list[str]:
     """Put the env file's other variables (NCCL_*, TF_CPP_MIN_LOG_LEVEL, ...) in `environ`.
 
     Like docker compose's env_file: the process environment wins. Returns the names set.

@@ -184,3 +184,20 @@ def test_top_level_help_lists_the_commands() -> None:
     assert result.exit_code == 0
     for command in ("train", "doctor", "bench"):
         assert command in result.output
+
+
+def test_env_file_extras_reach_the_run_through_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    import entrypoint.options as options
+
+    env_file = tmp_path / "x.env"
+    env_file.write_text("NCCL_DEBUG=INFO\n")
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    monkeypatch.setenv("ENV_FILE", str(env_file))
+    options.resolve_or_exit({})
+    assert os.environ["NCCL_DEBUG"] == "INFO"
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
