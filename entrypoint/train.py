@@ -6,9 +6,8 @@ from typing import Annotated
 
 import typer
 
-from entrypoint.options import EXIT_BAD_CONFIG, SettingFlags, fail, resolve_or_exit, with_settings
+from entrypoint.options import SettingFlags, resolve_or_exit, with_settings
 from mgpu_env.launch import choose_gpus
-from mgpu_env.settings import SettingsErrors
 
 
 def plan_lines(plan: object) -> list[str]:
@@ -58,10 +57,7 @@ def command(
     if quiet_flag:
         flags["QUIET"] = "1"
     resolved = resolve_or_exit(flags)
-    try:
-        launch = choose_gpus(resolved)
-    except SettingsErrors as err:
-        fail("\n".join(f"error: {e}" for e in err.errors), EXIT_BAD_CONFIG)
+    launch = choose_gpus(resolved)  # a GPU the machine lacks: exit 2, via with_settings
 
     # TensorFlow is imported only now, after choose_gpus wrote CUDA_VISIBLE_DEVICES.
     from mgpu_env.train import ProgbarReporter, Reporter, plan_training, run_training

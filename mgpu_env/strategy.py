@@ -12,9 +12,8 @@ without GPUs. `make_strategy` turns the plan into the strategy object.
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,26 +63,6 @@ class StrategyPlan:
     @property
     def logical_split(self) -> bool:
         return len(self.devices) > self.physical_devices
-
-
-def parse_tf_config(text: str | None) -> WorkerRole | None:
-    """The role TF_CONFIG gives this process, or None when TF_CONFIG is unset or empty."""
-    if text is None or not text.strip():
-        return None
-    try:
-        config = json.loads(text)
-        cluster = config["cluster"]
-        task = config["task"]
-        task_type = str(task["type"])
-        task_id = int(task["index"])
-        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ConfigError(
-            f"TF_CONFIG is not valid ({type(err).__name__}: {err}): it must be JSON like "
-            '{"cluster": {"worker": ["host1:port", "host2:port"]}, '
-            '"task": {"type": "worker", "index": 0}}.\n  Fix: correct TF_CONFIG or unset it.'
-        ) from None
-    return WorkerRole(task_type, task_id, max(workers, 1), _has_chief="chief" in cluster)
 
 
 def nccl_possible(platform: str = sys.platform, built_with_cuda: bool = True) -> bool:
@@ -195,8 +174,3 @@ def make_strategy(plan: StrategyPlan) -> Any:
     elif plan.cross_device_ops in ("reduction_to_one", "none"):
         cross_device_ops = tf.distribute.ReductionToOneDevice()
     return tf.distribute.MirroredStrategy(list(plan.devices), cross_device_ops=cross_device_ops)
-
-
-def role_from_environ(environ: Mapping[str, str]) -> WorkerRole | None:
-    """The WorkerRole of TF_CONFIG in `environ`, None for a single-process run."""
-    return parse_tf_config(environ.get("TF_CONFIG"))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from mgpu_env.errors import ConfigError
-from mgpu_env.strategy import parse_tf_config, plan_strategy
+from mgpu_env.strategy import WorkerRole, plan_strategy
 
 GPUS2 = ["/device:GPU:0", "/device:GPU:1"]
 CPUS2 = ["/device:CPU:0", "/device:CPU:1"]
@@ -66,21 +64,11 @@ def test_unknown_value_lists_the_valid_ones() -> None:
         plan_strategy("ring", GPUS2, "GPU", 2)
 
 
-def test_tf_config_gives_a_multi_worker_plan_and_a_role() -> None:
-    config = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
-    role = parse_tf_config(json.dumps(config))
-    assert role is not None and role.num_workers == 2 and not role.is_chief
-    first = parse_tf_config(json.dumps({**config, "task": {"type": "worker", "index": 0}}))
-    assert first is not None and first.is_chief  # no chief listed: worker 0 writes outputs
+def test_a_multi_worker_role_gives_a_multi_worker_plan() -> None:
+    # TF_CONFIG parsing itself is mgpu_env.multiworker's (tests/test_multiworker.py).
+    role = WorkerRole("worker", 1, 2, _has_chief=False)
+    assert not role.is_chief  # no chief listed: worker 0 writes the outputs
+    assert WorkerRole("worker", 0, 2, _has_chief=False).is_chief
     plan = plan_strategy("auto", GPUS2, "GPU", 2, role=role)
     assert plan.kind == "multi_worker" and plan.cross_device_ops == "nccl"
-    with_chief = {"cluster": {"chief": ["c:0"], "worker": ["a:1"]},
-                  "task": {"type": "worker", "index": 0}}
-    role = parse_tf_config(json.dumps(with_chief))
-    assert role is not None and not role.is_chief and role.num_workers == 2
-
-
-def test_bad_tf_config_is_a_config_error() -> None:
-    assert parse_tf_config("") is None
-    with pytest.raises(ConfigError, match="TF_CONFIG is not valid"):
-        parse_tf_config("{not json")
+    assert not WorkerRole("worker", 0, 2, _has_chief=True).is_chief
