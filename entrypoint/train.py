@@ -18,11 +18,18 @@ def plan_lines(plan: object) -> list[str]:
     info = plan.describe()
     devices = ", ".join(info["devices"])
     physical = ", ".join(info["physical_devices"])
-    resume = (
-        f"resumes after epoch {plan.resume_epoch} of {plan.settings.epochs}"
-        if plan.resume_epoch
-        else "fresh run"
-    )
+    role = plan.strategy.role
+    if not role.is_chief:
+        # Only the chief's folder holds checkpoints; it sends this worker where to resume.
+        resume = "fresh or resumed, as the chief's checkpoint says"
+        output = f"nothing here: {role.task_type} {role.task_id} writes to a temporary folder"
+    else:
+        resume = (
+            f"resumes after epoch {plan.resume_epoch} of {plan.settings.epochs}"
+            if plan.resume_epoch
+            else "fresh run"
+        )
+        output = str(plan.output_dir)
     lines = [
         f"  devices        {plan.strategy.local_replicas} x {plan.device_type} ({physical})",
         f"                 {devices}",
@@ -35,7 +42,7 @@ def plan_lines(plan: object) -> list[str]:
         f"  dataset        {plan.dataset.describe()}: {plan.train_size} train, "
         f"{plan.test_size} test",
         f"  epochs         {plan.settings.epochs}, {resume}",
-        f"  output         {plan.output_dir}",
+        f"  output         {output}",
     ]
     if plan.defaulted:
         lines.append(f"  defaults       {', '.join(sorted(plan.defaulted))}")
@@ -76,4 +83,7 @@ def command(
         f"Done: test accuracy {result.test_accuracy:.4f}, "
         f"{result.train_samples_per_sec:,.0f} samples/s, wall time {result.wall_time_s:.1f} s"
     )
-    typer.echo(f"  outputs in {result.output_dir} (metrics.json, model.keras, checkpoints/, logs/)")
+    if plan.strategy.role.is_chief:
+        typer.echo(
+            f"  outputs in {result.output_dir} (metrics.json, model.keras, checkpoints/, logs/)"
+        )
