@@ -46,13 +46,14 @@ from mgpu_env.strategy import StrategyPlan, nccl_possible, plan_strategy
 # Steps run per tf.function call: Python (and a signal check) runs once per call.
 STEPS_PER_CALL = 200
 CHECKPOINTS_KEPT = 3
-# Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
-# 20% held out by a stratified split.
-# The settings `mgpu train` reads (the others belong to other commands).
+# The settings `mgpu train` reads (the others belong to other commands, or to the
+# cluster), for the "defaults" line of the summary and the settings in metrics.json.
 TRAIN_SETTINGS = (
     "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "DATA_DIR",
     "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
 )
+# Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
+# 20% held out by a stratified split.
 KNOWN_SIZES = {
     "mnist": (60_000, 10_000),
     "fashion_mnist": (60_000, 10_000),
