@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import subprocess
@@ -263,7 +264,7 @@ def check_plan(specs: list[PointSpec], devices: DevicePlan, selection: GpuSelect
 
 # ------------------------------------------------------------------------------ children
 
-ChildRunner = Callable[[PointSpec], dict[str, Any]]
+ChildRunner = Callable[[PointSpec], dict[str, Any]]  # run_child with its timeout bound
 
 
 def child_environment(spec: PointSpec, environ: Mapping[str, str]) -> dict[str, str]:
@@ -443,7 +444,8 @@ def run_bench(
     decides the exit code from `report.failed`. Raises ConfigError for an impossible plan.
     """
     environ = os.environ if environ is None else environ
-    runner = run_child if runner is None else runner
+    if runner is None:
+        runner = functools.partial(run_child, timeout_s=settings.bench_timeout)
     devices = plan_devices(settings, selection, environ)
     specs = plan_points(
         settings, devices, [g.compute_capability.value for g in selection.gpus]

@@ -420,6 +420,13 @@ class Settings:
         "prints the mgpu/seed throughput ratio.",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1", scope="bench",
     )
+    bench_timeout: int = setting(
+        "BENCH_TIMEOUT", "900",
+        "Seconds one mgpu bench point may take before it is stopped and recorded as failed "
+        "(a hung all-reduce never hangs the whole sweep).",
+        parse_int(10, 86_400), "a whole number of seconds from 10 to 86400", metavar="S",
+        scope="bench",
+    )
     tf_config: str = setting(
         "TF_CONFIG", "",
         "Multi-worker cluster as TensorFlow reads it (JSON), set by Kubernetes' TFJob and "

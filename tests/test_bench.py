@@ -57,7 +57,7 @@ def fake_runner(
 ) -> Callable[[PointSpec], dict[str, Any]]:
     """Timings of a device where each extra replica costs (1 - efficiency) of a step."""
 
-    def run(spec: PointSpec) -> dict[str, Any]:
+    def run(spec: PointSpec, timeout_s: float | None = None) -> dict[str, Any]:
         # weak scaling: n replicas take base / efficiency(n) per step of n x batch
         step = base_step_s if spec.replicas == 1 else base_step_s / efficiency
         if spec.runner == "seed":
@@ -253,6 +253,24 @@ def test_a_failed_point_is_recorded_and_the_sweep_goes_on() -> None:
     assert report.as_dict()["efficiency"]["fp32"].keys() == {"1", "4"}
 
 
+def test_a_point_past_bench_timeout_is_stopped_and_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import subprocess
+
+    timeouts: list[float | None] = []
+
+    def hung_child(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        timeouts.append(timeout)
+        raise subprocess.TimeoutExpired(args[0], timeout or 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", hung_child)
+    chosen = settings(VIRTUAL_DEVICES="2", BENCH_TIMEOUT="45")
+    report = run_bench(chosen, cpu_selection(), environ={})
+    assert timeouts == [45, 45]
+    assert [p["error"] for p in report.failed] == ["timed out after 45 s"] * 2
+
+
 def test_impossible_all_reduce_is_refused_before_any_child() -> None:
     def never(spec: PointSpec) -> dict[str, Any]:
         raise AssertionError("no child may start")
@@ -332,7 +350,7 @@ def test_cli_writes_json_and_png_and_prints_the_table(
 
 @pytest.mark.usefixtures("restore_cuda_env")
 def test_cli_exits_1_when_a_point_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def failing(spec: PointSpec) -> dict[str, Any]:
+    def failing(spec: PointSpec, timeout_s: float | None = None) -> dict[str, Any]:
         raise bench.RunFailed("the child died")
 
     monkeypatch.setattr(bench, "run_child", failing)
