@@ -42,9 +42,10 @@ test-fast: $(STAMP) ## Run the tests that need neither Docker nor long training
 	$(BIN)/pytest -m "not slow and not docker" $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: $(STAMP) ## ruff and mypy
+lint: $(STAMP) ## ruff, mypy and hadolint
 	$(BIN)/ruff check mgpu_env entrypoint tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/hadolint Dockerfile
 
 .PHONY: clean
 clean: ## Remove the virtual environment and caches (runs/ is kept)
