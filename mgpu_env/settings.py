@@ -118,10 +118,6 @@ def parse_optional_output_dir(text: str) -> Path | None:
     return path
 
 
-def parse_text(text: str) -> str:
-    return text.strip()
-
-
 def parse_optional_env_file(text: str) -> Path | None:
     if not text.strip():
         return None
@@ -130,6 +126,18 @@ def parse_optional_env_file(text: str) -> Path | None:
         reason = "is not a file" if path.exists() else "does not exist"
         raise SettingError(f"the file {path} {reason}")
     return path
+
+
+_RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def parse_run_name(text: str) -> str:
+    # One folder under runs/: a '/' or '..' would put the run (and its overwrite checks)
+    # somewhere else; OUTPUT_DIR is the setting for that.
+    name = text.strip()
+    if name and not _RUN_NAME_RE.match(name):
+        raise SettingError("not a plain folder name (use OUTPUT_DIR for a path)")
+    return name
 
 
 _UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]{4,}$")
@@ -352,7 +360,8 @@ class Settings:
     )
     run_name: str = setting(
         "RUN_NAME", "", "Name of the run folder under runs/ when OUTPUT_DIR is empty.",
-        parse_text, "any text usable as a folder name", metavar="NAME",
+        parse_run_name, "a folder name: letters, digits, '.', '_', '-' (no '/')",
+        metavar="NAME",
     )
     virtual_devices: int = setting(
         "VIRTUAL_DEVICES", "0",
