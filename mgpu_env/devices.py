@@ -42,6 +42,23 @@ def _gpus_text(listing: GpuListing) -> str:
     return f"NVML reports {len(listing.gpus)} GPU(s), indices 0..{len(listing.gpus) - 1}"
 
 
+def visible_gpus(cuda_visible_devices: str, gpus: Sequence[GpuInfo]) -> tuple[GpuInfo, ...]:
+    """The GPUs a CUDA_VISIBLE_DEVICES value exposes, in its order (indices or UUID prefixes).
+
+    CUDA stops at the first id that matches no device, so "-1" or "" hides every GPU.
+    """
+    visible: list[GpuInfo] = []
+    for item in (i.strip() for i in cuda_visible_devices.split(",")):
+        if item.isdigit() and int(item) < len(gpus):
+            visible.append(gpus[int(item)])
+            continue
+        matches = [g for g in gpus if item and g.uuid.lower().startswith(item.lower())]
+        if len(matches) != 1:
+            break
+        visible.append(matches[0])
+    return tuple(visible)
+
+
 def select_gpus(
     request: GpuRequest, listing: GpuListing, environ: MutableMapping[str, str] | None = None
 ) -> GpuSelection:
@@ -57,9 +74,10 @@ def select_gpus(
             )
         preset = environ.get("CUDA_VISIBLE_DEVICES")
         if preset is not None:
-            # Respect a selection made outside mgpu (a scheduler, a launcher) for GPUS=all.
+            # Respect a selection made outside mgpu (a scheduler, a launcher) for GPUS=all,
+            # and judge only the GPUs it leaves visible (precision, memory, pre-flight).
             return GpuSelection(
-                request, gpus, None,
+                request, visible_gpus(preset, gpus), None,
                 note=f"CUDA_VISIBLE_DEVICES={preset!r} was already set and is kept",
             )
         return GpuSelection(request, gpus, ",".join(str(g.index) for g in gpus))

@@ -53,6 +53,20 @@ def test_all_keeps_a_preset_cuda_visible_devices() -> None:
     selection, _ = selection_for(2, "all", {"CUDA_VISIBLE_DEVICES": "1"})
     assert selection.cuda_visible_devices is None
     assert "already set" in (selection.note or "")
+    # Only the GPUs the preset leaves visible are judged (precision, memory, pre-flight).
+    assert [g.index for g in selection.gpus] == [1]
+
+
+def test_a_preset_by_uuid_and_one_that_hides_everything() -> None:
+    fake = fake_with(4)
+    uuid = fake.gpus[3].uuid
+    selection, _ = selection_for(4, "all", {"CUDA_VISIBLE_DEVICES": f"2,{uuid[:14]}"})
+    assert [g.index for g in selection.gpus] == [2, 3]
+    selection, _ = selection_for(4, "all", {"CUDA_VISIBLE_DEVICES": "-1"})
+    assert selection.gpus == ()
+    # CUDA stops at the first id that matches nothing.
+    selection, _ = selection_for(4, "all", {"CUDA_VISIBLE_DEVICES": "1,9,2"})
+    assert [g.index for g in selection.gpus] == [1]
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 8])

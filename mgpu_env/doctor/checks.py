@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mgpu_env import compat
+from mgpu_env.devices import visible_gpus
 from mgpu_env.doctor.facts import UNLIMITED, Facts
 from mgpu_env.nvml import GpuInfo, GpuLink, Probed
 
@@ -318,19 +319,7 @@ def expected_tf_gpus(facts: Facts) -> tuple[int, str] | None:
     preset = facts.environ.get("CUDA_VISIBLE_DEVICES")
     if preset is None:
         return len(selection.gpus), f"GPUS={facts.request}"
-    return _count_visible(preset, facts.gpus), f"GPUS=all, CUDA_VISIBLE_DEVICES={preset!r}"
-
-
-def _count_visible(preset: str, gpus: tuple[GpuInfo, ...]) -> int:
-    # CUDA stops at the first id that matches no device; "-1" or "" hides everything.
-    count = 0
-    for item in (i.strip() for i in preset.split(",")):
-        by_index = item.isdigit() and int(item) < len(gpus)
-        by_uuid = bool(item) and any(g.uuid.lower().startswith(item.lower()) for g in gpus)
-        if not (by_index or by_uuid):
-            break
-        count += 1
-    return count
+    return len(visible_gpus(preset, facts.gpus)), f"GPUS=all, CUDA_VISIBLE_DEVICES={preset!r}"
 
 
 def check_tf_devices(facts: Facts) -> Check:
@@ -577,7 +566,7 @@ def check_visibility_env(facts: Facts) -> Check:
     preset = env.get("CUDA_VISIBLE_DEVICES")
     if (
         facts.request.kind == "all" and preset is not None and facts.gpus
-        and _count_visible(preset, facts.gpus) == 0
+        and len(visible_gpus(preset, facts.gpus)) == 0
     ):
         return Check("visible.environment", title, "warn", found, expected,
                      f"CUDA_VISIBLE_DEVICES={preset!r} hides every GPU although NVML sees "
