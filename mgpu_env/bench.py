@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mgpu_env import rundir
 from mgpu_env.bench_stats import efficiencies, input_pipeline_cost, summarize_point
 from mgpu_env.devices import GpuSelection
 from mgpu_env.errors import ConfigError, RunFailed
@@ -521,15 +522,15 @@ def seed_comparison(seed: dict[str, Any], mgpu: dict[str, Any]) -> dict[str, Any
 
 def write_report(report: BenchReport, output_dir: Path) -> Path:
     """Write bench.json under `output_dir` (created) and return its path."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    # Atomic, like the run folder's files: a kill mid-write leaves the earlier bench.json.
     path = output_dir / BENCH_JSON
-    path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    rundir.atomic_write_json(path, report.as_dict())
     return path
 
 
 def default_output_dir(settings: Settings) -> Path:
-    """OUTPUT_DIR, or runs/bench-<RUN_NAME or timestamp>."""
+    """OUTPUT_DIR, or runs/bench-<RUN_NAME or UTC timestamp> (training's names, prefixed)."""
     if settings.output_dir is not None:
         return settings.output_dir
-    name = settings.run_name or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"bench-{name}"
+    run_folder = rundir.default_output_dir(settings.run_name)
+    return run_folder.with_name(f"bench-{run_folder.name}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mgpu_env import rundir
+
 
 def plot_bench(report: dict[str, Any], path: Path) -> Path:
     """Draw bench.json's content to a PNG at `path`: two panels, one series per variant.
@@ -63,7 +65,8 @@ def plot_bench(report: dict[str, Any], path: Path) -> Path:
     model = report.get("settings", {}).get("BENCH_MODEL", "")
     fig.suptitle(f"mgpu bench: {model}, weak scaling (global batch = batch x replicas)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        rundir.atomic_save(path, lambda temp: fig.savefig(temp, dpi=100, format="png"), ".png")
+    finally:
+        plt.close(fig)
     return path
