@@ -165,19 +165,45 @@ def inspect_run_folder(path: Path, identity: Mapping[str, Any]) -> RunFolder:
 def claim_run_folder(folder: RunFolder, identity: Mapping[str, Any]) -> None:
     """Create the folder and write run.json (only for a fresh folder)."""
     folder.path.mkdir(parents=True, exist_ok=True)
-    if folder.fresh:
-        atomic_write_json(
-            folder.path / RUN_FILE,
-            {"identity": dict(identity), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                 time.gmtime())},
-        )
+    if not folder.fresh:
+        return
+    record = {
+        "identity": dict(identity),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path = folder.path / RUN_FILE
+    handle, temp = _temp_beside(path, ".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(json.dumps(record, indent=2) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    try:
+        # link() fails if run.json exists: of two runs started on one fresh folder at
+        # once, exactly one claims it, and the other is refused rather than mixed in.
+        os.link(temp, path)
+    except FileExistsError:
+        raise ConfigError(
+            f"OUTPUT_DIR={folder.path} was claimed by another run that started at the same "
+            "time.\n  Fix: choose another OUTPUT_DIR (or RUN_NAME), or wait for that run and "
+            "start again to resume it."
+        ) from None
+    finally:
+        Path(temp).unlink(missing_ok=True)
 
 
 def read_history(folder: Path, epochs_done: int) -> list[dict[str, Any]]:
     """The per-epoch history of the epochs the restored checkpoint covers."""
     data = read_json(folder / HISTORY_FILE)
     entries = data.get("epochs", []) if data else []
-    return [e for e in entries if isinstance(e, dict) and int(e.get("epoch", 0)) <= epochs_done]
+    try:
+        return [
+            e for e in entries if isinstance(e, dict) and int(e.get("epoch", 0)) <= epochs_done
+        ]
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{folder / HISTORY_FILE} has an epoch that is not a number.\n"
+            "  Fix: restore the file, or choose another OUTPUT_DIR."
+        ) from None
 
 
 def write_history(folder: Path, history: list[dict[str, Any]]) -> None:

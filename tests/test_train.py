@@ -79,3 +79,19 @@ def test_history_is_cut_back_to_the_checkpoint(tmp_path: Path) -> None:
 def test_interrupted_exits_128_plus_the_signal() -> None:
     assert Interrupted("stopped", 15).exit_code == 143
     assert Interrupted("stopped", 2).exit_code == 130
+
+
+def test_two_runs_claiming_one_fresh_folder_at_once_one_is_refused(tmp_path: Path) -> None:
+    # Both inspected the folder before either claimed it (two `mgpu train` started together).
+    first = rundir.inspect_run_folder(tmp_path / "run", IDENTITY)
+    second = rundir.inspect_run_folder(tmp_path / "run", IDENTITY)
+    rundir.claim_run_folder(first, IDENTITY)
+    with pytest.raises(ConfigError, match="claimed by another run"):
+        rundir.claim_run_folder(second, IDENTITY)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.json"]
+
+
+def test_a_hand_edited_history_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / rundir.HISTORY_FILE).write_text('{"epochs": [{"epoch": "two"}]}')
+    with pytest.raises(ConfigError, match="not a number"):
+        rundir.read_history(tmp_path, 2)
