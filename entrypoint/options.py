@@ -19,7 +19,14 @@ import typer
 
 from mgpu_env.errors import MgpuError
 from mgpu_env.launch import prepare_environment
-from mgpu_env.settings import DECLARATIONS, ResolvedSettings, SettingsErrors, resolve_settings
+from mgpu_env.settings import (
+    DECLARATIONS,
+    ResolvedSettings,
+    SettingError,
+    SettingsErrors,
+    parse_bool,
+    resolve_settings,
+)
 
 # Exit codes, documented in the README.
 EXIT_OK = 0
@@ -126,4 +133,8 @@ def resolve_or_exit(flags: SettingFlags) -> ResolvedSettings:
 
 
 def debug_enabled() -> bool:
-    return os.environ.get("MGPU_DEBUG", "") not in ("", "0") or "--debug" in sys.argv
+    try:
+        from_env = parse_bool(os.environ.get("MGPU_DEBUG", ""))
+    except SettingError:
+        from_env = False
+    return from_env or "--debug" in sys.argv

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from entrypoint.options import SettingFlags, resolve_or_exit, with_settings
 from mgpu_env.launch import choose_gpus
 
-
-def plan_lines(plan: object) -> list[str]:
-    """The one-screen start summary (also what --dry-run prints)."""
+if TYPE_CHECKING:  # mgpu_env.train imports TensorFlow's helpers: only after choose_gpus
     from mgpu_env.train import TrainPlan
 
-    assert isinstance(plan, TrainPlan)
+
+def plan_lines(plan: TrainPlan) -> list[str]:
+    """The one-screen start summary (also what --dry-run prints)."""
     info = plan.describe()
     devices = ", ".join(info["devices"])
     physical = ", ".join(info["physical_devices"])

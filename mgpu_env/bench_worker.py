@@ -257,4 +257,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # The child process `mgpu bench` starts for each point (never imported by the CLI):
+    # its exit code is how the parent learns the point failed.
     sys.exit(main(sys.argv))

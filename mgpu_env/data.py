@@ -16,6 +16,7 @@ import gzip
 import os
 import socket
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,7 +281,7 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as handle:
             data = handle.read()
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, zlib.error) as err:
         raise ConfigError(f"{path} cannot be read ({err}).") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ConfigError(f"{path} is not an IDX file of unsigned bytes.")

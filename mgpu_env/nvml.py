@@ -42,7 +42,8 @@ class Probed(Generic[T]):
         return str(self.value) if self.error is None else f"could not collect ({self.error})"
 
 
-def _probe(call: Callable[[], T]) -> Probed[T]:
+def probe(call: Callable[[], T]) -> Probed[T]:
+    """Run one probe; its failure becomes a Probed error ('could not collect'), never a crash."""
     # One query that fails (NVML says "Not Supported" for many queries on some boards)
     # must never take the whole report down with it.
     try:
@@ -135,17 +136,17 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         current, _pending = nvml.nvmlDeviceGetMigMode(handle)
         return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
 
-    name = _probe(lambda: _text(nvml.nvmlDeviceGetName(handle)))
-    uuid = _probe(lambda: _text(nvml.nvmlDeviceGetUUID(handle)))
+    name = probe(lambda: _text(nvml.nvmlDeviceGetName(handle)))
+    uuid = probe(lambda: _text(nvml.nvmlDeviceGetUUID(handle)))
     return GpuInfo(
         index=index,
         name=name.value if name.ok and name.value else f"GPU {index}",
         uuid=uuid.value if uuid.ok and uuid.value else "",
-        pci_bus_id=_probe(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
-        memory_total_mib=_probe(lambda: memory("total")),
-        memory_free_mib=_probe(lambda: memory("free")),
-        compute_capability=_probe(compute_capability),
-        mig_enabled=_probe(mig_enabled),
+        pci_bus_id=probe(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
+        memory_total_mib=probe(lambda: memory("total")),
+        memory_free_mib=probe(lambda: memory("free")),
+        compute_capability=probe(compute_capability),
+        mig_enabled=probe(mig_enabled),
     )
 
 
@@ -190,9 +191,9 @@ def _link(nvml: Any, a: int, b: int, handle_a: Any, handle_b: Any) -> GpuLink:
     return GpuLink(
         a=a,
         b=b,
-        topology=_probe(topology),
-        p2p_read=_probe(lambda: p2p(0)),
-        nvlink=_probe(lambda: p2p(2)),
+        topology=probe(topology),
+        p2p_read=probe(lambda: p2p(0)),
+        nvlink=probe(lambda: p2p(2)),
     )
 
 
@@ -218,9 +219,9 @@ def snapshot() -> NvmlSnapshot:
         )
         return NvmlSnapshot(
             listing=GpuListing(gpus=gpus),
-            driver_version=_probe(lambda: _text(nvml.nvmlSystemGetDriverVersion())),
-            cuda_driver_version=_probe(lambda: int(nvml.nvmlSystemGetCudaDriverVersion_v2())),
-            nvml_version=_probe(lambda: _text(nvml.nvmlSystemGetNVMLVersion())),
+            driver_version=probe(lambda: _text(nvml.nvmlSystemGetDriverVersion())),
+            cuda_driver_version=probe(lambda: int(nvml.nvmlSystemGetCudaDriverVersion_v2())),
+            nvml_version=probe(lambda: _text(nvml.nvmlSystemGetNVMLVersion())),
             links=links,
         )
     finally:

@@ -174,6 +174,10 @@ def parse_gpus(text: str) -> GpuRequest:
         if duplicates:
             raise SettingError(f"index {duplicates[0]} is listed twice")
         return GpuRequest("indices", indices=indices)
+    if any(item.upper().startswith("MIG-") for item in items):
+        # CUDA gives one process at most one MIG instance, so MirroredStrategy cannot span
+        # them, and NVML lists whole GPUs: a MIG UUID would match nothing below.
+        raise SettingError("MIG instances cannot be selected; use whole GPUs (indices or GPU-…)")
     if all(_UUID_RE.match(item) for item in items):
         if len(set(items)) != len(items):
             raise SettingError("a UUID is listed twice")
@@ -561,7 +565,13 @@ def setting_error_message(declaration: Declaration, text: str, source: str, reas
 
 
 def _read_env_file(path: Path) -> dict[str, str]:
-    return {key: value or "" for key, value in dotenv_values(path).items()}
+    try:
+        return {key: value or "" for key, value in dotenv_values(path).items()}
+    except (OSError, UnicodeDecodeError) as err:
+        raise SettingsErrors(
+            [f"The settings file {path} cannot be read ({err}).\n"
+             "  Fix: make it a readable UTF-8 text file, or point ENV_FILE elsewhere."]
+        ) from None
 
 
 def resolve_settings(

@@ -17,11 +17,9 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from mgpu_env.nvml import Probed
-
-T = TypeVar("T")
+from mgpu_env.nvml import Probed, probe
 
 JSON_MARKER = "MGPU_TFPROBE_JSON "
 DEFAULT_TIMEOUT_S = 300.0
@@ -64,13 +62,6 @@ class TfFacts:
     @property
     def num_gpus(self) -> int | None:
         return len(self.gpus.value) if self.gpus.ok and self.gpus.value is not None else None
-
-
-def _probe(call: Callable[[], T]) -> Probed[T]:
-    try:
-        return Probed(value=call())
-    except Exception as err:
-        return Probed(error=str(err) or type(err).__name__)
 
 
 def failed(reason: str, environment: Mapping[str, str] | None = None) -> TfFacts:
@@ -163,12 +154,12 @@ def collect_in_process() -> TfFacts:
     except Exception as err:
         return failed(f"TensorFlow does not import: {type(err).__name__}: {err}", environment)
     return TfFacts(
-        version=_probe(lambda: str(tf.__version__)),
-        build=_probe(lambda: build_info_from(dict(tf.sysconfig.get_build_info()))),
-        gpus=_probe(
+        version=probe(lambda: str(tf.__version__)),
+        build=probe(lambda: build_info_from(dict(tf.sysconfig.get_build_info()))),
+        gpus=probe(
             lambda: tuple(d.name for d in tf.config.experimental.list_physical_devices("GPU"))
         ),
-        cudnn=_probe(loaded_cudnn),
+        cudnn=probe(loaded_cudnn),
         environment=environment,
     )
 

@@ -34,8 +34,8 @@ from mgpu_env.data import (
     DatasetChoice,
     load_arrays,
     resolve_dataset,
-    steps_per_epoch,
 )
+from mgpu_env.devices import LogicalDevices
 from mgpu_env.errors import ConfigError, RunFailed
 from mgpu_env.launch import Launch
 from mgpu_env.multiworker import WorkerSession, agreement_values, resolve_cluster
@@ -272,7 +272,7 @@ def plan_training(launch: Launch, environ: Mapping[str, str] | None = None) -> T
     )
 
 
-def _worker_devices(virtual_devices: int) -> Any:
+def _worker_devices(virtual_devices: int) -> LogicalDevices:
     """The local devices of a multi-worker run, found without starting TensorFlow's runtime.
 
     MultiWorkerMirroredStrategy must be created before the runtime starts ("Collective ops
@@ -280,8 +280,6 @@ def _worker_devices(virtual_devices: int) -> Any:
     physical devices can be listed, and split, before that.
     """
     import tensorflow as tf
-
-    from mgpu_env.devices import LogicalDevices
 
     gpus = tf.config.list_physical_devices("GPU")
     device_type = "GPU" if gpus else "CPU"
@@ -638,15 +636,19 @@ def _write_scalar(name: str, value: float) -> None:
                      metadata=metadata.SerializeToString())
 
 
+def _samples_per_sec(samples: int, seconds: float, history: list[dict[str, Any]]) -> float:
+    """This process's training throughput; when it trained no epoch (it resumed a run killed
+    after its last checkpoint), the mean of the epochs the history recorded."""
+    if seconds > 0:
+        return samples / seconds
+    rates = [float(e["samples_per_sec"]) for e in history if "samples_per_sec" in e]
+    return sum(rates) / len(rates) if rates else 0.0
+
+
 def _check_sizes(plan: TrainPlan, arrays: Arrays) -> None:
+    # The plan (and the run's identity, and the dry run) use the official sizes; a file of
+    # another size is some other data set under a known name, so it is refused.
     if (arrays.train_size, arrays.test_size) != (plan.train_size, plan.test_size):
-        # The known sizes are the official ones; a different file is still usable only if
-        # it gives at least one full global batch.
-        if steps_per_epoch(arrays, plan.global_batch_size) == 0:
-            raise ConfigError(
-                f"{plan.dataset.describe()} has {arrays.train_size} training samples, fewer "
-                f"than one global batch ({plan.global_batch_size})."
-            )
         raise ConfigError(
             f"{plan.dataset.describe()} has {arrays.train_size} training and "
             f"{arrays.test_size} test samples; {plan.dataset.name} has {plan.train_size} and "
@@ -708,7 +710,7 @@ def _metrics(
         "global_batch_size": plan.global_batch_size,
         "precision_policy": plan.precision.policy,
         "dataset": plan.dataset.name,
-        "train_samples_per_sec": trained_samples / trained_seconds if trained_seconds else 0.0,
+        "train_samples_per_sec": _samples_per_sec(trained_samples, trained_seconds, history),
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
         "history": history,

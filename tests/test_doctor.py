@@ -391,7 +391,7 @@ def test_memlock(use_fake_nvml: Install) -> None:
 def test_root(use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(1))
     check = by_id(make_facts("all", host=healthy_host(euid=Probed(value=0))))["container.user"]
-    assert check.status == "warn" and "user:" in check.fix
+    assert check.status == "warn" and "HOST_UID=$(id -u)" in check.fix
 
 
 # --------------------------------------------------------------------------- versions

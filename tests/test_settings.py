@@ -110,6 +110,7 @@ def test_all_bad_values_reported_together() -> None:
         ("GPUS", "first", "neither a GPU index nor a GPU UUID"),
         ("GPUS", "-1", "not a GPU index"),
         ("GPUS", "0,GPU-12345678", "cannot be mixed"),
+        ("GPUS", "MIG-12345678-aaaa", "MIG instances cannot be selected"),
         ("RUN_NAME", "../elsewhere", "not a plain folder name"),
         ("RUN_NAME", "a/b", "not a plain folder name"),
         ("DATA_DIR", "/no/such/folder", "does not exist"),

@@ -624,7 +624,8 @@ def check_user(facts: Facts) -> Check:
     in_container = bool(facts.host.in_container.value)
     fix = (
         "files written to mounted folders (runs/) will belong to root: compose "
-        '`user: "${UID:-1000}:${GID:-1000}"`, or drop `--user root`'
+        '`HOST_UID=$(id -u) HOST_GID=$(id -g) docker compose run ...` (the `make docker-*` '
+        'targets set them), or drop `--user root`'
         if in_container else "training needs no root: run as your own user"
     )
     return Check("container.user", title, "warn", "root (uid 0)", expected, fix)

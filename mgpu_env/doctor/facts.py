@@ -10,19 +10,16 @@ from __future__ import annotations
 import os
 import platform
 import resource
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TypeVar
 
 from mgpu_env import nvml
 from mgpu_env.devices import GpuSelection
-from mgpu_env.nvml import GpuInfo, Probed
+from mgpu_env.nvml import GpuInfo, Probed, probe
 from mgpu_env.settings import GpuRequest
 from mgpu_env.tfprobe import TfFacts
-
-T = TypeVar("T")
 
 # Environment variables the report shows as they were before mgpu changed anything.
 REPORTED_VARIABLES = (
@@ -46,13 +43,6 @@ DISTRIBUTIONS = {
     "nvidia-ml-py": "nvidia-ml-py",
 }
 UNLIMITED = -1
-
-
-def _probe(call: Callable[[], T]) -> Probed[T]:
-    try:
-        return Probed(value=call())
-    except Exception as err:
-        return Probed(error=str(err) or type(err).__name__)
 
 
 @dataclass(frozen=True)
@@ -104,11 +94,11 @@ def probe_in_container() -> Probed[bool]:
             return False
         return any(word in cgroup for word in ("docker", "containerd", "kubepods", "libpod"))
 
-    return _probe(detect)
+    return probe(detect)
 
 
 def probe_device_files(dev: Path = Path("/dev")) -> Probed[tuple[str, ...]]:
-    return _probe(lambda: tuple(sorted(p.name for p in dev.glob("nvidia*"))))
+    return probe(lambda: tuple(sorted(p.name for p in dev.glob("nvidia*"))))
 
 
 def probe_shm_bytes(path: str = "/dev/shm") -> Probed[int]:
@@ -116,7 +106,7 @@ def probe_shm_bytes(path: str = "/dev/shm") -> Probed[int]:
         stats = os.statvfs(path)
         return stats.f_frsize * stats.f_blocks
 
-    return _probe(size)
+    return probe(size)
 
 
 def probe_memlock() -> Probed[tuple[int, int]]:
@@ -125,11 +115,11 @@ def probe_memlock() -> Probed[tuple[int, int]]:
         as_int = lambda v: UNLIMITED if v == resource.RLIM_INFINITY else int(v)  # noqa: E731
         return as_int(soft), as_int(hard)
 
-    return _probe(limits)
+    return probe(limits)
 
 
 def probe_euid() -> Probed[int]:
-    return _probe(os.geteuid)
+    return probe(os.geteuid)
 
 
 def probe_host() -> HostFacts:
@@ -157,8 +147,8 @@ def probe_versions() -> dict[str, Probed[str]]:
         "Python": Probed(value=platform.python_version()),
     }
     for display, distribution in DISTRIBUTIONS.items():
-        versions[display] = _probe(lambda d=distribution: metadata.version(d))  # type: ignore[misc]
-    versions["OS"] = _probe(_os_name)
+        versions[display] = probe(lambda d=distribution: metadata.version(d))  # type: ignore[misc]
+    versions["OS"] = probe(_os_name)
     return versions
 
 
