@@ -266,13 +266,7 @@ def _load_mnist_npz(path: Path) -> Arrays:
         _check_images_labels(str(path), parts["x_test"], parts["y_test"], "x_test/y_test")
     except ConfigError as err:
         raise ConfigError(f"{err}\n  {fix}") from None
-    return Arrays(
-        "mnist",
-        _to_rows(parts["x_train"]),
-        parts["y_train"].astype(np.int32),
-        _to_rows(parts["x_test"]),
-        parts["y_test"].astype(np.int32),
-    )
+    return _arrays("mnist", parts)
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -305,8 +299,13 @@ def _load_fashion(folder: Path) -> Arrays:
     source = f"Fashion-MNIST in {folder}"
     _check_images_labels(source, parts["x_train"], parts["y_train"], "train")
     _check_images_labels(source, parts["x_test"], parts["y_test"], "test")
+    return _arrays("fashion_mnist", parts)
+
+
+def _arrays(name: str, parts: dict[str, np.ndarray]) -> Arrays:
+    """Checked MNIST-layout images and labels as the model's 784-value rows and int32 labels."""
     return Arrays(
-        "fashion_mnist",
+        name,
         _to_rows(parts["x_train"]),
         parts["y_train"].astype(np.int32),
         _to_rows(parts["x_test"]),

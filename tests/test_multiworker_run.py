@@ -159,6 +159,15 @@ def test_workers_with_different_settings_stop_and_say_which(tmp_path: Path) -> N
     assert not (tmp_path / "out0" / "checkpoints").exists()
 
 
+def wait_for_two_epochs(tmp_path: Path, processes: list[subprocess.Popen[str]]) -> None:
+    """Until the chief has checkpointed 2 epochs, with both workers still running."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while completed_epochs(tmp_path / "out0") < 2:
+        assert all(p.poll() is None for p in processes), log_of(tmp_path, 0)[-3000:]
+        assert time.monotonic() < deadline, "2 epochs did not complete in time"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker", "kill-chief"])
 def test_a_killed_worker_stops_the_other_and_a_restart_resumes(
     tmp_path: Path, victim: int
@@ -166,11 +175,7 @@ def test_a_killed_worker_stops_the_other_and_a_restart_resumes(
     survivor = 1 - victim
     slow = {"EPOCHS": "40"}
     with two_workers(tmp_path, w0=slow, w1=slow) as processes:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while completed_epochs(tmp_path / "out0") < 2:
-            assert all(p.poll() is None for p in processes), log_of(tmp_path, 0)[-3000:]
-            assert time.monotonic() < deadline, "2 epochs did not complete in time"
-            time.sleep(0.05)
+        wait_for_two_epochs(tmp_path, processes)
         processes[victim].kill()
         killed = time.monotonic()
         try:
@@ -223,11 +228,7 @@ def test_sigterm_stops_every_worker_at_a_step_boundary(tmp_path: Path) -> None:
     """TensorFlow's own SIGTERM handler must not swallow `docker stop`'s signal."""
     slow = {"EPOCHS": "40"}
     with two_workers(tmp_path, w0=slow, w1=slow) as processes:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while completed_epochs(tmp_path / "out0") < 2:
-            assert all(p.poll() is None for p in processes), log_of(tmp_path, 0)[-3000:]
-            assert time.monotonic() < deadline, "2 epochs did not complete in time"
-            time.sleep(0.05)
+        wait_for_two_epochs(tmp_path, processes)
         for process in processes:
             process.send_signal(signal.SIGTERM)
         for process in processes:
