@@ -16,7 +16,7 @@
 # (https://gitlab.com/nvidia/container-images/cuda/-/blob/master/dist/12.5.1/ubuntu2404/runtime/cudnn/Dockerfile);
 # the ubuntu22.04 tags are not used because their Python 3.10 is below the
 # lock's numpy (>= 3.11). Ubuntu 24.04 ships Python 3.12.
-# These pins must agree with mgpu_env/compat.py (tests/test_dockerfile_pins.py).
+# These pins must agree with mgpu_env/hardware/compat.py (tests/test_dockerfile_pins.py).
 ARG BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-runtime-ubuntu24.04
 
 FROM ${BASE_IMAGE}

@@ -41,7 +41,7 @@ def seed_child(epochs: int) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from mgpu_env import seed
+    from mgpu_env.training import seed
 
     rng = np.random.default_rng(SEED)
     # As the seed prepares MNIST: uint8 pixels divided by 255.0 (float64), labels uint8.

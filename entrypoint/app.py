@@ -9,7 +9,7 @@ import typer
 
 from entrypoint import bench, doctor, train
 from entrypoint.options import EXIT_FAILED, debug_enabled
-from mgpu_env.errors import MgpuError
+from mgpu_env.config.errors import MgpuError
 
 app = typer.Typer(
     name="mgpu",

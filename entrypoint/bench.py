@@ -16,10 +16,10 @@ from entrypoint.options import (
     resolve_or_exit,
     with_settings,
 )
-from mgpu_env.bench import BENCH_PNG, default_output_dir, run_bench, write_report
-from mgpu_env.errors import ConfigError
-from mgpu_env.launch import choose_gpus
-from mgpu_env.plot import plot_bench
+from mgpu_env.bench.plot import plot_bench
+from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_report
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.runtime import choose_gpus
 
 
 @with_settings(scope="bench")

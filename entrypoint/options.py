@@ -1,6 +1,6 @@
 """Turning the library's setting declarations into typer options, and failing cleanly.
 
-Each setting is declared once, in `mgpu_env.settings.Settings`; `with_settings` adds one
+Each setting is declared once, in `mgpu_env.config.settings.Settings`; `with_settings` adds one
 `--flag` per declaration to a command, so `mgpu train --help` lists every setting with its
 env var and default, and a new setting needs no change here.
 """
@@ -17,9 +17,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from mgpu_env.errors import MgpuError
-from mgpu_env.launch import prepare_environment
-from mgpu_env.settings import (
+from mgpu_env.config.errors import MgpuError
+from mgpu_env.config.settings import (
     DECLARATIONS,
     ResolvedSettings,
     SettingError,
@@ -27,6 +26,7 @@ from mgpu_env.settings import (
     parse_bool,
     resolve_settings,
 )
+from mgpu_env.runtime import prepare_environment
 
 # Exit codes, documented in the README.
 EXIT_OK = 0
@@ -50,7 +50,7 @@ def with_settings(
     `only` limits the flags to those settings; `scope` adds the settings declared for one
     command (e.g. "bench") to the common ones. The options carry no envvar of their own:
     precedence (flag > environment > env file > default) and validation belong to
-    `mgpu_env.settings.resolve_settings`.
+    `mgpu_env.config.settings.resolve_settings`.
     """
     wanted = set(only) if only is not None else None
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from entrypoint.options import SettingFlags, resolve_or_exit, with_settings
-from mgpu_env.launch import choose_gpus
+from mgpu_env.runtime import choose_gpus
 
-if TYPE_CHECKING:  # mgpu_env.train imports TensorFlow's helpers: only after choose_gpus
-    from mgpu_env.train import TrainPlan
+if TYPE_CHECKING:  # mgpu_env.training.loop imports TensorFlow's helpers: only after choose_gpus
+    from mgpu_env.training.loop import TrainPlan
 
 
 def plan_lines(plan: TrainPlan) -> list[str]:
@@ -67,7 +67,7 @@ def command(
     launch = choose_gpus(resolved)  # a GPU the machine lacks: exit 2, via with_settings
 
     # TensorFlow is imported only now, after choose_gpus wrote CUDA_VISIBLE_DEVICES.
-    from mgpu_env.train import ProgbarReporter, Reporter, plan_training, run_training
+    from mgpu_env.training.loop import ProgbarReporter, Reporter, plan_training, run_training
 
     plan = plan_training(launch)
     typer.echo("mgpu train: dry run, nothing is trained or written" if dry_run else "mgpu train")

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mgpu_env import nvml
-from mgpu_env.settings import DECLARATIONS
+from mgpu_env.config.settings import DECLARATIONS
+from mgpu_env.hardware import nvml
 from tests.fake_nvml import FakeNvml, fake_with
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_env import nvml
+from mgpu_env.config.settings import parse_gpus
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import gather
 from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.nvml import Probed
-from mgpu_env.settings import parse_gpus
-from mgpu_env.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
+from mgpu_env.hardware import nvml
+from mgpu_env.hardware.nvml import Probed
+from mgpu_env.hardware.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
 
 TF_221_CAPABILITIES = ("sm_60", "sm_70", "sm_80", "sm_89", "compute_90")
 GIB = 1024**3

@@ -29,7 +29,7 @@ class FakeGpu:
 
 @dataclass
 class FakeNvml:
-    """Pass as `mgpu_env.nvml.load_library`'s result. Configure GPUs and failures."""
+    """Pass as `mgpu_env.hardware.nvml.load_library`'s result. Configure GPUs and failures."""
 
     gpus: list[FakeGpu] = field(default_factory=list)
     driver_version: str = "550.54.15"

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env import bench
-from mgpu_env.bench import (
+from mgpu_env.bench.plot import plot_bench
+from mgpu_env.bench.sweep import (
     PointSpec,
     parse_child_output,
     plan_devices,
@@ -26,11 +26,11 @@ from mgpu_env.bench import (
     run_bench,
     write_report,
 )
-from mgpu_env.devices import GpuSelection
-from mgpu_env.errors import ConfigError
-from mgpu_env.nvml import GpuInfo, Probed
-from mgpu_env.plot import plot_bench
-from mgpu_env.settings import GpuRequest, Settings, resolve_settings
+from mgpu_env.bench import sweep as bench
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.settings import GpuRequest, Settings, resolve_settings
+from mgpu_env.hardware.devices import GpuSelection
+from mgpu_env.hardware.nvml import GpuInfo, Probed
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from mgpu_env.bench import power_of_two_counts
-from mgpu_env.bench_stats import (
+from mgpu_env.bench.stats import (
     efficiencies,
     input_pipeline_cost,
     interval_throughputs,
@@ -16,6 +15,7 @@ from mgpu_env.bench_stats import (
     summarize_point,
     t95,
 )
+from mgpu_env.bench.sweep import power_of_two_counts
 
 
 def test_spread_of_one_to_five() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env import compat
+from mgpu_env.hardware import compat
 
 
 def test_pinned_row_is_the_locked_tensorflow() -> None:

@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgpu_env import data
-from mgpu_env.data import (
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.training import data
+from mgpu_env.training.data import (
     DatasetChoice,
     digits_to_mnist_layout,
     load_arrays,
     read_idx,
     resolve_dataset,
 )
-from mgpu_env.errors import ConfigError
 
 
 def write_npz(path: Path, train: int = 12, test: int = 4, side: int = 28) -> Path:

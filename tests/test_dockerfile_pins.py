@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from mgpu_env import compat
-from mgpu_env.settings import DECLARATIONS
+from mgpu_env.config.settings import DECLARATIONS
+from mgpu_env.hardware import compat
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -74,11 +74,11 @@ def test_cuda_and_cudnn_pins_match_table() -> None:
     build = compat.pinned()
     assert compat.minor_of(args["PINNED_CUDA_VERSION"]) == build.cuda, (
         f"Dockerfile pins CUDA {args['PINNED_CUDA_VERSION']}; TensorFlow {build.tensorflow} "
-        f"is built with CUDA {build.cuda} (mgpu_env/compat.py)"
+        f"is built with CUDA {build.cuda} (mgpu_env/hardware/compat.py)"
     )
     assert compat.minor_of(args["PINNED_CUDNN_VERSION"]) == build.cudnn, (
         f"Dockerfile pins cuDNN {args['PINNED_CUDNN_VERSION']}; TensorFlow {build.tensorflow} "
-        f"is built with cuDNN {build.cudnn} (mgpu_env/compat.py)"
+        f"is built with cuDNN {build.cudnn} (mgpu_env/hardware/compat.py)"
     )
     assert compat.min_driver_for_cuda(args["PINNED_CUDA_VERSION"]) is not None
 
@@ -170,7 +170,7 @@ def _dockerignored(path: str, patterns: list[str]) -> bool:
         ("docker/wheels/numpy-2.4.6-cp312-cp312-manylinux_2_28_x86_64.whl", False),
         ("requirements.lock", False),
         ("pyproject.toml", False),
-        ("mgpu_env/settings.py", False),
+        ("mgpu_env/config/settings.py", False),
         ("entrypoint/__main__.py", False),
     ],
 )

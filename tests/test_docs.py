@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env.settings import DECLARATIONS
+from mgpu_env.config.settings import DECLARATIONS
 
 REPO = Path(__file__).resolve().parents[1]
 

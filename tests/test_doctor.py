@@ -10,11 +10,11 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
+from mgpu_env.config.settings import parse_gpus
 from mgpu_env.doctor import checks, preflight
 from mgpu_env.doctor.checks import Check, capability_support, run_checks
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.nvml import Probed
-from mgpu_env.settings import parse_gpus
+from mgpu_env.hardware.nvml import Probed
 from tests.fake_doctor import GIB, healthy_host, make_facts, tf_facts
 from tests.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 
@@ -53,7 +53,7 @@ def test_every_check_has_found_and_every_problem_a_fix(use_fake_nvml: Install) -
 
 
 def test_no_nvml_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mgpu_env import nvml
+    from mgpu_env.hardware import nvml
 
     def missing() -> None:
         raise ImportError("no pynvml")
@@ -145,7 +145,7 @@ def test_cpu_only_tensorflow_without_gpus_is_fine(use_fake_nvml: Install) -> Non
 
 
 def test_tensorflow_does_not_import(use_fake_nvml: Install) -> None:
-    from mgpu_env import tfprobe
+    from mgpu_env.hardware import tfprobe
 
     use_fake_nvml(fake_with(1))
     results = by_id(make_facts("all", tf=tfprobe.failed("TensorFlow does not import: boom")))
@@ -418,7 +418,7 @@ def test_broken_check_becomes_a_warning(use_fake_nvml: Install) -> None:
 
 
 def test_preflight_none_asks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mgpu_env import nvml
+    from mgpu_env.hardware import nvml
 
     def refuse() -> None:
         raise AssertionError("NVML must not be asked for GPUS=none")
@@ -430,7 +430,7 @@ def test_preflight_none_asks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_preflight_no_gpu_does_not_import_tensorflow(
     use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env import tfprobe
+    from mgpu_env.hardware import tfprobe
 
     use_fake_nvml(fake_with(0))
     monkeypatch.setattr(tfprobe, "collect_in_process", lambda: pytest.fail("imported TF"))

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env import tfprobe
 from mgpu_env.doctor import facts as probes
-from mgpu_env.nvml import Probed
-from mgpu_env.tfprobe import TfFacts
+from mgpu_env.hardware import tfprobe
+from mgpu_env.hardware.nvml import Probed
+from mgpu_env.hardware.tfprobe import TfFacts
 from tests.fake_doctor import healthy_host, tf_facts, versions
 from tests.fake_nvml import FakeNvml, fake_with
 
@@ -182,7 +182,7 @@ def test_no_tf_part_never_imports_tensorflow() -> None:
         "import os, sys, time\n"
         "start = time.perf_counter()\n"
         "from mgpu_env.doctor import diagnose\n"
-        "from mgpu_env.settings import parse_gpus\n"
+        "from mgpu_env.config.settings import parse_gpus\n"
         "report = diagnose(parse_gpus('all'), os.environ, with_tensorflow=False)\n"
         "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
         "print(time.perf_counter() - start)\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env import tfprobe
-from mgpu_env.nvml import Probed
+from mgpu_env.hardware import tfprobe
+from mgpu_env.hardware.nvml import Probed
 from tests.fake_doctor import tf_facts
 
 

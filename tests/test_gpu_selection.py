@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env import nvml
-from mgpu_env.devices import HIDE_ALL_GPUS, apply_gpu_selection, select_gpus
-from mgpu_env.settings import SettingError, parse_gpus
+from mgpu_env.config.settings import SettingError, parse_gpus
+from mgpu_env.hardware import nvml
+from mgpu_env.hardware.devices import HIDE_ALL_GPUS, apply_gpu_selection, select_gpus
 from tests.fake_nvml import FakeNvml, fake_with
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,9 +141,9 @@ _PROBE = """
 import json, os, sys
 sys.path.insert(0, {repo!r})
 from tests.fake_nvml import fake_with
-import mgpu_env.nvml as nvml
+import mgpu_env.hardware.nvml as nvml
 nvml.load_library = lambda: fake_with(2)
-import mgpu_env.launch as launch
+import mgpu_env.runtime as launch
 seen = {{}}
 original = launch.apply_gpu_selection
 def spy(selection, environ=None):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env.errors import ConfigError
-from mgpu_env.multiworker import (
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.settings import Settings, SettingsErrors, resolve_settings
+from mgpu_env.training.multiworker import (
     Cluster,
     Watchdog,
     WorkerSession,
@@ -25,7 +26,6 @@ from mgpu_env.multiworker import (
     lost_tasks,
     resolve_cluster,
 )
-from mgpu_env.settings import Settings, SettingsErrors, resolve_settings
 
 
 def settings_from(**env: str) -> Settings:
@@ -332,7 +332,7 @@ NOT_SETTINGS = {"MGPU_DEBUG", "NCCL_DEBUG", "TF_CPP_MIN_LOG_LEVEL"}
 
 
 def test_the_compose_file_passes_real_settings_and_flags() -> None:
-    from mgpu_env.settings import BY_ENV
+    from mgpu_env.config.settings import BY_ENV
 
     text = (REPO / "docker-compose.multiworker.yml").read_text()
     passed = set(re.findall(r"^\s+- ([A-Z][A-Z0-9_]+)(?:=|$)", text, re.M))
@@ -345,7 +345,7 @@ def test_the_compose_file_passes_real_settings_and_flags() -> None:
 
 
 def test_the_tfjob_manifest_sets_only_real_settings() -> None:
-    from mgpu_env.settings import BY_ENV
+    from mgpu_env.config.settings import BY_ENV
 
     text = (REPO / "k8s" / "tfjob.yaml").read_text()
     names = set(re.findall(r"\{name: ([A-Z][A-Z0-9_]+), value:", text))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
-from mgpu_env import nvml
+from mgpu_env.hardware import nvml
 from tests.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 
 Install = Callable[[FakeNvml], FakeNvml]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mgpu_env.errors import ConfigError
-from mgpu_env.precision import choose_precision
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.training.precision import choose_precision
 
 
 @pytest.mark.parametrize(

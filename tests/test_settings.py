@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env.settings import (
+from mgpu_env.config.settings import (
     DECLARATIONS,
     GpuRequest,
     SettingsErrors,
@@ -150,7 +150,7 @@ def test_debug_shows_traceback_for_unexpected_errors(monkeypatch: pytest.MonkeyP
     import sys
 
     code = (
-        "import sys, mgpu_env.launch as l\n"
+        "import sys, mgpu_env.runtime as l\n"
         "def boom(*a, **k): raise RuntimeError('kaput')\n"
         "l.choose_gpus = boom\n"
         "import entrypoint.train as t; t.choose_gpus = boom\n"

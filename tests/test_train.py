@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env import rundir
-from mgpu_env.errors import ConfigError
-from mgpu_env.settings import resolve_settings
-from mgpu_env.train import Interrupted, run_identity
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.settings import resolve_settings
+from mgpu_env.training import rundir
+from mgpu_env.training.loop import Interrupted, run_identity
 
 IDENTITY = run_identity(resolve_settings({}, {}).settings, "digits", "float32", 64)
 

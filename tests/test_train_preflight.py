@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env import tfprobe
+from mgpu_env.hardware import tfprobe
 from tests.fake_doctor import tf_facts
 from tests.fake_nvml import FakeNvml, fake_with
 
@@ -38,8 +38,8 @@ def test_tensorflow_seeing_fewer_gpus_than_asked_stops_training(
 def test_healthy_machine_passes_preflight(
     use_fake_nvml: Callable[[FakeNvml], FakeNvml], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from mgpu_env.config.settings import parse_gpus
     from mgpu_env.doctor import preflight
-    from mgpu_env.settings import parse_gpus
 
     use_fake_nvml(fake_with(2))
     monkeypatch.setattr(tfprobe, "collect_in_process", lambda: tf_facts(gpus=2))

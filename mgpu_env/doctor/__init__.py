@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mgpu_env import nvml, tfprobe
-from mgpu_env.devices import GpuSelection, apply_gpu_selection, select_gpus
+from mgpu_env.config.settings import GpuRequest, SettingError
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import (
     ALL_CHECKS,
@@ -34,8 +33,9 @@ from mgpu_env.doctor.checks import (
     run_checks,
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.settings import GpuRequest, SettingError
-from mgpu_env.tfprobe import TfFacts
+from mgpu_env.hardware import nvml, tfprobe
+from mgpu_env.hardware.devices import GpuSelection, apply_gpu_selection, select_gpus
+from mgpu_env.hardware.tfprobe import TfFacts
 
 __all__ = ["Check", "Facts", "Report", "Status", "diagnose", "gather", "preflight"]
 

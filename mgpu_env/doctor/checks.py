@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mgpu_env import compat
-from mgpu_env.devices import visible_gpus
 from mgpu_env.doctor.facts import UNLIMITED, Facts
-from mgpu_env.nvml import GpuInfo, GpuLink, Probed
+from mgpu_env.hardware import compat
+from mgpu_env.hardware.devices import visible_gpus
+from mgpu_env.hardware.nvml import GpuInfo, GpuLink, Probed
 
 Status = Literal["ok", "warn", "error", "skip"]
 MIB = 1024 * 1024
@@ -269,7 +269,7 @@ def check_tf_build(facts: Facts) -> Check:
     if info.cuda_version and compat.minor_of(info.cuda_version) != row.cuda:
         return Check(
             "tensorflow.build", title, "warn", found, expected,
-            "the compatibility table in mgpu_env/compat.py disagrees with this build: "
+            "the compatibility table in mgpu_env/hardware/compat.py disagrees with this build: "
             "update the table (and the Dockerfile's pins) or install the pinned TensorFlow",
         )
     return Check("tensorflow.build", title, "ok", found, expected)
@@ -652,7 +652,7 @@ def check_versions(facts: Facts) -> Check:
         )
     elif compat.for_tensorflow(tf_version.value) is None:
         problems.append(("warn", f"TensorFlow {tf_version.value} has no row in "
-                                 "mgpu_env/compat.py: install the pinned version"))
+                                 "mgpu_env/hardware/compat.py: install the pinned version"))
     elif compat.minor_of(tf_version.value) != compat.PINNED_TENSORFLOW:
         problems.append(("warn", f"TensorFlow {tf_version.value} is not the pinned "
                                  f"{compat.PINNED_TENSORFLOW}: `pip install -r requirements.lock`"))

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from mgpu_env import nvml
-from mgpu_env.devices import GpuSelection
-from mgpu_env.nvml import GpuInfo, Probed, probe
-from mgpu_env.settings import GpuRequest
-from mgpu_env.tfprobe import TfFacts
+from mgpu_env.config.settings import GpuRequest
+from mgpu_env.hardware import nvml
+from mgpu_env.hardware.devices import GpuSelection
+from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
+from mgpu_env.hardware.tfprobe import TfFacts
 
 # Environment variables the report shows as they were before mgpu changed anything.
 REPORTED_VARIABLES = (

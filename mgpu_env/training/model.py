@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mgpu_env.data import CLASSES, FEATURES
+from mgpu_env.training.data import CLASSES, FEATURES
 
 HIDDEN_UNITS = 64
 

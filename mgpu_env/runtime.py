@@ -6,9 +6,7 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
-from mgpu_env import nvml
-from mgpu_env.devices import GpuSelection, apply_gpu_selection, select_gpus
-from mgpu_env.settings import (
+from mgpu_env.config.settings import (
     BY_ENV,
     ResolvedSettings,
     SettingError,
@@ -16,6 +14,8 @@ from mgpu_env.settings import (
     export_env_file_extras,
     setting_error_message,
 )
+from mgpu_env.hardware import nvml
+from mgpu_env.hardware.devices import GpuSelection, apply_gpu_selection, select_gpus
 
 
 def prepare_environment(

@@ -13,8 +13,8 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mgpu_env.nvml import GpuInfo, GpuListing
-from mgpu_env.settings import GpuRequest, SettingError
+from mgpu_env.config.settings import GpuRequest, SettingError
+from mgpu_env.hardware.nvml import GpuInfo, GpuListing
 
 # CUDA hides every GPU for an id that matches none; "-1" is the documented idiom.
 HIDE_ALL_GPUS = "-1"

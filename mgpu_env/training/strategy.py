@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mgpu_env.errors import ConfigError
+from mgpu_env.config.errors import ConfigError
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
 StrategyKind = Literal["mirrored", "multi_worker"]

@@ -1,4 +1,4 @@
-"""One point of `mgpu bench`, in a process of its own: `python -m mgpu_env.bench_worker SPEC`.
+"""One point of `mgpu bench`, in a process of its own: `python -m mgpu_env.bench.worker SPEC`.
 
 SPEC is a `PointSpec` as JSON. The parent has already put this point's GPUs in
 CUDA_VISIBLE_DEVICES; the worker splits devices (VIRTUAL_DEVICES is fixed once per
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mgpu_env.bench import RESULT_PREFIX, PointSpec
-from mgpu_env.errors import MgpuError, RunFailed
+from mgpu_env.bench.sweep import RESULT_PREFIX, PointSpec
+from mgpu_env.config.errors import MgpuError, RunFailed
 
 
 def time_intervals(
@@ -94,7 +94,7 @@ def real_dataset(spec: PointSpec, input_shape: tuple[int, ...]) -> Any:
     """
     import tensorflow as tf
 
-    from mgpu_env.data import load_arrays, resolve_dataset, train_dataset
+    from mgpu_env.training.data import load_arrays, resolve_dataset, train_dataset
 
     choice = resolve_dataset(spec.dataset, Path(spec.data_dir) if spec.data_dir else None)
     arrays = load_arrays(choice, spec.seed)
@@ -116,12 +116,12 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     """Measure the packaged training step (several steps per tf.function call)."""
     import tensorflow as tf
 
-    from mgpu_env.bench_models import SHAPES, build_model
-    from mgpu_env.devices import configure_virtual_devices
-    from mgpu_env.model import build_optimizer
-    from mgpu_env.precision import apply_precision, choose_precision
-    from mgpu_env.steps import make_step_functions
-    from mgpu_env.strategy import make_strategy, nccl_possible, plan_strategy
+    from mgpu_env.bench.models import SHAPES, build_model
+    from mgpu_env.hardware.devices import configure_virtual_devices
+    from mgpu_env.training.model import build_optimizer
+    from mgpu_env.training.precision import apply_precision, choose_precision
+    from mgpu_env.training.steps import make_step_functions
+    from mgpu_env.training.strategy import make_strategy, nccl_possible, plan_strategy
 
     logical = configure_virtual_devices(spec.virtual_devices)
     devices = logical.logical[: spec.replicas]
@@ -183,15 +183,15 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
     this process sees, with the same per-replica batch. The clock is read at the start of
     the batches that bound each interval, after reading a weight to the host (which waits
     for the steps before it); `on_train_batch_begin` keeps Keras' asynchronous dispatch on.
-    The model is the seed's own (`mgpu_env.seed.seed_model`); `verbose=0` drops the seed's
+    The model is the seed's own (`mgpu_env.training.seed.seed_model`); `verbose=0` drops the seed's
     progress bar, which gives the seed its best case.
     """
     import keras
     import numpy as np
     import tensorflow as tf
 
-    from mgpu_env import seed
-    from mgpu_env.devices import configure_virtual_devices
+    from mgpu_env.hardware.devices import configure_virtual_devices
+    from mgpu_env.training import seed
 
     logical = configure_virtual_devices(spec.virtual_devices)
     keras.utils.set_random_seed(spec.seed)
@@ -244,7 +244,7 @@ def _result(
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m mgpu_env.bench_worker '<PointSpec JSON>'", file=sys.stderr)
+        print("usage: python -m mgpu_env.bench.worker '<PointSpec JSON>'", file=sys.stderr)
         return 2
     spec = PointSpec.from_json(argv[1])
     try:

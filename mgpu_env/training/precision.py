@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mgpu_env.errors import ConfigError
+from mgpu_env.config.errors import ConfigError
 
 FLOAT32 = "float32"
 MIXED_FLOAT16 = "mixed_float16"

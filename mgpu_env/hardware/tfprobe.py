@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mgpu_env.nvml import Probed, probe
+from mgpu_env.hardware.nvml import Probed, probe
 
 JSON_MARKER = "MGPU_TFPROBE_JSON "
 DEFAULT_TIMEOUT_S = 300.0
@@ -215,7 +215,7 @@ def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) ->
     visibility = {k: env[k] for k in VISIBILITY_VARIABLES if k in env}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "mgpu_env.tfprobe"],
+            [sys.executable, "-m", "mgpu_env.hardware.tfprobe"],
             env=env,
             capture_output=True,
             text=True,

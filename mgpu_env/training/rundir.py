@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mgpu_env.errors import ConfigError
+from mgpu_env.config.errors import ConfigError
 
 RUNS_ROOT = Path("runs")
 RUN_FILE = "run.json"

@@ -28,20 +28,21 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from mgpu_env import __version__, rundir
-from mgpu_env.data import (
+from mgpu_env import __version__
+from mgpu_env.config.errors import ConfigError, RunFailed
+from mgpu_env.config.settings import Settings
+from mgpu_env.hardware.devices import LogicalDevices
+from mgpu_env.runtime import Launch
+from mgpu_env.training import rundir
+from mgpu_env.training.data import (
     Arrays,
     DatasetChoice,
     load_arrays,
     resolve_dataset,
 )
-from mgpu_env.devices import LogicalDevices
-from mgpu_env.errors import ConfigError, RunFailed
-from mgpu_env.launch import Launch
-from mgpu_env.multiworker import WorkerSession, agreement_values, resolve_cluster
-from mgpu_env.precision import PrecisionChoice, choose_precision
-from mgpu_env.settings import Settings
-from mgpu_env.strategy import StrategyPlan, nccl_possible, plan_strategy
+from mgpu_env.training.multiworker import WorkerSession, agreement_values, resolve_cluster
+from mgpu_env.training.precision import PrecisionChoice, choose_precision
+from mgpu_env.training.strategy import StrategyPlan, nccl_possible, plan_strategy
 
 # Steps run per tf.function call: Python (and a signal check) runs once per call.
 STEPS_PER_CALL = 200
@@ -192,7 +193,7 @@ def plan_training(launch: Launch, environ: Mapping[str, str] | None = None) -> T
 
     import tensorflow as tf
 
-    from mgpu_env.devices import configure_virtual_devices
+    from mgpu_env.hardware.devices import configure_virtual_devices
 
     cluster = resolve_cluster(settings)  # TF_CONFIG, or WORKER_HOSTS + WORKER_INDEX
     role = cluster.role if cluster is not None else None
@@ -482,11 +483,11 @@ def _train(
     # TensorFlow warns about that on every run, and it changes nothing here.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
 
-    from mgpu_env.data import test_dataset, train_base, train_dataset
-    from mgpu_env.model import build_model, build_optimizer
-    from mgpu_env.precision import apply_precision
-    from mgpu_env.steps import make_step_functions
-    from mgpu_env.strategy import make_strategy
+    from mgpu_env.training.data import test_dataset, train_base, train_dataset
+    from mgpu_env.training.model import build_model, build_optimizer
+    from mgpu_env.training.precision import apply_precision
+    from mgpu_env.training.steps import make_step_functions
+    from mgpu_env.training.strategy import make_strategy
 
     settings = plan.settings
     is_chief = plan.strategy.role.is_chief

@@ -33,7 +33,7 @@ SHAPES: dict[str, ModelShape] = {
 def build_model(name: str, seed: int) -> Any:
     """A fresh Keras model by name; softmax outputs in float32 under mixed precision."""
     if name == "mlp":
-        from mgpu_env.model import build_model as build_seed_mlp
+        from mgpu_env.training.model import build_model as build_seed_mlp
 
         return build_seed_mlp(seed)
     if name == "resnet":

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mgpu_env.errors import ConfigError
+from mgpu_env.config.errors import ConfigError
 
 MNIST_FILE = "mnist.npz"
 MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"

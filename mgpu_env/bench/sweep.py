@@ -1,7 +1,7 @@
 """`mgpu bench`: does N replicas give N times the speed, and what is lost to sync and input?
 
 The parent process plans a sweep (replica counts x precision x XLA x data), runs every
-point in a child process of its own (`python -m mgpu_env.bench_worker`), because a
+point in a child process of its own (`python -m mgpu_env.bench.worker`), because a
 logical-device split and CUDA_VISIBLE_DEVICES are fixed once per process, collects one JSON
 line from each child, and aggregates: median and spread of samples/s over several timed
 intervals (warm-up excluded), per-replica samples/s, step time, scaling efficiency against
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mgpu_env import rundir
-from mgpu_env.bench_stats import efficiencies, input_pipeline_cost, summarize_point
-from mgpu_env.devices import GpuSelection
-from mgpu_env.errors import ConfigError, RunFailed
-from mgpu_env.settings import Settings
+from mgpu_env.bench.stats import efficiencies, input_pipeline_cost, summarize_point
+from mgpu_env.config.errors import ConfigError, RunFailed
+from mgpu_env.config.settings import Settings
+from mgpu_env.hardware.devices import GpuSelection
+from mgpu_env.training import rundir
 
 RESULT_PREFIX = "MGPU_BENCH_RESULT "
 BENCH_JSON = "bench.json"
@@ -191,7 +191,7 @@ def plan_points(
     MIXED_PRECISION=1 is resolved here, with the training module's rule for these devices
     (fp16 on GPUs with tensor cores, bf16 on the CPU), so the table says which one ran.
     """
-    from mgpu_env.precision import choose_precision
+    from mgpu_env.training.precision import choose_precision
 
     mixed = settings.mixed_precision
     wanted = ["0", mixed if mixed != "0" else "1"] if "precision" in settings.bench_sweep \
@@ -252,8 +252,8 @@ def check_plan(specs: list[PointSpec], devices: DevicePlan, selection: GpuSelect
     Uses the training modules' pure planners, so `mgpu bench` and `mgpu train` agree.
     Raises ConfigError (exit 2).
     """
-    from mgpu_env.precision import choose_precision
-    from mgpu_env.strategy import plan_strategy
+    from mgpu_env.training.precision import choose_precision
+    from mgpu_env.training.strategy import plan_strategy
 
     capabilities = [g.compute_capability.value for g in selection.gpus]
     for spec in specs:
@@ -290,7 +290,7 @@ def parse_child_output(stdout: str) -> dict[str, Any] | None:
 def run_child(spec: PointSpec, timeout_s: float | None = None) -> dict[str, Any]:
     """Measure one point in a fresh Python process; raises RunFailed if it fails."""
     completed = subprocess.run(
-        [sys.executable, "-m", "mgpu_env.bench_worker", spec.to_json()],
+        [sys.executable, "-m", "mgpu_env.bench.worker", spec.to_json()],
         env=child_environment(spec, os.environ), capture_output=True, text=True,
         timeout=timeout_s, check=False,
     )

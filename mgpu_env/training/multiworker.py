@@ -3,7 +3,7 @@
 `mgpu train` runs on several machines with TensorFlow's own collective engine,
 `tf.distribute.MultiWorkerMirroredStrategy`, configured by `TF_CONFIG` (what Kubernetes'
 TFJob operator and other launchers set) or by `WORKER_HOSTS` + `WORKER_INDEX`, which build
-it. Training itself is the same custom step as on one machine (see `mgpu_env.steps` for
+it. Training itself is the same custom step as on one machine (see `mgpu_env.training.steps` for
 why it is not `model.fit`); this module adds what only a cluster needs:
 
 - `resolve_cluster` checks the cluster settings together and `apply_cluster` exports the
@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mgpu_env.errors import ConfigError
-from mgpu_env.settings import Settings
-from mgpu_env.strategy import WorkerRole
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.settings import Settings
+from mgpu_env.training.strategy import WorkerRole
 
 # Bytes per value in the agreement all-gather; longer values are compared by a digest.
 VALUE_WIDTH = 48

@@ -1,0 +1,2 @@
+"""Settings, each declared once and resolved flag > environment > .env > default;
+the errors users read."""
