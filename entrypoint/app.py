@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
 
 from entrypoint import bench, doctor, train
-from entrypoint.options import EXIT_FAILED, debug_enabled
-from mgpu_env.config.errors import MgpuError
+from entrypoint.options import DEBUG
 
 app = typer.Typer(
     name="mgpu",
@@ -31,22 +29,9 @@ def root(
     ] = False,
 ) -> None:
     """Settings come from flags, the environment, a .env file, then defaults."""
+    DEBUG.enabled = debug
 
 
 def main() -> None:
-    """Run the CLI; errors meant for the user print one message, not a traceback."""
-    try:
-        app()
-    except MgpuError as err:
-        if debug_enabled():
-            raise
-        typer.echo(f"error: {err}", err=True)
-        sys.exit(err.exit_code)
-    except Exception as err:
-        if debug_enabled():
-            raise
-        typer.echo(
-            f"error: {type(err).__name__}: {err}\n  (run with --debug for the traceback)",
-            err=True,
-        )
-        sys.exit(EXIT_FAILED)
+    """Run the CLI (errors become exit codes in `entrypoint.options.exit_codes`)."""
+    app()

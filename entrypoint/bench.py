@@ -8,18 +8,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from entrypoint.options import (
-    EXIT_BAD_CONFIG,
-    EXIT_FAILED,
-    SettingFlags,
-    fail,
-    resolve_or_exit,
-    with_settings,
-)
+from entrypoint.options import EXIT_FAILED, SettingFlags, resolve, with_settings
 from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_report
-from mgpu_env.config.errors import ConfigError
-from mgpu_env.runtime import choose_gpus
+from mgpu_env.runtime import build_runtime
 
 
 @with_settings(scope="bench")
@@ -29,9 +21,9 @@ def command(flags: SettingFlags) -> None:
     Each point runs in its own process: warm-up steps, then BENCH_INTERVALS timed intervals
     of BENCH_STEPS steps. Writes bench.json and bench.png under OUTPUT_DIR.
     """
-    resolved = resolve_or_exit(flags)
-    launch = choose_gpus(resolved)  # a GPU the machine lacks: exit 2, via with_settings
-    settings = resolved.settings
+    runtime = build_runtime(resolve(flags))  # a GPU the machine lacks: exit 2
+    runtime.apply()
+    settings = runtime.settings
     output_dir = default_output_dir(settings)
     err_console = Console(stderr=True)
 
@@ -42,10 +34,7 @@ def command(flags: SettingFlags) -> None:
         else:
             err_console.print(f"{what}: {point['samples_per_s']['median']:,.0f} samples/s")
 
-    try:
-        report = run_bench(settings, launch.selection, on_point=progress)
-    except ConfigError as err:
-        fail(f"error: {err}", EXIT_BAD_CONFIG)
+    report = run_bench(runtime, on_point=progress)
     data = report.as_dict()
     json_path = write_report(report, output_dir)
     png_path = plot_bench(data, output_dir / BENCH_PNG)

@@ -17,7 +17,7 @@ from entrypoint.options import (
     EXIT_FAILED,
     EXIT_OK,
     SettingFlags,
-    resolve_or_exit,
+    resolve,
     with_settings,
 )
 from mgpu_env.doctor import Report, diagnose
@@ -85,14 +85,7 @@ def command(
 
     Exit 0 no errors, 1 an error (or, with --strict, a warning), 2 a bad setting.
     """
-    resolved = resolve_or_exit(flags)
-    settings = resolved.settings
-    report = diagnose(
-        settings.gpus,
-        os.environ,
-        with_tensorflow=not no_tf,
-        mixed_precision=settings.mixed_precision,
-    )
+    report = diagnose(resolve(flags), os.environ, with_tensorflow=not no_tf)
     code = exit_code(report, strict)
     if as_json:
         data = report.to_dict()

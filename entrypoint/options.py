@@ -7,12 +7,13 @@ env var and default, and a new setting needs no change here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
-import sys
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -21,12 +22,8 @@ from mgpu_env.config.errors import MgpuError
 from mgpu_env.config.settings import (
     DECLARATIONS,
     ResolvedSettings,
-    SettingError,
-    SettingsErrors,
-    parse_bool,
     resolve_settings,
 )
-from mgpu_env.runtime import prepare_environment
 
 # Exit codes, documented in the README.
 EXIT_OK = 0
@@ -93,16 +90,8 @@ def with_settings(
             flags: SettingFlags = {
                 by_field[k]: kwargs.pop(k) for k in list(kwargs) if k in by_field
             }
-            # The library's user-facing errors end here, as one message and their exit
-            # code, whether the command runs from `mgpu` or from typer's test runner.
-            try:
+            with exit_codes():
                 return command(flags=flags, **kwargs)
-            except SettingsErrors as err:
-                fail("\n".join(f"error: {e}" for e in err.errors), EXIT_BAD_CONFIG)
-            except MgpuError as err:
-                if debug_enabled():
-                    raise
-                fail(f"error: {err}", err.exit_code)
 
         parameters = [
             p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own
@@ -121,20 +110,40 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     raise typer.Exit(code=code)
 
 
-def resolve_or_exit(flags: SettingFlags) -> ResolvedSettings:
-    """Resolve the settings (exit 2 on bad values, before anything slow); export the
-    settings file's other variables."""
+@contextlib.contextmanager
+def exit_codes() -> Iterator[None]:
+    """The one place errors become exit codes: the library's MgpuErrors their own (2 bad
+    settings or input, 1 a failed run, 128 + N a signal), anything else 1; one message on
+    stderr, the traceback only with --debug. Every command runs inside it (`with_settings`),
+    whether from `mgpu` or typer's test runner.
+    """
     try:
-        resolved = resolve_settings(flags, os.environ)
-    except SettingsErrors as err:
-        fail("\n".join(f"error: {e}" for e in err.errors), EXIT_BAD_CONFIG)
-    prepare_environment(resolved)
-    return resolved
+        yield
+    except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
+        raise  # typer's own way out, with its own code
+    except MgpuError as err:
+        if DEBUG.enabled:
+            raise
+        fail(err.user_message(), err.exit_code)
+    except Exception as err:
+        if DEBUG.enabled:
+            raise
+        fail(
+            f"error: {type(err).__name__}: {err}\n  (run with --debug for the traceback)",
+            EXIT_FAILED,
+        )
 
 
-def debug_enabled() -> bool:
-    try:
-        from_env = parse_bool(os.environ.get("MGPU_DEBUG", ""))
-    except SettingError:
-        from_env = False
-    return from_env or "--debug" in sys.argv
+def resolve(flags: SettingFlags) -> ResolvedSettings:
+    """The settings: flag > environment > settings file > default. Raises SettingsErrors."""
+    return resolve_settings(flags, os.environ)
+
+
+@dataclass
+class DebugFlag:
+    """`mgpu --debug` / MGPU_DEBUG, as the root callback parsed it."""
+
+    enabled: bool = False
+
+
+DEBUG = DebugFlag()

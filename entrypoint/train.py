@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from entrypoint.options import SettingFlags, resolve_or_exit, with_settings
-from mgpu_env.runtime import choose_gpus
+from entrypoint.options import SettingFlags, resolve, with_settings
+from mgpu_env.runtime import build_runtime
 
-if TYPE_CHECKING:  # mgpu_env.training.loop imports TensorFlow's helpers: only after choose_gpus
-    from mgpu_env.training.loop import TrainPlan
+if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
+    from mgpu_env.training.plan import TrainPlan
 
 
 def plan_lines(plan: TrainPlan) -> list[str]:
@@ -63,13 +63,16 @@ def command(
     """Train the seed's MNIST model on every selected GPU with MirroredStrategy."""
     if quiet_flag:
         flags["QUIET"] = "1"
-    resolved = resolve_or_exit(flags)
-    launch = choose_gpus(resolved)  # a GPU the machine lacks: exit 2, via with_settings
+    resolved = resolve(flags)
+    runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
+    runtime.apply()
 
-    # TensorFlow is imported only now, after choose_gpus wrote CUDA_VISIBLE_DEVICES.
-    from mgpu_env.training.loop import ProgbarReporter, Reporter, plan_training, run_training
+    # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
+    from mgpu_env.training.loop import run_training
+    from mgpu_env.training.plan import plan_training
+    from mgpu_env.training.report import ProgbarReporter, Reporter
 
-    plan = plan_training(launch)
+    plan = plan_training(runtime)
     typer.echo("mgpu train: dry run, nothing is trained or written" if dry_run else "mgpu train")
     for line in plan_lines(plan):
         typer.echo(line)

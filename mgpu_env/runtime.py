@@ -1,71 +1,278 @@
-"""The steps every command takes before TensorFlow starts: settings, then GPU selection."""
+"""Every decision a command needs, made once from the resolved settings, before TensorFlow.
+
+    runtime = build_runtime(resolved)    # NVML snapshot, GPU selection, device split,
+                                         # precision, strategy plan, cluster, environment
+    runtime.apply()                      # the process environment TensorFlow will read
+    strategy = runtime.execution.start()  # TensorFlow: device split, precision, strategy
+
+`mgpu train`, `mgpu bench` (the parent, and each child through `Execution`), the doctor's
+pre-flight and `mgpu run` all take a `Runtime`; nothing downstream selects GPUs, splits
+devices, picks a precision or an all-reduce again. Building it imports no TensorFlow, so a
+bad combination of settings fails in milliseconds (ConfigError, exit 2).
+
+`Execution` is the part another process needs to start TensorFlow the decided way (the
+environment, the split, the precision, the strategy plan); it travels as JSON.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from mgpu_env.config.errors import RunFailed
 from mgpu_env.config.settings import (
     BY_ENV,
     ResolvedSettings,
     SettingError,
+    Settings,
     SettingsErrors,
-    export_env_file_extras,
     setting_error_message,
 )
-from mgpu_env.hardware import nvml
-from mgpu_env.hardware.devices import GpuSelection, apply_gpu_selection, select_gpus
+from mgpu_env.hardware import cpu, nvml
+from mgpu_env.hardware.devices import (
+    DeviceSplit,
+    GpuSelection,
+    apply_split,
+    cuda_environment,
+    plan_split,
+    select_gpus,
+)
+from mgpu_env.hardware.nvml import GpuInfo
+from mgpu_env.training.multiworker import Cluster, resolve_cluster
+from mgpu_env.training.precision import PrecisionChoice, choose_precision
+from mgpu_env.training.strategy import (
+    StrategyPlan,
+    WorkerRole,
+    nccl_possible,
+    plan_strategy,
+)
 
-
-def prepare_environment(
-    resolved: ResolvedSettings, environ: MutableMapping[str, str] | None = None
-) -> list[str]:
-    """Export the settings file's other variables (NCCL_*, ...) and quiet TensorFlow's logs.
-
-    The process environment wins over the file, as with docker compose's env_file. TensorFlow's
-    C++ INFO and WARNING lines (oneDNN, CPU features) bury the summary, so they are hidden
-    unless TF_CPP_MIN_LOG_LEVEL is set. Returns the names exported from the file.
-    """
-    environ = os.environ if environ is None else environ
-    exported = export_env_file_extras(resolved, environ)
-    environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return exported
+# TensorFlow's C++ INFO and WARNING lines (oneDNN, CPU features) bury the summary; they
+# are hidden unless the user set TF_CPP_MIN_LOG_LEVEL.
+DEFAULT_TF_LOG_LEVEL = "2"
 
 
 @dataclass(frozen=True)
-class Launch:
-    """Resolved settings and the GPUs chosen for them, already applied to the environment."""
+class Execution:
+    """What a process needs to start TensorFlow as decided: sent to children as JSON."""
+
+    environment: dict[str, str]  # variables to set before TensorFlow is imported
+    split: DeviceSplit
+    precision: PrecisionChoice
+    strategy: StrategyPlan
+
+    def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
+        """Write the environment. Must run before TensorFlow is imported."""
+        apply_environment(self.environment, os.environ if environ is None else environ)
+
+    def prepare_tensorflow(self) -> None:
+        """Split the devices and set the Keras precision policy (layers read it when built).
+
+        Imports TensorFlow; call once per process, before its runtime starts (the split is
+        fixed then). Raises RunFailed when TensorFlow sees other devices than planned.
+        """
+        from mgpu_env.training.precision import apply_precision
+
+        try:
+            apply_split(self.split)
+        except RuntimeError as err:
+            raise RunFailed(f"TensorFlow could not set up the devices: {err}") from None
+        apply_precision(self.precision)
+
+    def make_strategy(self) -> Any:
+        """The tf.distribute strategy the plan describes (after `prepare_tensorflow`)."""
+        from mgpu_env.training.strategy import make_strategy
+
+        return make_strategy(self.strategy)
+
+    def start(self) -> Any:
+        """`prepare_tensorflow`, then the strategy: what a single-process user needs."""
+        self.prepare_tensorflow()
+        return self.make_strategy()
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Execution:
+        data = json.loads(text)
+        split = DeviceSplit(**{**data["split"],
+                               "memory_limit_mib": tuple(data["split"]["memory_limit_mib"])})
+        plan = data["strategy"]
+        role = WorkerRole(**plan.pop("role"))
+        strategy = StrategyPlan(**{**plan, "devices": tuple(plan["devices"]), "role": role})
+        return cls(dict(data["environment"]), split, PrecisionChoice(**data["precision"]),
+                   strategy)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The resolved settings and everything decided from them and the machine."""
 
     resolved: ResolvedSettings
+    nvml: nvml.NvmlSnapshot
     selection: GpuSelection
-    listing: nvml.GpuListing
+    cluster: Cluster | None
+    execution: Execution
+    cpu_flags: frozenset[str]  # the CPU's instruction sets (bf16 or not)
+    nccl: bool  # NCCL can run between the selected GPUs
+    notes: tuple[str, ...] = ()
+
+    @property
+    def settings(self) -> Settings:
+        return self.resolved.settings
+
+    @property
+    def device_type(self) -> str:
+        return self.execution.split.device_type
+
+    @property
+    def split(self) -> DeviceSplit:
+        return self.execution.split
+
+    @property
+    def precision(self) -> PrecisionChoice:
+        return self.execution.precision
+
+    @property
+    def strategy_plan(self) -> StrategyPlan:
+        return self.execution.strategy
+
+    @property
+    def role(self) -> WorkerRole:
+        return self.execution.strategy.role
+
+    @property
+    def replicas(self) -> int:
+        """Every replica of the run: this process's devices times the workers."""
+        return self.strategy_plan.local_replicas * self.role.num_workers
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return self.execution.environment
+
+    def compute_capabilities(self) -> list[tuple[int, int] | None]:
+        return [gpu.compute_capability.value for gpu in self.selection.gpus]
+
+    def execution_for(
+        self, gpus: Sequence[GpuInfo], cuda_visible_devices: str | None, *,
+        virtual_devices: int, mixed_precision: str,
+    ) -> Execution:
+        """Another process's execution on some of this runtime's GPUs (a `mgpu bench`
+        point): the same rules and settings, other devices or precision."""
+        return decide_execution(
+            {k: v for k, v in self.environment.items()
+             if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")},
+            gpus, cuda_visible_devices, virtual_devices=virtual_devices,
+            mixed_precision=mixed_precision,
+            cross_device_ops=self.settings.cross_device_ops,
+            cpu_flags=self.cpu_flags, nccl=self.nccl and bool(gpus),
+        )
+
+    def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
+        """Write the decided environment (GPUs, TF_CONFIG, the settings file's extras).
+
+        The one place mgpu changes the process environment; before TensorFlow is imported.
+        """
+        self.execution.apply(environ)
 
 
-def choose_gpus(
+def apply_environment(environment: Mapping[str, str], environ: MutableMapping[str, str]) -> None:
+    environ.update(environment)
+
+
+def _select(resolved: ResolvedSettings, listing: nvml.GpuListing,
+            environ: Mapping[str, str]) -> GpuSelection:
+    request = resolved.settings.gpus
+    try:
+        return select_gpus(request, listing, environ)
+    except SettingError as err:
+        raise SettingsErrors(
+            [setting_error_message(BY_ENV["GPUS"], str(request),
+                                   resolved.sources.get("GPUS", "default"), str(err))]
+        ) from None
+
+
+def nccl_available(gpus: Sequence[GpuInfo]) -> bool:
+    """Whether NCCL can run here: GPUs selected on Linux, where TensorFlow's CUDA build
+    carries it."""
+    return bool(gpus) and nccl_possible()
+
+
+def build_runtime(
     resolved: ResolvedSettings,
-    environ: MutableMapping[str, str] | None = None,
-    listing: nvml.GpuListing | None = None,
-) -> Launch:
-    """Check GPUS against NVML and set CUDA_VISIBLE_DEVICES. Raises SettingsErrors (exit 2).
+    environ: Mapping[str, str] | None = None,
+    *,
+    snapshot: nvml.NvmlSnapshot | None = None,
+    cpu_flags: frozenset[str] | None = None,
+    nccl: bool | None = None,
+) -> Runtime:
+    """Decide everything once. Asks NVML (unless GPUS=none); imports no TensorFlow.
 
-    NVML is asked only when GPUS names GPUs or asks for all of them; GPUS=none needs no
-    driver at all.
+    Raises SettingsErrors (a GPU the machine lacks) or ConfigError (settings that cannot
+    work together here): both exit 2. `snapshot`, `cpu_flags` and `nccl` replace the
+    probes (tests, or a caller that already has them).
     """
     environ = os.environ if environ is None else environ
-    request = resolved.settings.gpus
-    if listing is None:
-        listing = nvml.GpuListing() if request.kind == "none" else nvml.list_gpus()
-    try:
-        selection = select_gpus(request, listing, environ)
-    except SettingError as err:
-        declaration = BY_ENV["GPUS"]
-        raise SettingsErrors(
-            [
-                setting_error_message(
-                    declaration, str(request), resolved.sources.get("GPUS", "default"), str(err)
-                )
-            ]
-        ) from None
-    apply_gpu_selection(selection, environ)
-    return Launch(resolved, selection, listing)
+    settings = resolved.settings
+    if snapshot is None:
+        snapshot = (
+            nvml.NvmlSnapshot(nvml.GpuListing()) if settings.gpus.kind == "none"
+            else nvml.snapshot()
+        )
+    selection = _select(resolved, snapshot.listing, environ)
+    cpu_flags = cpu.cpu_flags() if cpu_flags is None else cpu_flags
+    nccl = nccl_available(selection.gpus) if nccl is None else nccl
+    cluster = resolve_cluster(settings)
+    environment: dict[str, str] = {}
+    if cluster is not None:
+        # TensorFlow reads only the process environment; TF_CONFIG may have come from the
+        # settings file or a flag, or been built from WORKER_HOSTS.
+        environment["TF_CONFIG"] = cluster.tf_config()
+    # The settings file's other variables (NCCL_*, ...): the process environment wins, as
+    # with docker compose's env_file.
+    for key, value in resolved.env_file_values.items():
+        if key not in BY_ENV and key not in environ:
+            environment[key] = value
+    if "TF_CPP_MIN_LOG_LEVEL" not in environ and "TF_CPP_MIN_LOG_LEVEL" not in environment:
+        environment["TF_CPP_MIN_LOG_LEVEL"] = DEFAULT_TF_LOG_LEVEL
+    execution = decide_execution(
+        environment, selection.gpus, selection.cuda_visible_devices,
+        virtual_devices=settings.virtual_devices, mixed_precision=settings.mixed_precision,
+        cross_device_ops=settings.cross_device_ops,
+        role=cluster.role if cluster is not None else None,
+        cpu_flags=cpu_flags, nccl=nccl,
+    )
+    notes = (selection.note,) if selection.note else ()
+    return Runtime(resolved, snapshot, selection, cluster, execution, cpu_flags, nccl, notes)
+
+
+def decide_execution(
+    base_environment: Mapping[str, str],
+    gpus: Sequence[GpuInfo],
+    cuda_visible_devices: str | None,
+    *,
+    virtual_devices: int,
+    mixed_precision: str,
+    cross_device_ops: str,
+    role: WorkerRole | None = None,
+    cpu_flags: frozenset[str],
+    nccl: bool,
+) -> Execution:
+    """The device split, precision and strategy for these GPUs (none: the CPU), each by its
+    one rule. `build_runtime` calls it for the run; `Runtime.execution_for` for a subset."""
+    split = plan_split(virtual_devices, gpus)
+    precision = choose_precision(
+        mixed_precision, split.device_type,
+        [gpu.compute_capability.value for gpu in gpus], cpu_flags,
+    )
+    strategy = plan_strategy(
+        cross_device_ops, split.names, split.device_type, split.physical,
+        nccl_available=nccl, role=role,
+    )
+    environment = {**base_environment, **cuda_environment(cuda_visible_devices)}
+    return Execution(environment, split, precision, strategy)

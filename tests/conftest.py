@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -12,8 +13,20 @@ from tests.fake_nvml import FakeNvml, fake_with
 
 
 @pytest.fixture(autouse=True)
+def restore_environ() -> Iterator[None]:
+    """Put os.environ back exactly after each test: the runtime writes CUDA_*, TF_CONFIG
+    and a settings file's NCCL_* into it, which monkeypatch (it restores only what it
+    changed itself) would let leak into the next test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def clean_settings_env(
-    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+    restore_environ: None,
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """No setting leaks in from the developer's shell or a .env in the working folder."""
     for declaration in DECLARATIONS:

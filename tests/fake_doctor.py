@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_env.config.settings import parse_gpus
+from mgpu_env.config.settings import resolve_settings
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import gather
 from mgpu_env.doctor.facts import Facts, HostFacts
@@ -80,10 +80,9 @@ def make_facts(
         patch.setattr(probes, "probe_host", lambda: host or healthy_host())
         patch.setattr(probes, "probe_versions", lambda: versions(python=python))
         return gather(
-            parse_gpus(gpus_setting),
+            resolve_settings({"GPUS": gpus_setting, "MIXED_PRECISION": mixed_precision}, {}),
             dict(environ or {}),
             with_tensorflow=tf is not None,
-            mixed_precision=mixed_precision,
             collect_tensorflow=(lambda env: tf) if tf is not None else None,  # type: ignore[arg-type,return-value]
         )
 

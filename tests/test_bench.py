@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
+from mgpu_env.bench import sweep as bench
 from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import (
     PointSpec,
@@ -26,11 +27,11 @@ from mgpu_env.bench.sweep import (
     run_bench,
     write_report,
 )
-from mgpu_env.bench import sweep as bench
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings, resolve_settings
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.nvml import GpuInfo, Probed
+from tests.runtimes import runtime_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -129,7 +130,8 @@ def test_points_cover_every_axis() -> None:
     chosen = settings(
         VIRTUAL_DEVICES="2", BENCH_SWEEP="precision,xla", BENCH_DATA="both", BATCH_SIZE="32"
     )
-    points = plan_points(chosen, plan_devices(chosen, cpu_selection(), {}))
+    bf16_cpu = frozenset({"avx512_bf16"})
+    points = plan_points(chosen, plan_devices(chosen, cpu_selection(), {}), cpu_flags=bf16_cpu)
     assert len(points) == 2 * 2 * 2 * 2  # data x precision x xla x replicas
     assert {p.mixed_precision for p in points} == {"0", "bf16"}  # 1 is bf16 on the CPU
     assert {p.xla for p in points} == {False, True}
@@ -164,14 +166,14 @@ def test_parse_child_output_takes_the_result_line() -> None:
 
 def run_fake(**values: str) -> dict[str, Any]:
     chosen = settings(**values)
-    report = run_bench(chosen, cpu_selection(), environ={}, runner=fake_runner())
+    report = run_bench(runtime_of(chosen), environ={}, runner=fake_runner())
     return report.as_dict()
 
 
 def test_bench_json_holds_points_settings_devices_and_efficiencies(tmp_path: Path) -> None:
     chosen = settings(VIRTUAL_DEVICES="4", BENCH_STEPS="10", BENCH_INTERVALS="4",
                       BATCH_SIZE="64")
-    report = run_bench(chosen, cpu_selection(), environ={}, runner=fake_runner())
+    report = run_bench(runtime_of(chosen), environ={}, runner=fake_runner())
     path = write_report(report, tmp_path / "out")
     data = json.loads(path.read_text())
 
@@ -215,7 +217,7 @@ def test_seed_comparison_reuses_the_sweeps_point_and_reports_the_ratio() -> None
         return runner(spec)
 
     chosen = settings(VIRTUAL_DEVICES="2", BENCH_COMPARE="1")
-    data = run_bench(chosen, cpu_selection(), environ={}, runner=counting).as_dict()
+    data = run_bench(runtime_of(chosen), environ={}, runner=counting).as_dict()
     assert [s.runner for s in calls] == ["seed", "mgpu", "mgpu"]  # no extra mgpu point
     comparison = data["seed_comparison"]
     assert comparison["ratio"] == pytest.approx(3.0)
@@ -232,7 +234,7 @@ def test_seed_comparison_runs_its_own_fp32_point_when_the_sweep_has_none() -> No
         return runner(spec)
 
     chosen = settings(BENCH_COMPARE="1", MIXED_PRECISION="bf16")
-    data = run_bench(chosen, cpu_selection(), environ={}, runner=counting).as_dict()
+    data = run_bench(runtime_of(chosen), environ={}, runner=counting).as_dict()
     assert [(s.runner, s.mixed_precision) for s in calls] == [
         ("seed", "0"), ("mgpu", "0"), ("mgpu", "bf16")
     ]
@@ -248,7 +250,7 @@ def test_a_failed_point_is_recorded_and_the_sweep_goes_on() -> None:
         return runner(spec)
 
     chosen = settings(VIRTUAL_DEVICES="4")
-    report = run_bench(chosen, cpu_selection(), environ={}, runner=flaky)
+    report = run_bench(runtime_of(chosen), environ={}, runner=flaky)
     assert [p["replicas"] for p in report.failed] == [2]
     assert report.as_dict()["efficiency"]["fp32"].keys() == {"1", "4"}
 
@@ -266,7 +268,7 @@ def test_a_point_past_bench_timeout_is_stopped_and_recorded(
 
     monkeypatch.setattr(bench.subprocess, "run", hung_child)
     chosen = settings(VIRTUAL_DEVICES="2", BENCH_TIMEOUT="45")
-    report = run_bench(chosen, cpu_selection(), environ={})
+    report = run_bench(runtime_of(chosen), environ={})
     assert timeouts == [45, 45]
     assert [p["error"] for p in report.failed] == ["timed out after 45 s"] * 2
 
@@ -277,13 +279,13 @@ def test_impossible_all_reduce_is_refused_before_any_child() -> None:
 
     chosen = settings(VIRTUAL_DEVICES="2", CROSS_DEVICE_OPS="nccl")
     with pytest.raises(ConfigError, match="nccl"):
-        run_bench(chosen, cpu_selection(), environ={}, runner=never)
+        run_bench(runtime_of(chosen), environ={}, runner=never)
 
 
 def test_bf16_on_old_gpus_is_refused_before_any_child() -> None:
     chosen = settings(MIXED_PRECISION="bf16")
     with pytest.raises(ConfigError, match="bf16"):
-        run_bench(chosen, gpu_selection(1, (7, 0)), environ={}, runner=fake_runner())
+        run_bench(runtime_of(chosen, gpu_selection(1, (7, 0)).gpus), runner=fake_runner())
 
 
 # ---------------------------------------------------------------------------- the plot
@@ -302,15 +304,6 @@ def test_plot_is_a_png_matplotlib_reads_back(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- the CLI
 
 
-@pytest.fixture
-def restore_cuda_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """choose_gpus writes CUDA_* into os.environ; put them back after the test."""
-    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-
-
-@pytest.mark.usefixtures("restore_cuda_env")
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -332,7 +325,6 @@ def test_cli_bad_settings_exit_2(env: dict[str, str], message: str, tmp_path: Pa
     assert not (tmp_path / "bench.json").exists()
 
 
-@pytest.mark.usefixtures("restore_cuda_env")
 def test_cli_writes_json_and_png_and_prints_the_table(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -348,7 +340,6 @@ def test_cli_writes_json_and_png_and_prints_the_table(
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
 
 
-@pytest.mark.usefixtures("restore_cuda_env")
 def test_cli_exits_1_when_a_point_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def failing(spec: PointSpec, timeout_s: float | None = None) -> dict[str, Any]:
         raise bench.RunFailed("the child died")
@@ -365,7 +356,6 @@ def test_cli_exits_1_when_a_point_fails(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("restore_cuda_env")
 def test_real_sweep_on_two_logical_cpus_with_the_seed_comparison(tmp_path: Path) -> None:
     """Real children, real TensorFlow: MLP at 1 and 2 replicas, and the seed's model.fit."""
     env = {

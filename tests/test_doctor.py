@@ -10,11 +10,12 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
-from mgpu_env.config.settings import parse_gpus
+from mgpu_env.config.settings import SettingsErrors, resolve_settings
 from mgpu_env.doctor import checks, preflight
 from mgpu_env.doctor.checks import Check, capability_support, run_checks
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.nvml import Probed
+from mgpu_env.runtime import Runtime, build_runtime
 from tests.fake_doctor import GIB, healthy_host, make_facts, tf_facts
 from tests.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 
@@ -340,7 +341,8 @@ def test_selection_reaches_tensorflow(use_fake_nvml: Install) -> None:
 
     from mgpu_env.doctor import gather
 
-    facts = gather(parse_gpus("1,3"), {"CUDA_VISIBLE_DEVICES": "0"}, collect_tensorflow=collect)  # type: ignore[arg-type]
+    facts = gather(resolve_settings({"GPUS": "1,3"}, {}), {"CUDA_VISIBLE_DEVICES": "0"},
+                   collect_tensorflow=collect)  # type: ignore[arg-type]
     assert seen["CUDA_VISIBLE_DEVICES"] == "1,3"
     assert seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert facts.environ["CUDA_VISIBLE_DEVICES"] == "0"  # the user's value is reported
@@ -424,7 +426,7 @@ def test_preflight_none_asks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("NVML must not be asked for GPUS=none")
 
     monkeypatch.setattr(nvml, "load_library", refuse)
-    assert preflight(parse_gpus("none"), {}) == []
+    assert preflight(runtime_for("none", {})) == []
 
 
 def test_preflight_no_gpu_does_not_import_tensorflow(
@@ -434,15 +436,15 @@ def test_preflight_no_gpu_does_not_import_tensorflow(
 
     use_fake_nvml(fake_with(0))
     monkeypatch.setattr(tfprobe, "collect_in_process", lambda: pytest.fail("imported TF"))
-    assert preflight(parse_gpus("all"), {}) == []
-    (cpu_fallback,) = preflight(parse_gpus("all"), {}, strict=True)
+    assert preflight(runtime_for("all", {})) == []
+    (cpu_fallback,) = preflight(runtime_for("all", {}), strict=True)
     assert cpu_fallback.id == "visible.request" and cpu_fallback.status == "warn"
 
 
 def test_preflight_reports_what_stops_training(use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2, driver_version="470.82.01", cuda_driver_version=11040))
     env = {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    failing = preflight(parse_gpus("0,1"), env, tensorflow=tf_facts(0, cudnn=None))
+    failing = preflight(runtime_for("0,1", env), tensorflow=tf_facts(0, cudnn=None))
     ids = {c.id for c in failing}
     assert {"driver.version", "driver.cuda", "tensorflow.cudnn", "visible.tensorflow"} <= ids
     assert all(c.status == "error" and c.fix for c in failing)
@@ -451,15 +453,17 @@ def test_preflight_reports_what_stops_training(use_fake_nvml: Install) -> None:
 def test_preflight_healthy(use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2))
     env = {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    assert preflight(parse_gpus("all"), env, tensorflow=tf_facts(2)) == []
-    assert preflight(parse_gpus("1"), {"CUDA_VISIBLE_DEVICES": "1"},
+    assert preflight(runtime_for("all", env), tensorflow=tf_facts(2)) == []
+    assert preflight(runtime_for("1", {"CUDA_VISIBLE_DEVICES": "1"}),
                      tensorflow=tf_facts(1)) == []
 
 
 def test_preflight_bad_index(use_fake_nvml: Install) -> None:
+    # The runtime refuses a GPU the machine lacks before any check runs (exit 2).
     use_fake_nvml(fake_with(1))
-    (failure,) = preflight(parse_gpus("3"), {}, tensorflow=tf_facts(1))
-    assert failure.id == "visible.request" and failure.bad_setting
+    with pytest.raises(SettingsErrors) as caught:
+        runtime_for("3", {})
+    assert "GPUS='3'" in str(caught.value) and caught.value.exit_code == 2
 
 
 def test_all_check_ids_are_unique(use_fake_nvml: Install) -> None:
@@ -467,3 +471,8 @@ def test_all_check_ids_are_unique(use_fake_nvml: Install) -> None:
     ids = [c.id for c in run_checks(make_facts("all", tf=tf_facts(3)))]
     assert len(ids) == len(set(ids))
     assert len(checks.ALL_CHECKS) >= 15
+
+
+def runtime_for(gpus: str, environ: dict[str, str]) -> Runtime:
+    """The runtime `mgpu train` builds for GPUS=`gpus` on the fake NVML installed."""
+    return build_runtime(resolve_settings({"GPUS": gpus}, {}), environ, cpu_flags=frozenset())

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.config.settings import SettingError, parse_gpus
 from mgpu_env.hardware import nvml
-from mgpu_env.hardware.devices import HIDE_ALL_GPUS, apply_gpu_selection, select_gpus
+from mgpu_env.hardware.devices import HIDE_ALL_GPUS, cuda_environment, select_gpus
 from tests.fake_nvml import FakeNvml, fake_with
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,8 +109,7 @@ def test_unknown_uuid_is_refused_listing_known_ones() -> None:
 
 def test_apply_sets_pci_bus_order_and_visible_devices() -> None:
     selection, _ = selection_for(2, "0,1")
-    environ: dict[str, str] = {}
-    apply_gpu_selection(selection, environ)
+    environ = cuda_environment(selection.cuda_visible_devices)
     assert environ == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1"}
 
 
@@ -145,15 +144,15 @@ import mgpu_env.hardware.nvml as nvml
 nvml.load_library = lambda: fake_with(2)
 import mgpu_env.runtime as launch
 seen = {{}}
-original = launch.apply_gpu_selection
-def spy(selection, environ=None):
-    original(selection, environ)
+original = launch.apply_environment
+def spy(environment, environ):
+    original(environment, environ)
     seen.update(tf_imported="tensorflow" in sys.modules,
                 visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 order=os.environ.get("CUDA_DEVICE_ORDER"))
     print("SEEN " + json.dumps(seen), flush=True)
     os._exit(0)
-launch.apply_gpu_selection = spy
+launch.apply_environment = spy
 from entrypoint.app import main
 sys.argv = ["mgpu", "train"]
 main()

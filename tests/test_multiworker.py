@@ -16,8 +16,6 @@ from mgpu_env.training.multiworker import (
     Watchdog,
     WorkerSession,
     agreement_values,
-    apply_cluster,
-    configure_cluster,
     decode_values,
     encode_values,
     explain_worker_failure,
@@ -26,6 +24,7 @@ from mgpu_env.training.multiworker import (
     lost_tasks,
     resolve_cluster,
 )
+from tests.runtimes import runtime_of
 
 
 def settings_from(**env: str) -> Settings:
@@ -45,15 +44,16 @@ def tf_config(workers: list[str], index: int, chief: list[str] | None = None,
 
 def test_no_cluster_settings_mean_one_process() -> None:
     assert resolve_cluster(settings_from()) is None
-    assert configure_cluster(settings_from(), environ := {}) is None
-    assert "TF_CONFIG" not in environ
+    runtime = runtime_of(settings_from())
+    assert runtime.cluster is None and runtime.role.num_workers == 1
+    assert "TF_CONFIG" not in runtime.environment
 
 
 def test_worker_hosts_and_index_build_tf_config() -> None:
+    runtime = runtime_of(settings_from(WORKER_HOSTS="w0:2222, w1:2222", WORKER_INDEX="1"))
     environ: dict[str, str] = {}
-    role = configure_cluster(
-        settings_from(WORKER_HOSTS="w0:2222, w1:2222", WORKER_INDEX="1"), environ
-    )
+    runtime.apply(environ)
+    role = runtime.role
     assert role is not None and role.num_workers == 2 and not role.is_chief
     assert json.loads(environ["TF_CONFIG"]) == {
         "cluster": {"worker": ["w0:2222", "w1:2222"]},
@@ -81,7 +81,7 @@ def test_tf_config_from_the_env_file_is_exported_for_tensorflow(tmp_path: Path) 
     config = tf_config(["127.0.0.1:1", "127.0.0.1:2"], 1)
     env_file.write_text(f"TF_CONFIG='{config}'\n")
     environ: dict[str, str] = {}
-    configure_cluster(resolve_settings({}, {"ENV_FILE": str(env_file)}).settings, environ)
+    runtime_of(resolve_settings({}, {"ENV_FILE": str(env_file)})).apply(environ)
     assert json.loads(environ["TF_CONFIG"]) == json.loads(config)
 
 
@@ -135,10 +135,10 @@ def test_cluster_settings_that_do_not_fit_together(env: dict[str, str], reason: 
     assert "Fix:" in str(caught.value) and caught.value.exit_code == 2
 
 
-def test_apply_cluster_leaves_a_single_process_alone() -> None:
+def test_a_single_process_runtime_sets_no_tf_config() -> None:
     environ = {"OTHER": "1"}
-    apply_cluster(None, environ)
-    assert environ == {"OTHER": "1"}
+    runtime_of(settings_from(), environ=environ).apply(environ)
+    assert "TF_CONFIG" not in environ and environ["OTHER"] == "1"
 
 
 def test_cluster_round_trips_through_tf_config() -> None:
@@ -237,7 +237,7 @@ def test_lost_tasks_skip_this_worker() -> None:
 
 
 def test_a_single_process_session_does_nothing(tmp_path: Path) -> None:
-    session = WorkerSession(settings_from(), None, environ := {})
+    session = WorkerSession(None, settings_from().worker_timeout)
     session.join()
     session.after_strategy(object(), {})
     session.share_restored(object(), [])
@@ -245,7 +245,6 @@ def test_a_single_process_session_does_nothing(tmp_path: Path) -> None:
     assert session.checkpoint_dir(tmp_path) == tmp_path
     assert session.failure(UnavailableError(HEARTBEAT_ERROR)) is None
     session.close(succeeded=True)
-    assert environ == {}
 
 
 def test_a_non_chief_session_checkpoints_to_a_scratch_folder_it_deletes(
@@ -258,7 +257,7 @@ def test_a_non_chief_session_checkpoints_to_a_scratch_folder_it_deletes(
     settings = settings_from(WORKER_HOSTS="a:1,b:1", WORKER_INDEX="1")
     cluster = resolve_cluster(settings)
     assert cluster is not None
-    session = WorkerSession(settings, cluster.role, {})
+    session = WorkerSession(cluster, settings.worker_timeout)
     scratch = session.checkpoint_dir(tmp_path / "chief")
     assert scratch.parent == tmp_path and scratch.is_dir() and "worker1" in scratch.name
     message = session.failure(UnavailableError(HEARTBEAT_ERROR))

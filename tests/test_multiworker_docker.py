@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.runfolders import completed_epochs
 from tests.test_container import docker_engine_missing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,15 +123,6 @@ def epoch_losses(log: str) -> list[str]:
     plain = re.sub(r"\x1b\[[0-9;]*m", "", log)  # Keras colours the bar on a terminal
     return [loss for _, loss in re.findall(r"(\d+)/\1 .*? - loss: ([0-9.]+)", plain)]
 
-
-def completed_epochs(run: Path) -> int:
-    """The epoch of the chief's latest checkpoint (history.json is written just before it)."""
-    try:
-        index = (run / "checkpoints" / "checkpoint").read_text()
-    except OSError:
-        return 0
-    found = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', index, re.M)
-    return int(found.group(1)) if found else 0
 
 
 def test_two_containers_train_together(project: Project) -> None:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.runfolders import completed_epochs
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 RUN_TIMEOUT_S = 240
@@ -109,15 +111,6 @@ def wait_all(tmp_path: Path, processes: list[subprocess.Popen[str]]) -> list[int
                         + "\n".join(log_of(tmp_path, i)[-3000:] for i in (0, 1)))
     return [p.returncode for p in processes]
 
-
-def completed_epochs(output: Path) -> int:
-    """The epoch of the chief's latest checkpoint (history.json is written just before it)."""
-    try:
-        index = (output / "checkpoints" / "checkpoint").read_text()
-    except OSError:
-        return 0
-    found = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', index, re.M)
-    return int(found.group(1)) if found else 0
 
 
 def epoch_losses(log: str) -> list[str]:

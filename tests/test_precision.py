@@ -13,7 +13,6 @@ from mgpu_env.training.precision import choose_precision
     [
         ("0", "GPU", [(8, 0)], "float32", False),
         ("0", "CPU", [], "float32", False),
-        ("1", "CPU", [], "mixed_bfloat16", False),
         ("1", "GPU", [(7, 0), (8, 0)], "mixed_float16", True),
         ("1", "GPU", [(9, 0)], "mixed_float16", True),
         ("1", "GPU", [(6, 1)], "float32", False),  # Pascal: no FP16 tensor cores
@@ -46,3 +45,27 @@ def test_bf16_on_pre_ampere_gpus_is_refused_with_the_fix() -> None:
 
 def test_fp16_on_cpu_says_it_is_slow() -> None:
     assert "slow" in choose_precision("fp16", "CPU").reason
+
+
+BF16_CPU = frozenset({"avx512f", "avx512_bf16"})
+PLAIN_CPU = frozenset({"avx2", "fma"})
+
+
+def test_mixed_precision_on_a_cpu_follows_its_bf16_instructions() -> None:
+    # TF's mixed-precision guide: mixed_bfloat16 is slower than float32 where the CPU
+    # emulates bf16; one rule decides it for train, bench and doctor.
+    with_bf16 = choose_precision("1", "CPU", cpu_flags=BF16_CPU)
+    assert (with_bf16.policy, with_bf16.loss_scaling) == ("mixed_bfloat16", False)
+    without = choose_precision("1", "CPU", cpu_flags=PLAIN_CPU)
+    assert without.policy == "float32" and "bf16 instructions" in without.reason
+    explicit = choose_precision("bf16", "CPU", cpu_flags=PLAIN_CPU)
+    assert explicit.policy == "mixed_bfloat16" and "slower" in explicit.reason
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
+    from mgpu_env.hardware.cpu import _read_cpu_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n")
+    assert "avx512_bf16" in _read_cpu_flags(cpuinfo)
+    assert _read_cpu_flags(tmp_path / "missing") == frozenset()

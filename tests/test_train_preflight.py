@@ -38,11 +38,14 @@ def test_tensorflow_seeing_fewer_gpus_than_asked_stops_training(
 def test_healthy_machine_passes_preflight(
     use_fake_nvml: Callable[[FakeNvml], FakeNvml], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.config.settings import parse_gpus
+    from mgpu_env.config.settings import resolve_settings
     from mgpu_env.doctor import preflight
+    from mgpu_env.runtime import build_runtime
 
     use_fake_nvml(fake_with(2))
     monkeypatch.setattr(tfprobe, "collect_in_process", lambda: tf_facts(gpus=2))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    assert preflight(parse_gpus("0,1")) == []
+    runtime = build_runtime(resolve_settings({"GPUS": "0,1"}, {}))
+    runtime.apply()
+    assert preflight(runtime) == []

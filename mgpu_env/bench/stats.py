@@ -13,20 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom; above 30 the normal 1.96.
-_T95 = {
-    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-    9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
-    17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064,
-    25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042,
-}
-
 
 def t95(degrees_of_freedom: int) -> float:
-    """The two-sided 95% Student's t quantile (1.96 beyond 30 degrees of freedom)."""
+    """The two-sided 95% quantile of Student's t (SciPy's), for a mean's confidence interval."""
     if degrees_of_freedom < 1:
         raise ValueError(f"degrees of freedom must be 1 or more, got {degrees_of_freedom}")
-    return _T95.get(degrees_of_freedom, 1.96)
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, degrees_of_freedom))
 
 
 @dataclass(frozen=True)

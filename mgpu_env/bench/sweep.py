@@ -27,6 +27,7 @@ from mgpu_env.bench.stats import efficiencies, input_pipeline_cost, summarize_po
 from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import GpuSelection
+from mgpu_env.runtime import Execution, Runtime
 from mgpu_env.training import rundir
 
 RESULT_PREFIX = "MGPU_BENCH_RESULT "
@@ -56,6 +57,9 @@ class PointSpec:
     virtual_devices: int  # the logical split the child makes (0: none)
     cuda_visible_devices: str | None  # None: inherit the parent's
     runner: str = "mgpu"  # "mgpu" (the packaged step) or "seed" (the seed's model.fit)
+    # The runtime's decisions for this point (`Execution` as JSON: environment, device
+    # split, precision, strategy), made by the parent; the child applies them.
+    execution: str = ""
 
     @property
     def global_batch(self) -> int:
@@ -185,6 +189,7 @@ def plan_points(
     settings: Settings,
     devices: DevicePlan,
     capabilities: Sequence[tuple[int, int] | None] = (),
+    cpu_flags: frozenset[str] | None = None,
 ) -> list[PointSpec]:
     """Every point of the sweep: each variant (precision, XLA, data) at each replica count.
 
@@ -197,7 +202,7 @@ def plan_points(
     wanted = ["0", mixed if mixed != "0" else "1"] if "precision" in settings.bench_sweep \
         else [mixed]
     precisions = list(dict.fromkeys(
-        _POLICY_MODES[choose_precision(mode, devices.kind, capabilities).policy]
+        _POLICY_MODES[choose_precision(mode, devices.kind, capabilities, cpu_flags).policy]
         if mode == "1" else mode
         for mode in wanted
     ))
@@ -246,21 +251,24 @@ def comparison_points(settings: Settings, devices: DevicePlan) -> tuple[PointSpe
     return dataclasses.replace(mgpu, runner="seed"), mgpu
 
 
-def check_plan(specs: list[PointSpec], devices: DevicePlan, selection: GpuSelection) -> None:
-    """Refuse, before any child starts, a precision or all-reduce these devices cannot run.
-
-    Uses the training modules' pure planners, so `mgpu bench` and `mgpu train` agree.
-    Raises ConfigError (exit 2).
-    """
-    from mgpu_env.training.precision import choose_precision
-    from mgpu_env.training.strategy import plan_strategy
-
-    capabilities = [g.compute_capability.value for g in selection.gpus]
+def attach_executions(
+    specs: Sequence[PointSpec], devices: DevicePlan, runtime: Runtime
+) -> list[PointSpec]:
+    """Each point with the runtime's decisions for its devices and precision, made by the
+    same rules as `mgpu train`'s. Raises ConfigError (exit 2) before any child starts when
+    a precision or all-reduce cannot run on these devices."""
+    attached = []
     for spec in specs:
-        choose_precision(spec.mixed_precision, devices.kind, capabilities)
-        physical = 1 if devices.logical or devices.kind == "CPU" else spec.replicas
-        plan_strategy(spec.cross_device_ops, [f"device:{i}" for i in range(spec.replicas)],
-                      devices.kind, physical)
+        gpus = runtime.selection.gpus
+        chosen = () if devices.kind == "CPU" else (
+            gpus[:1] if devices.logical else gpus[:spec.replicas]
+        )
+        execution = runtime.execution_for(
+            chosen, spec.cuda_visible_devices, virtual_devices=spec.virtual_devices,
+            mixed_precision=spec.mixed_precision,
+        )
+        attached.append(dataclasses.replace(spec, execution=execution.to_json()))
+    return attached
 
 
 # ------------------------------------------------------------------------------ children
@@ -269,12 +277,9 @@ ChildRunner = Callable[[PointSpec], dict[str, Any]]  # run_child with its timeou
 
 
 def child_environment(spec: PointSpec, environ: Mapping[str, str]) -> dict[str, str]:
-    """The parent's environment with this point's devices; TensorFlow's chatter turned down."""
+    """The parent's environment with the point's own (its GPUs, the runtime's variables)."""
     env = dict(environ)
-    if spec.cuda_visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    Execution.from_json(spec.execution).apply(env)
     return env
 
 
@@ -432,8 +437,7 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_bench(
-    settings: Settings,
-    selection: GpuSelection,
+    runtime: Runtime,
     *,
     environ: Mapping[str, str] | None = None,
     runner: ChildRunner | None = None,
@@ -445,14 +449,20 @@ def run_bench(
     decides the exit code from `report.failed`. Raises ConfigError for an impossible plan.
     """
     environ = os.environ if environ is None else environ
+    settings = runtime.settings
     if runner is None:
         runner = functools.partial(run_child, timeout_s=settings.bench_timeout)
-    devices = plan_devices(settings, selection, environ)
-    specs = plan_points(
-        settings, devices, [g.compute_capability.value for g in selection.gpus]
+    devices = plan_devices(settings, runtime.selection, environ)
+    specs = attach_executions(
+        plan_points(settings, devices, runtime.compute_capabilities(), runtime.cpu_flags),
+        devices, runtime,
     )
-    check_plan(specs, devices, selection)
-    comparison = comparison_points(settings, devices) if settings.bench_compare else None
+    comparison = None
+    if settings.bench_compare:
+        seed_spec, mgpu_spec = attach_executions(
+            comparison_points(settings, devices), devices, runtime
+        )
+        comparison = (seed_spec, mgpu_spec)
     report = BenchReport(
         settings=settings.describe(),
         devices=devices,

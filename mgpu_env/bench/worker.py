@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env.bench.sweep import RESULT_PREFIX, PointSpec
-from mgpu_env.config.errors import MgpuError, RunFailed
+from mgpu_env.config.errors import MgpuError
+from mgpu_env.runtime import Execution
 
 
 def time_intervals(
@@ -43,17 +44,6 @@ def time_intervals(
         run_steps(steps_per_interval)
         durations.append(time.perf_counter() - start)
     return durations
-
-
-def _compute_capabilities(device_type: str) -> list[tuple[int, int] | None]:
-    import tensorflow as tf
-
-    if device_type != "GPU":
-        return []
-    return [
-        tf.config.experimental.get_device_details(gpu).get("compute_capability")
-        for gpu in tf.config.list_physical_devices("GPU")
-    ]
 
 
 class SameBatch:
@@ -117,38 +107,19 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     import tensorflow as tf
 
     from mgpu_env.bench.models import SHAPES, build_model
-    from mgpu_env.hardware.devices import configure_virtual_devices
-    from mgpu_env.training.model import build_optimizer
-    from mgpu_env.training.precision import apply_precision, choose_precision
-    from mgpu_env.training.steps import make_step_functions
-    from mgpu_env.training.strategy import make_strategy, nccl_possible, plan_strategy
+    from mgpu_env.training.build import build_trainer
 
-    logical = configure_virtual_devices(spec.virtual_devices)
-    devices = logical.logical[: spec.replicas]
-    if len(devices) < spec.replicas:
-        raise RunFailed(
-            f"{spec.replicas} replicas asked for, {len(devices)} {logical.device_type} "
-            "device(s) visible"
-        )
-    precision = choose_precision(
-        spec.mixed_precision, logical.device_type, _compute_capabilities(logical.device_type)
-    )
-    apply_precision(precision)
-    plan = plan_strategy(
-        spec.cross_device_ops, devices, logical.device_type, logical.physical,
-        nccl_available=nccl_possible(built_with_cuda=tf.test.is_built_with_cuda()),
-    )
-    strategy = make_strategy(plan)
+    # The parent's decisions for this point: device split, precision, all-reduce.
+    execution = Execution.from_json(spec.execution)
+    execution.prepare_tensorflow()
+    strategy = execution.make_strategy()
     shape = SHAPES[spec.model]
-    with strategy.scope():
-        model = build_model(spec.model, spec.seed)
-        optimizer = build_optimizer(spec.learning_rate, precision.loss_scaling)
-        optimizer.build(model.trainable_variables)
     # The training module's step: n steps per tf.function call, XLA on the per-replica
     # forward and backward pass only, loss scaling agreed between replicas.
-    steps = make_step_functions(
-        strategy, model, optimizer, spec.global_batch,
-        loss_scaling=precision.loss_scaling, jit_compile=spec.xla,
+    trainer = build_trainer(
+        strategy, lambda: build_model(spec.model, spec.seed),
+        learning_rate=spec.learning_rate, precision=execution.precision,
+        global_batch_size=spec.global_batch, jit_compile=spec.xla,
     )
 
     if spec.data == "synthetic":
@@ -159,17 +130,17 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
         batches = iter(strategy.experimental_distribute_dataset(dataset))
 
     def run_steps(n: int) -> int:
-        steps.train_steps(batches, tf.constant(n))
+        trainer.steps.train_steps(batches, tf.constant(n))
         # Reading a variable to the host waits for the steps queued before it.
-        return int(optimizer.iterations.numpy())
+        return int(trainer.optimizer.iterations.numpy())
 
     durations = time_intervals(
         run_steps, spec.warmup_steps, spec.steps_per_interval, spec.intervals
     )
-    result = _result(spec, durations, logical.device_type, devices, model.count_params(),
-                     precision.policy)
-    result["cross_device_ops"] = plan.cross_device_ops
-    result["precision_reason"] = precision.reason
+    result = _result(spec, durations, execution.split.device_type, execution.split.names,
+                     trainer.model.count_params(), execution.precision.policy)
+    result["cross_device_ops"] = execution.strategy.cross_device_ops
+    result["precision_reason"] = execution.precision.reason
     if spec.data == "real":
         result["data_source"] = data_source
     return result
@@ -183,17 +154,17 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
     this process sees, with the same per-replica batch. The clock is read at the start of
     the batches that bound each interval, after reading a weight to the host (which waits
     for the steps before it); `on_train_batch_begin` keeps Keras' asynchronous dispatch on.
-    The model is the seed's own (`mgpu_env.training.seed.seed_model`); `verbose=0` drops the seed's
-    progress bar, which gives the seed its best case.
+    The model is the seed's own (`mgpu_env.training.seed.seed_model`); `verbose=0` drops
+    the seed's progress bar, which gives the seed its best case.
     """
     import keras
     import numpy as np
     import tensorflow as tf
 
-    from mgpu_env.hardware.devices import configure_virtual_devices
     from mgpu_env.training import seed
 
-    logical = configure_virtual_devices(spec.virtual_devices)
+    execution = Execution.from_json(spec.execution)
+    execution.prepare_tensorflow()
     keras.utils.set_random_seed(spec.seed)
     boundaries = [spec.warmup_steps + i * spec.steps_per_interval
                   for i in range(spec.intervals + 1)]
@@ -219,8 +190,8 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
               callbacks=[IntervalClock()])
     durations = [end - start for start, end in itertools.pairwise(clock)]
     devices = tuple(strategy.extended.worker_devices)
-    return _result(spec, durations, logical.device_type, devices, model.count_params(),
-                   "float32")
+    return _result(spec, durations, execution.split.device_type, devices,
+                   model.count_params(), "float32")
 
 
 def _result(

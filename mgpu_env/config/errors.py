@@ -8,6 +8,10 @@ class MgpuError(Exception):
 
     exit_code = 1
 
+    def user_message(self) -> str:
+        """What the CLI prints: `error: ` and the message."""
+        return f"error: {self}"
+
 
 class ConfigError(MgpuError):
     """The configuration or the input cannot work: bad data file, missing data offline, ..."""

@@ -13,12 +13,14 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from dotenv import dotenv_values
+
+from mgpu_env.config.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -29,12 +31,15 @@ class SettingError(ValueError):
     """A setting has a value that cannot be used. The message is meant for the user."""
 
 
-class SettingsErrors(ValueError):
-    """One or more settings are bad; `errors` holds one user-facing message each."""
+class SettingsErrors(ConfigError):
+    """One or more settings are bad; `errors` holds one user-facing message each (exit 2)."""
 
     def __init__(self, errors: list[str]) -> None:
         super().__init__("\n".join(errors))
         self.errors = errors
+
+    def user_message(self) -> str:
+        return "\n".join(f"error: {e}" for e in self.errors)
 
 
 # --------------------------------------------------------------------------- parsers
@@ -577,14 +582,11 @@ def _read_env_file(path: Path) -> dict[str, str]:
 def resolve_settings(
     flags: Mapping[str, str | None],
     environ: Mapping[str, str],
-    *,
-    only: Iterable[str] | None = None,
 ) -> ResolvedSettings:
     """Resolve every setting: flag > environment > env file > default, then validate.
 
     `flags` maps env-var names to the text given on the command line (None: not given).
     Raises SettingsErrors listing every bad value, so the user fixes them in one go.
-    `only` limits which settings are validated (the others keep their defaults).
     """
     errors: list[str] = []
     env_decl = BY_ENV["ENV_FILE"]
@@ -599,12 +601,9 @@ def resolve_settings(
         env_file = Path(DEFAULT_ENV_FILE)
     file_values = _read_env_file(env_file) if env_file is not None else {}
 
-    wanted = set(only) if only is not None else None
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for declaration in DECLARATIONS:
-        if wanted is not None and declaration.env not in wanted | {"ENV_FILE"}:
-            continue
         text, source = _pick(declaration, flags, environ, file_values, env_file)
         sources[declaration.env] = source
         try:
@@ -632,18 +631,3 @@ def _pick(
     if declaration.env in file_values:
         return file_values[declaration.env], _source_label("file", declaration, env_file)
     return declaration.default, "default"
-
-
-def export_env_file_extras(
-    resolved: ResolvedSettings, environ: MutableMapping[str, str]
-) -> list[str]:
-    """Put the env file's other variables (NCCL_*, TF_CPP_MIN_LOG_LEVEL, ...) in `environ`.
-
-    Like docker compose's env_file: the process environment wins. Returns the names set.
-    """
-    exported = []
-    for key, value in resolved.env_file_values.items():
-        if key not in BY_ENV and key not in environ:
-            environ[key] = value
-            exported.append(key)
-    return exported

@@ -1,6 +1,6 @@
 """`mgpu doctor` as a library: gather facts, judge them, return the report as data.
 
-    report = diagnose(settings.gpus, os.environ)        # NVML + host + TensorFlow (child)
+    report = diagnose(resolved, os.environ)              # NVML + host + TensorFlow (child)
     report.errors, report.warnings, report.to_dict()     # the CLI renders and picks the code
 
 `preflight` is the cheap subset `mgpu train` runs before it starts: only the checks that
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mgpu_env.config.settings import GpuRequest, SettingError
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.settings import GpuRequest, ResolvedSettings, SettingError, SettingsErrors
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import (
     ALL_CHECKS,
@@ -34,8 +35,9 @@ from mgpu_env.doctor.checks import (
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware import nvml, tfprobe
-from mgpu_env.hardware.devices import GpuSelection, apply_gpu_selection, select_gpus
+from mgpu_env.hardware.devices import GpuSelection, select_gpus
 from mgpu_env.hardware.tfprobe import TfFacts
+from mgpu_env.runtime import Runtime, build_runtime
 
 __all__ = ["Check", "Facts", "Report", "Status", "diagnose", "gather", "preflight"]
 
@@ -90,46 +92,49 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _select(
-    request: GpuRequest, listing: nvml.GpuListing, environ: Mapping[str, str]
-) -> tuple[GpuSelection | None, str | None]:
+def _decide(
+    resolved: ResolvedSettings, environ: Mapping[str, str], snapshot: nvml.NvmlSnapshot
+) -> Runtime | None:
+    """The runtime training would have; None when the settings cannot make one here (the
+    checks then say why: GPUS against the machine, the precision request, ...)."""
     try:
-        return select_gpus(request, listing, dict(environ)), None
-    except SettingError as err:
-        return None, str(err)
+        return build_runtime(resolved, environ, snapshot=snapshot)
+    except (SettingsErrors, ConfigError):
+        return None
 
 
 def _environment_for_tensorflow(
-    selection: GpuSelection | None, environ: Mapping[str, str]
+    runtime: Runtime | None, environ: Mapping[str, str]
 ) -> dict[str, str]:
     # TensorFlow must see exactly what training would give it.
     env = dict(environ)
-    if selection is not None:
-        apply_gpu_selection(selection, env)
+    if runtime is not None:
+        runtime.apply(env)
     return env
 
 
 def gather(
-    request: GpuRequest,
+    resolved: ResolvedSettings,
     environ: Mapping[str, str] | None = None,
     *,
     with_tensorflow: bool = True,
-    mixed_precision: str = "0",
     collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
 ) -> Facts:
     """Run every probe once. NVML and the host take milliseconds; TensorFlow seconds.
 
-    `environ` is only read (TensorFlow runs in a child with the selection applied).
+    `environ` is only read (TensorFlow runs in a child with the runtime's environment).
     """
     environ = os.environ if environ is None else environ
+    # The doctor asks NVML even for GPUS=none: it reports the machine, not only the run.
     snapshot = nvml.snapshot()
-    selection, selection_error = _select(request, snapshot.listing, environ)
+    runtime = _decide(resolved, environ, snapshot)
+    selection, selection_error = _selection_of(runtime, resolved, snapshot, environ)
     tf_facts = None
     if with_tensorflow:
         collect = collect_tensorflow or tfprobe.collect
-        tf_facts = collect(_environment_for_tensorflow(selection, environ))
+        tf_facts = collect(_environment_for_tensorflow(runtime, environ))
     return Facts(
-        request=request,
+        request=resolved.settings.gpus,
         nvml=snapshot,
         selection=selection,
         selection_error=selection_error,
@@ -137,21 +142,33 @@ def gather(
         host=probes.probe_host(),
         versions=probes.probe_versions(),
         tensorflow=tf_facts,
-        mixed_precision=mixed_precision,
+        mixed_precision=resolved.settings.mixed_precision,
     )
+
+
+def _selection_of(
+    runtime: Runtime | None, resolved: ResolvedSettings, snapshot: nvml.NvmlSnapshot,
+    environ: Mapping[str, str],
+) -> tuple[GpuSelection | None, str | None]:
+    """The runtime's GPU selection; when the settings made no runtime, the selection alone
+    (a precision or all-reduce that cannot work is judged by its own check), or why GPUS
+    does not fit the machine."""
+    if runtime is not None:
+        return runtime.selection, None
+    try:
+        return select_gpus(resolved.settings.gpus, snapshot.listing, environ), None
+    except SettingError as err:
+        return None, str(err)
 
 
 def diagnose(
-    request: GpuRequest,
+    resolved: ResolvedSettings,
     environ: Mapping[str, str] | None = None,
     *,
     with_tensorflow: bool = True,
-    mixed_precision: str = "0",
 ) -> Report:
     """Gather the facts and judge them all. Never raises for what it finds."""
-    facts = gather(
-        request, environ, with_tensorflow=with_tensorflow, mixed_precision=mixed_precision
-    )
+    facts = gather(resolved, environ, with_tensorflow=with_tensorflow)
     return Report(tuple(run_checks(facts, ALL_CHECKS)), facts)
 
 
@@ -168,42 +185,36 @@ PREFLIGHT_CHECKS = (
 
 
 def preflight(
-    request: GpuRequest,
-    environ: Mapping[str, str] | None = None,
+    runtime: Runtime,
     *,
-    snapshot: nvml.NvmlSnapshot | None = None,
     tensorflow: TfFacts | None = None,
     strict: bool = False,
 ) -> list[Check]:
     """The checks that decide whether training can start; returns only the failing ones.
 
-    Run it after `launch.choose_gpus` (the selection is in `environ`), right before the
-    strategy is built. GPUS=none returns [] at once; with no GPU it asks only NVML
-    (milliseconds). With GPUs it imports TensorFlow in this process (training does anyway)
-    unless `tensorflow` facts are passed. `strict`: warnings fail too.
+    Judges the runtime's own NVML snapshot and GPU selection (nothing is selected again),
+    after `runtime.apply()` and before the strategy is built. GPUS=none or no GPU: only
+    NVML's answer is judged (milliseconds). With GPUs it imports TensorFlow in this process
+    (training does anyway) unless `tensorflow` facts are passed. `strict`: warnings fail too.
     """
-    if request.kind == "none":
+    if runtime.settings.gpus.kind == "none":
         return []
-    environ = os.environ if environ is None else environ
-    snapshot = nvml.snapshot() if snapshot is None else snapshot
-    # Judge the user's request against NVML, as choose_gpus did (it leaves the environment
-    # holding its own CUDA_VISIBLE_DEVICES, which is not a user preset for GPUS=all).
-    user_environ = dict(environ)
-    if request.kind != "all":
-        user_environ.pop("CUDA_VISIBLE_DEVICES", None)
-    selection, selection_error = _select(request, snapshot.listing, user_environ)
-    if selection is not None and not selection.gpus:
-        checks: tuple[Callable[[Facts], Check | list[Check]], ...] = (check_nvml, check_request)
+    checks: tuple[Callable[[Facts], Check | list[Check]], ...]
+    if not runtime.selection.gpus:
+        checks = (check_nvml, check_request)
     else:
         checks = PREFLIGHT_CHECKS
-        if tensorflow is None and selection is not None:
+        if tensorflow is None:
             tensorflow = tfprobe.collect_in_process()
     facts = Facts(
-        request=request,
-        nvml=snapshot,
-        selection=selection,
-        selection_error=selection_error,
-        environ=probes.reported_environ(user_environ),
+        request=runtime.settings.gpus,
+        nvml=runtime.nvml,
+        selection=runtime.selection,
+        selection_error=None,
+        # The variables as the user set them, not as the runtime just wrote them.
+        environ=probes.reported_environ(
+            {k: v for k, v in os.environ.items() if k not in runtime.environment}
+        ),
         host=HostFacts(),
         versions={},
         tensorflow=tensorflow,

@@ -9,9 +9,8 @@ and in training (CUDA's default order is "fastest first").
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from mgpu_env.config.settings import GpuRequest, SettingError
 from mgpu_env.hardware.nvml import GpuInfo, GpuListing
@@ -60,7 +59,7 @@ def visible_gpus(cuda_visible_devices: str, gpus: Sequence[GpuInfo]) -> tuple[Gp
 
 
 def select_gpus(
-    request: GpuRequest, listing: GpuListing, environ: MutableMapping[str, str] | None = None
+    request: GpuRequest, listing: GpuListing, environ: Mapping[str, str] | None = None
 ) -> GpuSelection:
     """Check `GPUS` against the GPUs NVML reports. Raises SettingError for a bad request."""
     environ = os.environ if environ is None else environ
@@ -100,56 +99,101 @@ def select_gpus(
     return GpuSelection(request, tuple(chosen_list), ",".join(request.uuids))
 
 
-def apply_gpu_selection(
-    selection: GpuSelection, environ: MutableMapping[str, str] | None = None
-) -> None:
-    """Write the selection into the environment. Must run before TensorFlow is imported."""
-    environ = os.environ if environ is None else environ
-    environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    if selection.cuda_visible_devices is not None:
-        environ["CUDA_VISIBLE_DEVICES"] = selection.cuda_visible_devices
+def cuda_environment(cuda_visible_devices: str | None) -> dict[str, str]:
+    """The variables that make CUDA expose exactly these GPUs, in nvidia-smi's order.
+
+    The one place a CUDA_VISIBLE_DEVICES value is turned into environment variables: the
+    runtime applies it to this process, `mgpu bench` to each child's environment. None
+    leaves CUDA_VISIBLE_DEVICES as the user (or a scheduler) set it.
+    """
+    environment = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if cuda_visible_devices is not None:
+        environment["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    return environment
+
+
+# A logical GPU needs a memory cap; when NVML could not say how much is free, each logical
+# device gets this much (a few MLP replicas fit in far less; a 16 GiB GPU holds 4).
+DEFAULT_LOGICAL_GPU_MIB = 4096
+# What a logical GPU may take of its share of the free memory: CUDA's context, cuDNN's and
+# cuBLAS's workspaces live outside TensorFlow's allocator.
+LOGICAL_GPU_FRACTION = 0.9
+MIN_LOGICAL_GPU_MIB = 256
 
 
 @dataclass(frozen=True)
-class LogicalDevices:
-    """What `configure_virtual_devices` did: the device type split and the devices now seen."""
+class DeviceSplit:
+    """How the selected devices become the replicas' devices: each physical device (every
+    selected GPU, or the one CPU) split into `per_device` logical devices.
+
+    Decided once (`plan_split`) from VIRTUAL_DEVICES and NVML's free memory, and applied in
+    the process that trains (`apply_split`); `mgpu bench` sends it to its children as data.
+    """
 
     device_type: str  # "GPU" or "CPU"
     physical: int
-    logical: tuple[str, ...]
+    per_device: int = 1  # 1: no split
+    memory_limit_mib: tuple[int, ...] = ()  # per physical GPU, for each of its logical ones
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The devices MirroredStrategy mirrors over, as TensorFlow will name them."""
+        count = self.physical * self.per_device
+        return tuple(f"/device:{self.device_type}:{i}" for i in range(count))
+
+    @property
+    def logical(self) -> bool:
+        return self.per_device > 1
 
 
-def configure_virtual_devices(
-    count: int, memory_per_gpu_mib: Sequence[int] | None = None
-) -> LogicalDevices:
-    """Split each visible GPU (or the CPU when there is none) into `count` logical devices.
+def plan_split(virtual_devices: int, gpus: Sequence[GpuInfo]) -> DeviceSplit:
+    """The one rule for splitting devices (VIRTUAL_DEVICES 0 or 1: no split).
 
-    MirroredStrategy then runs `count` replicas per physical device, so multi-replica code
-    really runs on a laptop or in CI. Must be called before TensorFlow initialises its
-    devices. `count` 0 or 1 leaves the devices as they are.
+    A GPU's logical devices share LOGICAL_GPU_FRACTION of its free memory (NVML) equally.
+    """
+    per_device = virtual_devices if virtual_devices >= 2 else 1
+    if not gpus:
+        return DeviceSplit("CPU", 1, per_device)
+    limits: tuple[int, ...] = ()
+    if per_device > 1:
+        limits = tuple(
+            max(
+                MIN_LOGICAL_GPU_MIB,
+                int(free * LOGICAL_GPU_FRACTION) // per_device
+                if (free := gpu.memory_free_mib.value)
+                else DEFAULT_LOGICAL_GPU_MIB,
+            )
+            for gpu in gpus
+        )
+    return DeviceSplit("GPU", len(gpus), per_device, limits)
+
+
+def apply_split(split: DeviceSplit) -> tuple[str, ...]:
+    """Make TensorFlow's devices what `split` says; returns the devices' names.
+
+    Touches only TensorFlow's physical-device list, which does not start its runtime, so it
+    also runs before MultiWorkerMirroredStrategy ("Collective ops must be configured at
+    program startup"). Raises RuntimeError when TensorFlow sees other devices than planned
+    (the GPUs were selected but this TensorFlow cannot use them: `mgpu doctor` says why).
     """
     import tensorflow as tf
 
-    gpus = tf.config.list_physical_devices("GPU")
-    if count >= 2:
-        if gpus:
-            for position, gpu in enumerate(gpus):
-                # A GPU's logical devices each need a memory cap; share the free memory.
-                free = (
-                    memory_per_gpu_mib[position]
-                    if memory_per_gpu_mib and position < len(memory_per_gpu_mib)
-                    else 4096 * count
+    physical = tf.config.list_physical_devices(split.device_type)
+    if split.device_type == "CPU":
+        physical = physical[:1]
+    if len(physical) != split.physical:
+        raise RuntimeError(
+            f"{split.physical} {split.device_type}(s) were selected but TensorFlow sees "
+            f"{len(physical)}; run `mgpu doctor` to see why"
+        )
+    if split.logical:
+        for position, device in enumerate(physical):
+            config = (
+                tf.config.LogicalDeviceConfiguration(
+                    memory_limit=split.memory_limit_mib[position]
                 )
-                limit = max(256, int(free * 0.9) // count)
-                tf.config.set_logical_device_configuration(
-                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit)] * count
-                )
-        else:
-            cpu = tf.config.list_physical_devices("CPU")[0]
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+                if split.device_type == "GPU"
+                else tf.config.LogicalDeviceConfiguration()
             )
-    device_type = "GPU" if gpus else "CPU"
-    logical: list[Any] = tf.config.list_logical_devices(device_type)
-    physical = len(gpus) if gpus else 1
-    return LogicalDevices(device_type, physical, tuple(d.name for d in logical))
+            tf.config.set_logical_device_configuration(device, [config] * split.per_device)
+    return split.names

@@ -406,7 +406,3 @@ def test_dataset(arrays: Arrays, global_batch_size: int) -> Any:
     data = data.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
     return data.with_options(_distribute_options())
 
-
-def steps_per_epoch(arrays: Arrays, global_batch_size: int) -> int:
-    """Training steps in one epoch (the partial last batch is dropped)."""
-    return arrays.train_size // global_batch_size

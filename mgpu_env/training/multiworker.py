@@ -6,8 +6,8 @@ TFJob operator and other launchers set) or by `WORKER_HOSTS` + `WORKER_INDEX`, w
 it. Training itself is the same custom step as on one machine (see `mgpu_env.training.steps` for
 why it is not `model.fit`); this module adds what only a cluster needs:
 
-- `resolve_cluster` checks the cluster settings together and `apply_cluster` exports the
-  TF_CONFIG TensorFlow reads (before TensorFlow starts).
+- `resolve_cluster` checks the cluster settings together; the runtime
+  (`mgpu_env.runtime`) exports the TF_CONFIG TensorFlow reads, before TensorFlow starts.
 - `check_agreement` all-gathers the settings that must match on every worker (batch size,
   precision, data set, epochs, ...) and names the first one that differs, before training.
 - `broadcast_from_chief` gives every worker the chief's restored checkpoint, so workers
@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,26 +135,6 @@ def resolve_cluster(settings: Settings) -> Cluster | None:
             "worker's position in WORKER_HOSTS."
         )
     return Cluster({"worker": hosts}, "worker", index, "WORKER_HOSTS")
-
-
-def apply_cluster(cluster: Cluster | None, environ: MutableMapping[str, str]) -> None:
-    """Export the TF_CONFIG TensorFlow reads. Must run before the strategy is created.
-
-    TF_CONFIG may have come from the .env file or a flag, or been built from WORKER_HOSTS;
-    TensorFlow reads only the process environment.
-    """
-    if cluster is not None:
-        environ["TF_CONFIG"] = cluster.tf_config()
-
-
-def configure_cluster(
-    settings: Settings, environ: MutableMapping[str, str] | None = None
-) -> WorkerRole | None:
-    """`resolve_cluster` + `apply_cluster`: this process's role, None for one process."""
-    environ = os.environ if environ is None else environ
-    cluster = resolve_cluster(settings)
-    apply_cluster(cluster, environ)
-    return cluster.role if cluster is not None else None
 
 
 def scratch_dir(role: WorkerRole) -> Path:
@@ -506,29 +486,24 @@ class WorkerSession:
 
     def __init__(
         self,
-        settings: Settings,
-        role: WorkerRole | None,
-        environ: MutableMapping[str, str] | None = None,
+        cluster: Cluster | None,
+        timeout_s: float,
         on_expire: Callable[[str], None] = abort_process,
     ) -> None:
-        self.role = role
-        self._settings = settings
-        self._environ = os.environ if environ is None else environ
+        self.role = cluster.role if cluster is not None else None
         self._scratch: Path | None = None
-        cluster = resolve_cluster(settings) if role is not None else None
         self.who = cluster.name if cluster is not None else "this process"
         self._cluster = cluster
-        self.watchdog = Watchdog(settings.worker_timeout, self.who, on_expire)
+        self.watchdog = Watchdog(timeout_s, self.who, on_expire)
 
     @property
     def multi(self) -> bool:
         return self.role is not None
 
     def join(self) -> None:
-        """Export TF_CONFIG and bound the wait for the other workers (the strategy's start)."""
+        """Bound the wait for the other workers (the strategy's start)."""
         if self._cluster is None:
             return
-        apply_cluster(self._cluster, self._environ)
         others = ", ".join(
             a for addresses in self._cluster.jobs.values() for a in addresses
             if a != self._cluster.address

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.hardware import cpu
 
 FLOAT32 = "float32"
 MIXED_FLOAT16 = "mixed_float16"
@@ -28,21 +29,25 @@ class PrecisionChoice:
     loss_scaling: bool  # fp16 gradients underflow without it; bf16 has float32's range
     reason: str
 
-    @property
-    def is_mixed(self) -> bool:
-        return self.policy != FLOAT32
-
 
 def choose_precision(
-    mode: str, device_type: str, compute_capabilities: Sequence[tuple[int, int] | None] = ()
+    mode: str,
+    device_type: str,
+    compute_capabilities: Sequence[tuple[int, int] | None] = (),
+    cpu_flags: frozenset[str] | None = None,
 ) -> PrecisionChoice:
     """Turn MIXED_PRECISION (0, 1, fp16, bf16) into a policy for these devices.
 
+    The one precision rule: `mgpu train`, `mgpu bench` and the doctor's verdict all call it.
     `device_type` is "GPU" or "CPU"; `compute_capabilities` lists each selected GPU's
-    (major, minor), None where it could not be probed. Raises ConfigError for a choice that
+    (major, minor), None where it could not be probed; `cpu_flags` are the CPU's
+    instruction-set flags (None: this machine's). Raises ConfigError for a choice that
     cannot work on these devices.
     """
     on_gpu = device_type == "GPU"
+    if cpu_flags is None:
+        cpu_flags = cpu.cpu_flags()
+    native_bf16 = cpu.has_native_bf16(cpu_flags)
     known = [cc for cc in compute_capabilities if cc is not None]
     lowest = min(known) if known else None
     lowest_text = f"{lowest[0]}.{lowest[1]}" if lowest else "unknown"
@@ -50,8 +55,15 @@ def choose_precision(
         return PrecisionChoice(FLOAT32, False, "MIXED_PRECISION=0")
     if mode == "1":
         if not on_gpu:
+            if native_bf16:
+                return PrecisionChoice(
+                    MIXED_BFLOAT16, False,
+                    "MIXED_PRECISION=1 on a CPU with bf16 instructions: bf16 (no loss scaling)",
+                )
             return PrecisionChoice(
-                MIXED_BFLOAT16, False, "MIXED_PRECISION=1 on the CPU: bf16 (no loss scaling)"
+                FLOAT32, False,
+                "MIXED_PRECISION=1 but this CPU has no bf16 instructions (avx512_bf16, "
+                "amx_bf16), where bf16 is emulated and slower than float32: float32",
             )
         if lowest is not None and lowest < FP16_TENSOR_CORES:
             return PrecisionChoice(
@@ -77,7 +89,10 @@ def choose_precision(
                 f"the selected GPUs go down to {lowest_text}.\n"
                 "  Valid here: 0, 1 or fp16. Fix: set MIXED_PRECISION=fp16 (or 1)."
             )
-        return PrecisionChoice(MIXED_BFLOAT16, False, "MIXED_PRECISION=bf16 (no loss scaling)")
+        reason = "MIXED_PRECISION=bf16 (no loss scaling)"
+        if not on_gpu and not native_bf16:
+            reason += " (this CPU has no bf16 instructions: emulated, slower than float32)"
+        return PrecisionChoice(MIXED_BFLOAT16, False, reason)
     raise ConfigError(
         f"Bad MIXED_PRECISION={mode!r}. Valid: 0, 1, fp16, bf16."
     )

@@ -208,3 +208,20 @@ def read_history(folder: Path, epochs_done: int) -> list[dict[str, Any]]:
 
 def write_history(folder: Path, history: list[dict[str, Any]]) -> None:
     atomic_write_json(folder / HISTORY_FILE, {"epochs": history})
+
+
+def completed_epochs(folder: RunFolder) -> int:
+    """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
+    if folder.fresh:
+        return 0
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(folder.checkpoint_dir))
+    if latest is None:
+        return 0
+    try:
+        return int(latest.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        raise ConfigError(
+            f"{latest} is not a checkpoint mgpu wrote. Fix: choose another OUTPUT_DIR."
+        ) from None

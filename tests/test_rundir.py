@@ -11,7 +11,7 @@ import pytest
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import resolve_settings
 from mgpu_env.training import rundir
-from mgpu_env.training.loop import Interrupted, run_identity
+from mgpu_env.training.plan import run_identity
 
 IDENTITY = run_identity(resolve_settings({}, {}).settings, "digits", "float32", 64)
 
@@ -74,11 +74,6 @@ def test_a_failed_save_keeps_the_old_file(tmp_path: Path) -> None:
 def test_history_is_cut_back_to_the_checkpoint(tmp_path: Path) -> None:
     rundir.write_history(tmp_path, [{"epoch": e, "loss": 1.0 / e} for e in (1, 2, 3)])
     assert [e["epoch"] for e in rundir.read_history(tmp_path, 2)] == [1, 2]
-
-
-def test_interrupted_exits_128_plus_the_signal() -> None:
-    assert Interrupted("stopped", 15).exit_code == 143
-    assert Interrupted("stopped", 2).exit_code == 130
 
 
 def test_two_runs_claiming_one_fresh_folder_at_once_one_is_refused(tmp_path: Path) -> None:

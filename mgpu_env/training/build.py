@@ -1,0 +1,49 @@
+"""Model, optimizer and step functions built under a strategy: shared by `mgpu train` and
+each `mgpu bench` point, so the benchmark measures exactly the step that trains."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mgpu_env.training.precision import PrecisionChoice
+from mgpu_env.training.steps import StepFunctions, make_step_functions
+
+
+@dataclass
+class Trainer:
+    """What the training loop drives: the model and optimizer, mirrored, and the steps."""
+
+    strategy: Any
+    model: Any
+    optimizer: Any
+    steps: StepFunctions
+
+
+def build_trainer(
+    strategy: Any,
+    build_model: Callable[[], Any],
+    *,
+    learning_rate: float,
+    precision: PrecisionChoice,
+    global_batch_size: int,
+    jit_compile: bool,
+) -> Trainer:
+    """Build the model and optimizer in the strategy's scope, and the step functions.
+
+    The Keras precision policy must already be set (`Execution.start`), since layers take
+    it when they are built.
+    """
+    from mgpu_env.training.model import build_optimizer
+
+    with strategy.scope():
+        model = build_model()
+        optimizer = build_optimizer(learning_rate, precision.loss_scaling)
+        # Build the optimizer's slots now, so a checkpoint restores into all of them.
+        optimizer.build(model.trainable_variables)
+    steps = make_step_functions(
+        strategy, model, optimizer, global_batch_size,
+        loss_scaling=precision.loss_scaling, jit_compile=jit_compile,
+    )
+    return Trainer(strategy, model, optimizer, steps)

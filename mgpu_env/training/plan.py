@@ -1,0 +1,212 @@
+"""`mgpu train`'s plan: what a run will do, resolved from the runtime before anything trains.
+
+`plan_training(runtime)` adds to the runtime's decisions (devices, precision, all-reduce,
+cluster) what only training needs: the pre-flight verdict, the data set, the batches, the
+run folder and whether it resumes. It writes nothing; `--dry-run` prints it and stops.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgpu_env.config.errors import ConfigError, RunFailed
+from mgpu_env.config.settings import Settings
+from mgpu_env.hardware.devices import DeviceSplit
+from mgpu_env.runtime import Runtime
+from mgpu_env.training import rundir
+from mgpu_env.training.data import DatasetChoice, resolve_dataset
+from mgpu_env.training.precision import PrecisionChoice
+from mgpu_env.training.strategy import StrategyPlan
+
+# The settings `mgpu train` reads (the others belong to other commands, or to the
+# cluster), for the "defaults" line of the summary and the settings in metrics.json.
+TRAIN_SETTINGS = (
+    "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "DATA_DIR",
+    "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
+)
+# Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
+# 20% held out by a stratified split.
+KNOWN_SIZES = {
+    "mnist": (60_000, 10_000),
+    "fashion_mnist": (60_000, 10_000),
+    "synthetic": (60_000, 10_000),
+    "digits": (1437, 360),
+}
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """Everything a run will do: the runtime's decisions plus the run's own."""
+
+    runtime: Runtime
+    dataset: DatasetChoice
+    train_size: int
+    test_size: int
+    global_batch_size: int
+    steps_per_epoch: int
+    output_dir: Path
+    folder: rundir.RunFolder
+    resume_epoch: int  # epochs already completed in output_dir (0 for a fresh run)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def settings(self) -> Settings:
+        return self.runtime.settings
+
+    @property
+    def strategy(self) -> StrategyPlan:
+        return self.runtime.strategy_plan
+
+    @property
+    def precision(self) -> PrecisionChoice:
+        return self.runtime.precision
+
+    @property
+    def split(self) -> DeviceSplit:
+        return self.runtime.split
+
+    @property
+    def device_type(self) -> str:
+        return self.runtime.device_type
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        """GPU names, or "CPU": one per physical device."""
+        if self.device_type == "GPU":
+            return tuple(gpu.name for gpu in self.runtime.selection.gpus)
+        return ("CPU",)
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.settings.batch_size
+
+    @property
+    def xla(self) -> bool:
+        return self.settings.xla
+
+    @property
+    def replicas(self) -> int:
+        """All replicas: local ones times the number of workers."""
+        return self.runtime.replicas
+
+    @property
+    def defaulted(self) -> tuple[str, ...]:
+        return tuple(d for d in self.runtime.resolved.defaulted if d in TRAIN_SETTINGS)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return run_identity(self.settings, self.dataset.name, self.precision.policy,
+                            self.global_batch_size)
+
+    def describe(self) -> dict[str, Any]:
+        """The plan as plain data, for the start summary and for metrics.json."""
+        return {
+            "devices": list(self.strategy.devices),
+            "device_type": self.device_type,
+            "physical_devices": list(self.device_names),
+            "replicas": self.replicas,
+            "per_replica_batch_size": self.per_replica_batch_size,
+            "global_batch_size": self.global_batch_size,
+            "precision_policy": self.precision.policy,
+            "precision_reason": self.precision.reason,
+            "cross_device_ops": self.strategy.cross_device_ops,
+            "cross_device_ops_reason": self.strategy.reason,
+            "strategy": self.strategy.kind,
+            "xla": self.xla,
+            "dataset": self.dataset.name,
+            "dataset_source": self.dataset.describe(),
+            "train_samples": self.train_size,
+            "test_samples": self.test_size,
+            "steps_per_epoch": self.steps_per_epoch,
+            "epochs": self.settings.epochs,
+            "resume_from_epoch": self.resume_epoch,
+            "output_dir": str(self.output_dir),
+        }
+
+
+def run_identity(
+    settings: Settings, dataset: str, policy: str, global_batch_size: int
+) -> dict[str, Any]:
+    """What must match for a run folder to be resumed (EPOCHS may grow, devices may not)."""
+    return {
+        "dataset": dataset,
+        "per_replica_batch_size": settings.batch_size,
+        "global_batch_size": global_batch_size,
+        "learning_rate": settings.learning_rate,
+        "seed": settings.seed,
+        "precision_policy": policy,
+    }
+
+
+def preflight(runtime: Runtime) -> None:
+    """The doctor's checks that decide whether training can start (driver, CUDA, cuDNN,
+    visible devices); stops the run with their findings and fixes when one fails.
+
+    A bad setting (a GPU the machine does not have) is a ConfigError (exit 2), anything
+    else a RunFailed (exit 1). With GPUS=none or no GPU it costs milliseconds.
+    """
+    from mgpu_env.doctor import preflight as doctor_preflight
+
+    failing = doctor_preflight(runtime)
+    if not failing:
+        return
+    lines = []
+    for check in failing:
+        expected = f" (expected {check.expected})" if check.expected else ""
+        lines.append(f"pre-flight check failed: {check.title}: {check.found}{expected}")
+        if check.fix:
+            lines.append(f"  Fix: {check.fix}")
+    lines.append("  `mgpu doctor` shows the whole report.")
+    error = ConfigError if any(check.bad_setting for check in failing) else RunFailed
+    raise error("\n".join(lines))
+
+
+def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) -> TrainPlan:
+    """Resolve the whole run on an applied runtime; writes no file.
+
+    Raises ConfigError for settings that cannot work together on these devices, RunFailed
+    when a pre-flight check fails.
+    """
+    environ = os.environ if environ is None else environ
+    settings = runtime.settings
+    preflight(runtime)
+    notes = list(runtime.notes)
+    dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)
+    if dataset.note:
+        notes.append(dataset.note)
+    train_size, test_size = KNOWN_SIZES[dataset.name]
+    replicas = runtime.replicas
+    global_batch = settings.batch_size * replicas
+    steps = train_size // global_batch
+    if steps == 0:
+        raise ConfigError(
+            f"The global batch ({settings.batch_size} x {replicas} replicas = {global_batch}) "
+            f"is larger than the {train_size} training samples of {dataset.name}.\n"
+            f"  Fix: set BATCH_SIZE to at most {train_size // replicas}."
+        )
+    output_dir = settings.output_dir or rundir.default_output_dir(settings.run_name)
+    identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
+    folder = rundir.inspect_run_folder(output_dir, identity)
+    resume_epoch = rundir.completed_epochs(folder)
+    if resume_epoch > settings.epochs:
+        raise ConfigError(
+            f"OUTPUT_DIR={output_dir} holds a run already trained for {resume_epoch} epochs, "
+            f"more than EPOCHS={settings.epochs}.\n"
+            f"  Fix: set EPOCHS to {resume_epoch} or more, or choose another OUTPUT_DIR."
+        )
+    return TrainPlan(
+        runtime=runtime,
+        dataset=dataset,
+        train_size=train_size,
+        test_size=test_size,
+        global_batch_size=global_batch,
+        steps_per_epoch=steps,
+        output_dir=output_dir,
+        folder=folder,
+        resume_epoch=resume_epoch,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,48 @@
+"""What a training run tells the user while it trains: nothing, or Keras' progress bar."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+class Reporter:
+    """What the run tells the user while it trains. The default prints nothing."""
+
+    def note(self, message: str) -> None:
+        """A one-line remark (resuming, data loaded, ...)."""
+
+    def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None:
+        """Epoch `epoch` (1-based) of `epochs` starts, with `steps` steps."""
+
+    def steps_done(self, steps: int, loss: float, accuracy: float) -> None:
+        """`steps` steps of the current epoch are done; running loss and accuracy."""
+
+    def epoch_end(self, record: Mapping[str, Any]) -> None:
+        """The epoch finished; `record` is its history entry."""
+
+
+class ProgbarReporter(Reporter):
+    """Keras' per-epoch progress bar, like `model.fit(verbose=1)`."""
+
+    def __init__(self, echo: Callable[[str], None] = print) -> None:
+        self._echo = echo
+        self._bar: Any = None
+
+    def note(self, message: str) -> None:
+        self._echo(message)
+
+    def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None:
+        import keras
+
+        self._echo(f"Epoch {epoch}/{epochs}")
+        self._bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy"])
+
+    def steps_done(self, steps: int, loss: float, accuracy: float) -> None:
+        if self._bar is not None:
+            self._bar.update(steps, [("loss", loss), ("accuracy", accuracy)])
+
+    def epoch_end(self, record: Mapping[str, Any]) -> None:
+        self._bar = None
+
+

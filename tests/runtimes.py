@@ -1,0 +1,34 @@
+"""Runtimes for tests: the real `build_runtime`, with the machine's probes replaced."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from mgpu_env.config.settings import ResolvedSettings, Settings, resolve_settings
+from mgpu_env.hardware.nvml import GpuInfo, GpuListing, NvmlSnapshot
+from mgpu_env.runtime import Runtime, build_runtime
+
+# A CPU without bf16 instructions, so precision tests do not depend on this machine's CPU.
+PLAIN_CPU = frozenset({"avx2", "fma"})
+
+
+def runtime_of(
+    settings: Settings | ResolvedSettings | Mapping[str, str],
+    gpus: Sequence[GpuInfo] = (),
+    environ: Mapping[str, str] | None = None,
+    *,
+    nccl: bool = True,
+) -> Runtime:
+    """`build_runtime` for these settings (a Settings, resolved settings, or env-var text)
+    on a machine whose NVML reports `gpus`."""
+    if isinstance(settings, Settings):
+        resolved = ResolvedSettings(settings, {}, None, {})
+    elif isinstance(settings, ResolvedSettings):
+        resolved = settings
+    else:
+        resolved = resolve_settings(dict(settings), {})
+    return build_runtime(
+        resolved, {} if environ is None else environ,
+        snapshot=NvmlSnapshot(GpuListing(tuple(gpus))), cpu_flags=PLAIN_CPU,
+        nccl=nccl and bool(gpus),
+    )
