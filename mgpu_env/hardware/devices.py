@@ -188,6 +188,9 @@ def apply_split(split: DeviceSplit) -> tuple[str, ...]:
         )
     if split.logical:
         for position, device in enumerate(physical):
+            current = tf.config.get_logical_device_configuration(device)
+            if current is not None and len(current) == split.per_device:
+                continue  # already split so (a second run in one process, e.g. a test)
             config = (
                 tf.config.LogicalDeviceConfiguration(
                     memory_limit=split.memory_limit_mib[position]

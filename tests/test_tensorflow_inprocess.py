@@ -1,0 +1,183 @@
+"""The TensorFlow parts, in this process, on the CPU split into logical devices.
+
+One TensorFlow runtime serves the whole test session (its devices are fixed once it
+starts): the `logical_cpus` fixture splits the CPU into four, the way `VIRTUAL_DEVICES=4`
+does, and every test here mirrors over some of them. Real MirroredStrategy collectives run;
+no subprocess, so these stay in the fast tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mgpu_env.config.settings import resolve_settings
+from mgpu_env.hardware.devices import DeviceSplit, apply_split
+from mgpu_env.training.precision import FLOAT32, PrecisionChoice
+from mgpu_env.training.strategy import WorkerRole, make_strategy, plan_strategy
+from tests.runtimes import runtime_of
+
+LOGICAL_CPUS = 4
+
+
+@pytest.fixture(scope="session")
+def logical_cpus() -> tuple[str, ...]:
+    pytest.importorskip("tensorflow")
+    return apply_split(DeviceSplit("CPU", 1, LOGICAL_CPUS))
+
+
+@pytest.fixture
+def float32_policy() -> Iterator[None]:
+    import keras
+
+    yield
+    keras.mixed_precision.set_global_policy(FLOAT32)
+
+
+def mirrored(devices: tuple[str, ...], ops: str = "auto") -> Any:
+    return make_strategy(plan_strategy(ops, devices, "CPU", 1))
+
+
+def test_the_split_gives_tensorflow_that_many_logical_devices(
+    logical_cpus: tuple[str, ...],
+) -> None:
+    import tensorflow as tf
+
+    listed = [d.name for d in tf.config.list_logical_devices("CPU")]
+    assert len(listed) == LOGICAL_CPUS and logical_cpus == tuple(
+        f"/device:CPU:{i}" for i in range(LOGICAL_CPUS)
+    )
+    # Applying the same split again (a second run in one process) is a no-op, not an error.
+    assert apply_split(DeviceSplit("CPU", 1, LOGICAL_CPUS)) == logical_cpus
+
+
+@pytest.mark.parametrize(("replicas", "ops"), [(2, "reduction_to_one"),
+                                               (4, "hierarchical_copy")])
+def test_strategy_from_the_plan_mirrors_over_the_planned_devices(
+    logical_cpus: tuple[str, ...], replicas: int, ops: str
+) -> None:
+    strategy = mirrored(logical_cpus[:replicas], ops)
+    assert strategy.num_replicas_in_sync == replicas
+    assert len(strategy.extended.worker_devices) == replicas
+
+
+def _train_a_little(
+    strategy: Any, precision: PrecisionChoice, steps_to_run: int = 30
+) -> tuple[float, float, Any]:
+    import keras
+    import tensorflow as tf
+
+    from mgpu_env.training.build import build_trainer
+    from mgpu_env.training.model import build_model
+
+    keras.mixed_precision.set_global_policy(precision.policy)
+    rng = np.random.default_rng(0)
+    x = rng.random((512, 784), dtype=np.float32)
+    y = (x[:, :10].argmax(axis=1)).astype(np.int64)  # learnable: the largest of 10 pixels
+    global_batch = 32 * strategy.num_replicas_in_sync
+    trainer = build_trainer(
+        strategy, lambda: build_model(0), learning_rate=0.01, precision=precision,
+        global_batch_size=global_batch, jit_compile=False,
+    )
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)
+    iterator = iter(strategy.experimental_distribute_dataset(data))
+    trainer.steps.train_steps(iterator, tf.constant(5))
+    first = float(trainer.steps.train_loss.result())
+    trainer.steps.reset_train_metrics()
+    trainer.steps.train_steps(iterator, tf.constant(steps_to_run))
+    return first, float(trainer.steps.train_loss.result()), trainer
+
+
+def test_the_step_trains_on_two_replicas(
+    logical_cpus: tuple[str, ...], float32_policy: None
+) -> None:
+    strategy = mirrored(logical_cpus[:2])
+    first, later, trainer = _train_a_little(strategy, PrecisionChoice(FLOAT32, False, "test"))
+    assert later < first
+    assert int(trainer.optimizer.iterations.numpy()) == 35
+
+
+def test_fp16_with_loss_scaling_trains_on_two_replicas(
+    logical_cpus: tuple[str, ...], float32_policy: None
+) -> None:
+    strategy = mirrored(logical_cpus[:2])
+    first, later, trainer = _train_a_little(
+        strategy, PrecisionChoice("mixed_float16", True, "test")
+    )
+    assert np.isfinite(later) and later < first
+    assert trainer.model.layers[1].compute_dtype == "float16"
+
+
+def test_one_replicas_overflow_makes_every_replica_skip(logical_cpus: tuple[str, ...]) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.training.steps import _agree_on_finite
+
+    strategy = mirrored(logical_cpus[:2])
+
+    @tf.function
+    def run() -> Any:
+        def replica() -> Any:
+            replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+            bad = tf.where(replica_id == 1, float("inf"), 1.0)
+            return _agree_on_finite([tf.fill([3], bad), tf.ones([2])])
+
+        return strategy.run(replica)
+
+    results = run()
+    for gradient in results:
+        for local in strategy.experimental_local_results(gradient):
+            # Every replica's every gradient is non-finite: the step is skipped everywhere.
+            assert not np.isfinite(local.numpy()).any()
+
+
+def test_broadcast_from_chief_gives_every_replica_the_chiefs_values(
+    logical_cpus: tuple[str, ...],
+) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.training.multiworker import broadcast_from_chief
+
+    strategy = mirrored(logical_cpus[:2])
+    with strategy.scope():
+        weights = tf.Variable([1.5, -2.0])
+        step = tf.Variable(7, dtype=tf.int64)
+    broadcast_from_chief(strategy, [weights, step], is_chief=True)
+    assert weights.numpy().tolist() == [1.5, -2.0] and int(step.numpy()) == 7
+    # A process that is not the chief contributes zeros: it takes the chief's (here none).
+    broadcast_from_chief(strategy, [weights, step], is_chief=False)
+    assert weights.numpy().tolist() == [0.0, 0.0] and int(step.numpy()) == 0
+
+
+def test_agreement_passes_when_every_replica_has_the_same_settings(
+    logical_cpus: tuple[str, ...],
+) -> None:
+    from mgpu_env.training.multiworker import check_agreement
+
+    strategy = mirrored(logical_cpus[:2])
+    check_agreement(strategy, {"batch": "64", "precision": "float32"}, WorkerRole())
+
+
+def test_a_whole_run_in_process_on_four_replicas(
+    logical_cpus: tuple[str, ...], tmp_path: Path, float32_policy: None
+) -> None:
+    from mgpu_env.training.loop import run_training
+    from mgpu_env.training.plan import plan_training
+
+    resolved = resolve_settings(
+        {"GPUS": "none", "VIRTUAL_DEVICES": str(LOGICAL_CPUS), "DATASET": "digits",
+         "EPOCHS": "2", "BATCH_SIZE": "16", "OUTPUT_DIR": str(tmp_path / "run")}, {},
+    )
+    runtime = runtime_of(resolved)
+    assert runtime.strategy_plan.devices == logical_cpus
+    plan = plan_training(runtime)
+    assert (plan.replicas, plan.global_batch_size) == (4, 64)
+    result = run_training(plan)
+    assert result.metrics["replicas"] == 4 and result.metrics["epochs_completed"] == 2
+    assert [e["epoch"] for e in result.metrics["history"]] == [1, 2]
+    assert (tmp_path / "run" / "metrics.json").is_file()
+    assert (tmp_path / "run" / "logs").is_dir()
