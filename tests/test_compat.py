@@ -17,7 +17,7 @@ def test_pinned_row_is_the_locked_tensorflow() -> None:
     assert compat.minor_of(locked.group(1)) == compat.PINNED_TENSORFLOW
     row = compat.pinned()
     assert (row.cuda, row.cudnn) == ("12.5", "9.3")
-    assert row.min_driver_linux == "555.42.02"
+    assert row.min_driver_linux == "555.42.06"  # CUDA 12.5 Update 1, what 2.21 is built with
     assert row.min_driver_linux_minor_compat == "525.60.13"
 
 
@@ -52,7 +52,7 @@ def test_driver_comparison_is_numeric() -> None:
 
 
 def test_min_driver_for_cuda_and_nvml_encoding() -> None:
-    assert compat.min_driver_for_cuda("12.5.1") == "555.42.02"
+    assert compat.min_driver_for_cuda("12.5.1") == "555.42.06"
     assert compat.min_driver_for_cuda("12.7") is None
     assert compat.cuda_from_nvml(12040) == "12.4"
     assert compat.cuda_from_nvml(13000) == "13.0"

@@ -4,7 +4,9 @@
     report.errors, report.warnings, report.to_dict()     # the CLI renders and picks the code
 
 `preflight` is the cheap subset `mgpu train` runs before it starts: only the checks that
-decide whether training can start on the GPUs GPUS asked for.
+decide whether training can start on the GPUs GPUS asked for. `diagnose(..., smoke=...)`
+also runs `mgpu_env.doctor.smoke`: a real all-reduce, an XLA function and a matmul in a
+child process with a timeout.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import (
     ALL_CHECKS,
     Check,
+    CheckFunction,
     Status,
+    check_cuda_libraries,
     check_cudnn,
     check_driver_cuda,
     check_driver_version,
+    check_nccl,
     check_nvml,
     check_request,
     check_tf_build,
@@ -33,11 +38,23 @@ from mgpu_env.doctor.checks import (
     run_checks,
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.hardware import nvml, tfprobe
+from mgpu_env.doctor.smoke import SmokeRequest, SmokeResult
+from mgpu_env.hardware import cudalibs, nvml, tfprobe
+from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, apply_gpu_selection, select_gpus
 from mgpu_env.hardware.tfprobe import TfFacts
 
-__all__ = ["Check", "Facts", "Report", "Status", "diagnose", "gather", "preflight"]
+__all__ = [
+    "Check",
+    "Facts",
+    "Report",
+    "SmokeRequest",
+    "SmokeResult",
+    "Status",
+    "diagnose",
+    "gather",
+    "preflight",
+]
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,7 @@ class Report:
 
     checks: tuple[Check, ...]
     facts: Facts
+    smoke: SmokeResult | None = None  # None: not asked for (--smoke)
 
     @property
     def errors(self) -> list[Check]:
@@ -73,6 +91,7 @@ class Report:
             },
             "checks": [dataclasses.asdict(c) for c in self.checks],
             "facts": _plain(self.facts),
+            **({"smoke": _plain(self.smoke)} if self.smoke is not None else {}),
         }
 
 
@@ -115,19 +134,25 @@ def gather(
     *,
     with_tensorflow: bool = True,
     mixed_precision: str = "0",
+    xla: bool = False,
+    cross_device_ops: str = "auto",
     collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
+    collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
 ) -> Facts:
     """Run every probe once. NVML and the host take milliseconds; TensorFlow seconds.
 
-    `environ` is only read (TensorFlow runs in a child with the selection applied).
+    `environ` is only read (TensorFlow and the CUDA library probe run in children with the
+    selection applied). `with_tensorflow=False` (--no-tf) skips both.
     """
     environ = os.environ if environ is None else environ
     snapshot = nvml.snapshot()
     selection, selection_error = _select(request, snapshot.listing, environ)
     tf_facts = None
+    cuda = None
     if with_tensorflow:
-        collect = collect_tensorflow or tfprobe.collect
-        tf_facts = collect(_environment_for_tensorflow(selection, environ))
+        child_environ = _environment_for_tensorflow(selection, environ)
+        tf_facts = (collect_tensorflow or tfprobe.collect)(child_environ)
+        cuda = (collect_cuda or cudalibs.collect)(child_environ)
     return Facts(
         request=request,
         nvml=snapshot,
@@ -138,6 +163,9 @@ def gather(
         versions=probes.probe_versions(),
         tensorflow=tf_facts,
         mixed_precision=mixed_precision,
+        cuda=cuda,
+        xla=xla,
+        cross_device_ops=cross_device_ops,
     )
 
 
@@ -147,12 +175,25 @@ def diagnose(
     *,
     with_tensorflow: bool = True,
     mixed_precision: str = "0",
+    xla: bool = False,
+    cross_device_ops: str = "auto",
+    smoke: SmokeRequest | None = None,
 ) -> Report:
-    """Gather the facts and judge them all. Never raises for what it finds."""
+    """Gather the facts and judge them all; with `smoke`, also run the smoke job on the
+    selected devices. Never raises for what it finds."""
+    environ = os.environ if environ is None else environ
     facts = gather(
-        request, environ, with_tensorflow=with_tensorflow, mixed_precision=mixed_precision
+        request, environ, with_tensorflow=with_tensorflow, mixed_precision=mixed_precision,
+        xla=xla, cross_device_ops=cross_device_ops,
     )
-    return Report(tuple(run_checks(facts, ALL_CHECKS)), facts)
+    smoke_result = None
+    if smoke is not None:
+        from mgpu_env.doctor import smoke as smoke_job
+
+        smoke_result = smoke_job.run(
+            smoke, _environment_for_tensorflow(facts.selection, environ), facts.selection
+        )
+    return Report(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)
 
 
 PREFLIGHT_CHECKS = (
@@ -161,7 +202,9 @@ PREFLIGHT_CHECKS = (
     check_driver_cuda,
     check_request,
     check_tf_build,
+    check_cuda_libraries,
     check_cudnn,
+    check_nccl,
     gpu_checks,
     check_tf_devices,
 )
@@ -173,6 +216,8 @@ def preflight(
     *,
     snapshot: nvml.NvmlSnapshot | None = None,
     tensorflow: TfFacts | None = None,
+    cuda: CudaStack | None = None,
+    cross_device_ops: str = "auto",
     strict: bool = False,
 ) -> list[Check]:
     """The checks that decide whether training can start; returns only the failing ones.
@@ -180,7 +225,9 @@ def preflight(
     Run it after `launch.choose_gpus` (the selection is in `environ`), right before the
     strategy is built. GPUS=none returns [] at once; with no GPU it asks only NVML
     (milliseconds). With GPUs it imports TensorFlow in this process (training does anyway)
-    unless `tensorflow` facts are passed. `strict`: warnings fail too.
+    unless `tensorflow` facts are passed, and loads the CUDA libraries here (`cudalibs`:
+    where TensorFlow will look, NCCL included) unless `cuda` is passed. `strict`: warnings
+    fail too.
     """
     if request.kind == "none":
         return []
@@ -193,11 +240,13 @@ def preflight(
         user_environ.pop("CUDA_VISIBLE_DEVICES", None)
     selection, selection_error = _select(request, snapshot.listing, user_environ)
     if selection is not None and not selection.gpus:
-        checks: tuple[Callable[[Facts], Check | list[Check]], ...] = (check_nvml, check_request)
+        checks: tuple[CheckFunction, ...] = (check_nvml, check_request)
     else:
         checks = PREFLIGHT_CHECKS
         if tensorflow is None and selection is not None:
             tensorflow = tfprobe.collect_in_process()
+        if cuda is None and selection is not None:
+            cuda = cudalibs.collect_in_process(environ)
     facts = Facts(
         request=request,
         nvml=snapshot,
@@ -207,6 +256,8 @@ def preflight(
         host=HostFacts(),
         versions={},
         tensorflow=tensorflow,
+        cuda=cuda,
+        cross_device_ops=cross_device_ops,
     )
     results = run_checks(facts, checks)
     return [c for c in results if c.status == "error" or (strict and c.status == "warn")]
