@@ -28,7 +28,9 @@ class FakeHandle:
         return 0
 
 
-@pytest.mark.parametrize(("encoded", "text"), [(22707, "2.27.7"), (21905, "2.19.5"), (2708, "2.7.8")])
+@pytest.mark.parametrize(
+    ("encoded", "text"), [(22707, "2.27.7"), (21905, "2.19.5"), (2708, "2.7.8")]
+)
 def test_decode_nccl_version(encoded: int, text: str) -> None:
     assert cudalibs.decode_nccl_version(encoded) == text
 
@@ -164,7 +166,7 @@ def test_libdevice_where_xla_looks(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="no nvvm/libdevice folder"):
         cudalibs.find_libdevice({}, tf_dir)
     folder.mkdir(parents=True)
-    with pytest.raises(RuntimeError, match="has no libdevice.10.bc"):
+    with pytest.raises(RuntimeError, match=r"has no libdevice\.10\.bc"):
         cudalibs.find_libdevice({}, tf_dir)
     (folder / "libdevice.10.bc").touch()
     assert cudalibs.find_libdevice({}, tf_dir) == str(folder / "libdevice.10.bc")
