@@ -1,4 +1,5 @@
-"""`mgpu doctor`: judge the driver, CUDA, cuDNN, GPUs, links and container; say the fixes."""
+"""`mgpu doctor`: judge the driver, CUDA stack, GPUs, links and container; say the fixes.
+`--smoke` also runs a tiny real job on the selected devices (`mgpu_env.doctor.smoke`)."""
 
 # No `from __future__ import annotations` here: with_settings copies the command's
 # annotations as they are, and typer must see real Annotated[..., typer.Option] objects.
