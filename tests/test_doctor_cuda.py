@@ -40,6 +40,19 @@ def test_healthy_stack_is_ok(use_fake_nvml: Install) -> None:
     assert results["cuda.ptxas"].found.startswith("12.5.82 (")
 
 
+def test_json_carries_the_stack(use_fake_nvml: Install) -> None:
+    from mgpu_env.doctor import Report
+
+    use_fake_nvml(fake_with(1))
+    facts = make_facts("all", tf=tf_facts(1), cuda=cuda_stack(missing=("nccl",)))
+    data = Report(tuple(run_checks(facts)), facts).to_dict()
+    libraries = data["facts"]["cuda"]["libraries"]
+    assert libraries["cudnn"]["value"]["version"] == "9.3.0"
+    assert "libnccl.so.2" in libraries["nccl"]["error"]
+    assert data["facts"]["cuda"]["ptxas"]["value"]["version"] == "12.5.82"
+    assert "smoke" not in data
+
+
 def test_hidden_library_is_an_error_with_the_fix(use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2))
     check = by_id(make_facts("all", tf=tf_facts(2), cuda=cuda_stack(missing=("cudnn",))))[
