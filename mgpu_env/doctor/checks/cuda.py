@@ -105,11 +105,6 @@ def check_cudnn(facts: Facts) -> Check:
 # ----------------------------------------------------------------- the CUDA libraries
 
 
-def _stack_skip(facts: Facts) -> str | None:
-    """Why the CUDA stack was not probed, or None when it was."""
-    return TF_SKIPPED if facts.cuda is None else None
-
-
 def _library_text(name: str, library: LoadedLibrary) -> str:
     version = f" {library.version}" if library.version else ""
     return f"{name}{version}"
