@@ -1,4 +1,5 @@
-"""`mgpu doctor`: judge the driver, CUDA, cuDNN, GPUs, links and container; say the fixes."""
+"""`mgpu doctor`: judge the driver, CUDA stack, GPUs, links and container; say the fixes.
+`--smoke` also runs a tiny real job on the selected devices (`mgpu_env.doctor.smoke`)."""
 
 # No `from __future__ import annotations` here: with_settings copies the command's
 # annotations as they are, and typer must see real Annotated[..., typer.Option] objects.
@@ -20,17 +21,47 @@ from entrypoint.options import (
     resolve,
     with_settings,
 )
-from mgpu_env.doctor import Report, diagnose
+from mgpu_env.doctor import Report, SmokeResult, diagnose
 
 STYLES = {"ok": "green", "warn": "yellow", "error": "bold red", "skip": "dim"}
 LABELS = {"ok": "ok", "warn": "WARN", "error": "ERROR", "skip": "skip"}
 
 
 def exit_code(report: Report, strict: bool) -> int:
-    """2: a setting does not fit the machine; 1: an error (or a warning with --strict)."""
+    """2: a setting does not fit the machine; 1: an error (or a warning with --strict), or
+    the smoke job failed."""
     if report.bad_settings:
         return EXIT_BAD_CONFIG
-    return EXIT_FAILED if report.failing(strict) else EXIT_OK
+    smoke_failed = report.smoke is not None and not report.smoke.ok
+    return EXIT_FAILED if report.failing(strict) or smoke_failed else EXIT_OK
+
+
+def render_smoke(smoke: SmokeResult, console: Console) -> None:
+    """The smoke job: one row per step with its time, then its fixes."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  title="Smoke job (--smoke)", title_justify="left")
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Step", no_wrap=True)
+    table.add_column("Time", no_wrap=True, justify="right")
+    table.add_column("Found", overflow="fold")
+    for step in smoke.steps:
+        status = "ok" if step.ok else "error"
+        table.add_row(Text(LABELS[status], style=STYLES[status]), step.name,
+                      f"{step.seconds:.2f} s", step.detail)
+    if smoke.error:
+        table.add_row(Text(LABELS["error"], style=STYLES["error"]), "job",
+                      f"{smoke.seconds:.2f} s", smoke.error)
+    console.print(table)
+    for fix in smoke.failures:
+        line = Text("fix: ", style=STYLES["error"])
+        line.append(fix)
+        console.print(line)
+    verdict = (
+        f"smoke job passed on {len(smoke.devices)} {smoke.device_type} replica(s) "
+        f"({smoke.cross_device_ops}, {smoke.policy}) in {smoke.seconds:.1f} s"
+        if smoke.ok else "smoke job FAILED"
+    )
+    console.print(Text(verdict, style=STYLES["ok"] if smoke.ok else STYLES["error"]))
 
 
 def render(report: Report, console: Console, strict: bool) -> None:
@@ -67,9 +98,11 @@ def render(report: Report, console: Console, strict: bool) -> None:
     if report.bad_settings:
         summary += "; GPUS does not fit this machine (exit 2)"
     console.print(Text(summary, style=STYLES["error"] if code else STYLES["ok"]))
+    if report.smoke is not None:
+        render_smoke(report.smoke, console)
 
 
-@with_settings(only=("GPUS", "MIXED_PRECISION"))
+@with_settings(only=("GPUS", "MIXED_PRECISION", "XLA", "VIRTUAL_DEVICES", "CROSS_DEVICE_OPS"))
 def command(
     flags: SettingFlags,
     as_json: Annotated[
@@ -78,14 +111,26 @@ def command(
     strict: Annotated[bool, typer.Option("--strict", help="Warnings count as errors.")] = False,
     no_tf: Annotated[
         bool,
-        typer.Option("--no-tf", help="Skip the TensorFlow part (NVML and host only: < 1 s)."),
+        typer.Option(
+            "--no-tf",
+            help="Skip TensorFlow and its CUDA libraries (NVML and host only: < 1 s).",
+        ),
+    ] = False,
+    smoke: Annotated[
+        bool,
+        typer.Option(
+            "--smoke",
+            help="Also run a tiny real job on the selected devices (all-reduce, XLA, matmul) "
+            "in a child process with a timeout.",
+        ),
     ] = False,
 ) -> None:
     """Check driver, CUDA, cuDNN, GPUs, links and the container; say how to fix problems.
 
-    Exit 0 no errors, 1 an error (or, with --strict, a warning), 2 a bad setting.
+    Exit 0 no errors, 1 an error (or, with --strict, a warning; or the --smoke job
+    failed), 2 a bad setting.
     """
-    report = diagnose(resolve(flags), os.environ, with_tensorflow=not no_tf)
+    report = diagnose(resolve(flags), os.environ, with_tensorflow=not no_tf, smoke=smoke)
     code = exit_code(report, strict)
     if as_json:
         data = report.to_dict()

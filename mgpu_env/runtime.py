@@ -32,7 +32,7 @@ from mgpu_env.config.settings import (
     SettingsErrors,
     setting_error_message,
 )
-from mgpu_env.hardware import cpu, nvml
+from mgpu_env.hardware import cpu, cudalibs, nvml
 from mgpu_env.hardware.devices import (
     DeviceSplit,
     GpuSelection,
@@ -198,9 +198,10 @@ def _select(resolved: ResolvedSettings, listing: nvml.GpuListing,
 
 
 def nccl_available(gpus: Sequence[GpuInfo]) -> bool:
-    """Whether NCCL can run here: GPUs selected on Linux, where TensorFlow's CUDA build
-    carries it."""
-    return bool(gpus) and nccl_possible()
+    """Whether NCCL can run here: GPUs selected, on Linux, and libnccl.so.2 really loads
+    from where TensorFlow looks for it (TensorFlow opens it only at the first NCCL
+    all-reduce, so a missing library would otherwise fail the run there)."""
+    return bool(gpus) and nccl_possible() and cudalibs.nccl_loadable()
 
 
 def build_runtime(

@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from mgpu_env import runtime
 from mgpu_env.config.settings import DECLARATIONS
-from mgpu_env.hardware import nvml
+from mgpu_env.hardware import cudalibs, nvml
 from tests.fake_nvml import FakeNvml, fake_with
 
 
@@ -34,6 +35,19 @@ def clean_settings_env(
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TF_CONFIG", "MGPU_DEBUG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+@pytest.fixture(autouse=True)
+def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor and the pre-flight see the CUDA user space the CUDA lock installs, not this
+    machine's: tests that probe the real libraries call cudalibs' lower-level functions."""
+    from tests.fake_doctor import cuda_stack
+
+    monkeypatch.setattr(cudalibs, "collect", lambda environ, timeout_s=0: cuda_stack())
+    monkeypatch.setattr(cudalibs, "collect_in_process", lambda environ=None: cuda_stack())
+    # NCCL loads wherever GPUs are selected, as in the image (tests of the probe itself call
+    # cudalibs.nccl_loadable directly).
+    monkeypatch.setattr(runtime, "nccl_available", lambda gpus: bool(gpus))
 
 
 @pytest.fixture

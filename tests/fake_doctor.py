@@ -8,7 +8,8 @@ from mgpu_env.config.settings import resolve_settings
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import gather
 from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.hardware import nvml
+from mgpu_env.hardware import cudalibs, nvml
+from mgpu_env.hardware.cudalibs import CudaStack, CudaTool, LoadedLibrary
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.hardware.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
 
@@ -41,6 +42,43 @@ def tf_facts(
     )
 
 
+WHEELS = "/venv/lib/python3.12/site-packages/nvidia"
+VERSIONS = {"cudart": "12.5", "cudnn": "9.3.0", "nccl": "2.27.7"}
+
+
+def cuda_stack(
+    *,
+    missing: tuple[str, ...] = (),
+    cudnn: str = "9.3.0",
+    nccl: str = "2.27.7",
+    ptxas: str | None = "12.5.82",
+    libdevice: bool = True,
+) -> CudaStack:
+    """The CUDA user space as the CUDA lock installs it, with `missing` libraries hidden."""
+    versions = dict(VERSIONS, cudnn=cudnn, nccl=nccl)
+    libraries: dict[str, Probed[LoadedLibrary]] = {}
+    for library in cudalibs.LIBRARIES:
+        folder = f"{WHEELS}/{library.package}/lib"
+        libraries[library.name] = (
+            Probed(error=f"{library.soname} is not in LD_LIBRARY_PATH, {folder} or the "
+                         "system loader's folders")
+            if library.name in missing
+            else Probed(value=LoadedLibrary(f"{folder}/{library.soname}", "wheel",
+                                            versions.get(library.name)))
+        )
+    nvcc = f"{WHEELS}/cuda_nvcc"
+    return CudaStack(
+        libraries=libraries,
+        ptxas=(Probed(value=CudaTool(f"{nvcc}/bin/ptxas", ptxas)) if ptxas
+               else Probed(error=f"no usable ptxas (looked in XLA's order: PATH, then "
+                                 f"/usr/local/cuda/bin, {nvcc}/bin)")),
+        libdevice=(Probed(value=f"{nvcc}/nvvm/libdevice/libdevice.10.bc") if libdevice
+                   else Probed(error="no nvvm/libdevice folder (looked in XLA's order: "
+                                     f"/usr/local/cuda/nvvm/libdevice, {nvcc}/nvvm/libdevice)")),
+        wheel_root=WHEELS,
+    )
+
+
 def healthy_host(**changes: object) -> HostFacts:
     values: dict[str, object] = {
         "in_container": Probed(value=True),
@@ -48,6 +86,8 @@ def healthy_host(**changes: object) -> HostFacts:
         "shm_bytes": Probed(value=8 * GIB),
         "memlock": Probed(value=(-1, -1)),
         "euid": Probed(value=1000),
+        "stack": Probed(value=(64 * 1024 * 1024, -1)),
+        "wsl_gpu": Probed(value=False),
     }
     values.update(changes)
     return HostFacts(**values)  # type: ignore[arg-type]
@@ -72,6 +112,9 @@ def make_facts(
     environ: Mapping[str, str] | None = None,
     mixed_precision: str = "0",
     python: str = "3.12.3",
+    cuda: CudaStack | None = None,
+    xla: bool = False,
+    cross_device_ops: str = "auto",
 ) -> Facts:
     """Facts from whatever NVML `nvml.load_library` gives (install a fake first)."""
     import pytest
@@ -80,11 +123,16 @@ def make_facts(
         patch.setattr(probes, "probe_host", lambda: host or healthy_host())
         patch.setattr(probes, "probe_versions", lambda: versions(python=python))
         return gather(
-            resolve_settings({"GPUS": gpus_setting, "MIXED_PRECISION": mixed_precision}, {}),
+            resolve_settings({"GPUS": gpus_setting, "MIXED_PRECISION": mixed_precision,
+                              "XLA": "1" if xla else "0",
+                              "CROSS_DEVICE_OPS": cross_device_ops}, {}),
             dict(environ or {}),
             with_tensorflow=tf is not None,
             collect_tensorflow=(lambda env: tf) if tf is not None else None,  # type: ignore[arg-type,return-value]
+            collect_cuda=lambda env: cuda or cuda_stack(),
         )
 
 
-__all__ = ["GIB", "healthy_host", "make_facts", "nvml", "tf_facts", "versions"]
+__all__ = [
+    "GIB", "cuda_stack", "healthy_host", "make_facts", "nvml", "tf_facts", "versions",
+]

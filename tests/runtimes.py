@@ -32,3 +32,8 @@ def runtime_of(
         snapshot=NvmlSnapshot(GpuListing(tuple(gpus))), cpu_flags=PLAIN_CPU,
         nccl=nccl and bool(gpus),
     )
+
+
+def runtime_for(gpus: str, environ: Mapping[str, str]) -> Runtime:
+    """The runtime `mgpu train` builds for GPUS=`gpus` on the fake NVML installed."""
+    return build_runtime(resolve_settings({"GPUS": gpus}, {}), environ, cpu_flags=PLAIN_CPU)

@@ -15,9 +15,9 @@ from mgpu_env.doctor import checks, preflight
 from mgpu_env.doctor.checks import Check, capability_support, run_checks
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.nvml import Probed
-from mgpu_env.runtime import Runtime, build_runtime
 from tests.fake_doctor import GIB, healthy_host, make_facts, tf_facts
 from tests.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
+from tests.runtimes import runtime_for
 
 Install = Callable[[FakeNvml], FakeNvml]
 
@@ -98,7 +98,8 @@ def test_in_container_without_gpus_names_the_toolkit(use_fake_nvml: Install) -> 
     ("driver", "cuda", "version_status", "cuda_status"),
     [
         ("560.35.03", 12060, "ok", "ok"),
-        ("555.42.02", 12050, "ok", "ok"),
+        ("555.42.06", 12050, "ok", "ok"),  # CUDA 12.5.1's minimum
+        ("555.42.02", 12050, "warn", "ok"),  # 12.5 GA's driver: runs 12.5.1 by minor compat
         ("535.104.05", 12020, "warn", "ok"),  # minor-version compatibility: one warning
         ("525.60.13", 12000, "warn", "ok"),
         ("470.82.01", 11040, "error", "error"),  # too old for CUDA 12
@@ -112,7 +113,7 @@ def test_driver_against_the_table(
     assert results["driver.version"].status == version_status
     assert results["driver.cuda"].status == cuda_status
     if version_status != "ok":
-        assert "555.42.02" in results["driver.version"].fix
+        assert "555.42.06" in results["driver.version"].fix
         assert "525.60.13" in results["driver.version"].expected
 
 
@@ -166,7 +167,8 @@ def test_build_cuda_disagrees_with_table(use_fake_nvml: Install) -> None:
 
 @pytest.mark.parametrize(
     ("cudnn", "status"),
-    [("9.3.0", "ok"), ("9.8.0", "ok"), ("9.1.1", "warn"), ("8.9.7", "error"), (None, "error")],
+    [("9.3.0", "ok"), ("9.3.1", "ok"), ("9.8.0", "ok"), ("9.1.1", "error"), ("8.9.7", "error"),
+     (None, "error")],
 )
 def test_cudnn(use_fake_nvml: Install, cudnn: str | None, status: str) -> None:
     use_fake_nvml(fake_with(1))
@@ -213,7 +215,7 @@ def test_mixed_compute_capabilities(use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_gpus([
         FakeGpu(name="NVIDIA A100", compute_capability=(8, 0)),
         FakeGpu(name="Tesla M60", compute_capability=(5, 2)),
-        FakeGpu(name="NVIDIA H100", compute_capability=(9, 0)),
+        FakeGpu(name="NVIDIA B200", compute_capability=(10, 0)),
     ]))
     results = by_id(make_facts("all", tf=tf_facts(3), mixed_precision="fp16"))
     assert results["gpu.0"].status == "ok"
@@ -230,7 +232,7 @@ def test_mixed_compute_capabilities(use_fake_nvml: Install) -> None:
 
 @pytest.mark.parametrize(
     ("capability", "mode", "status"),
-    [((7, 0), "fp16", "ok"), ((7, 0), "bf16", "warn"), ((8, 0), "bf16", "ok"),
+    [((7, 0), "fp16", "ok"), ((7, 0), "bf16", "error"), ((8, 0), "bf16", "ok"),
      ((6, 1), "1", "warn"), ((6, 1), "0", "ok"), ((8, 0), "1", "ok")],
 )
 def test_mixed_precision_fitness(
@@ -472,7 +474,3 @@ def test_all_check_ids_are_unique(use_fake_nvml: Install) -> None:
     assert len(ids) == len(set(ids))
     assert len(checks.ALL_CHECKS) >= 15
 
-
-def runtime_for(gpus: str, environ: dict[str, str]) -> Runtime:
-    """The runtime `mgpu train` builds for GPUS=`gpus` on the fake NVML installed."""
-    return build_runtime(resolve_settings({"GPUS": gpus}, {}), environ, cpu_flags=frozenset())

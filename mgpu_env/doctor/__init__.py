@@ -4,7 +4,9 @@
     report.errors, report.warnings, report.to_dict()     # the CLI renders and picks the code
 
 `preflight` is the cheap subset `mgpu train` runs before it starts: only the checks that
-decide whether training can start on the GPUs GPUS asked for.
+decide whether training can start on the GPUs GPUS asked for. `diagnose(..., smoke=True)`
+also runs `mgpu_env.doctor.smoke`: a real all-reduce, an XLA function and a matmul with the
+runtime's own decisions, in a child process with a timeout.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import (
     ALL_CHECKS,
     Check,
+    CheckFunction,
     Status,
+    check_cuda_libraries,
     check_cudnn,
     check_driver_cuda,
     check_driver_version,
+    check_nccl,
     check_nvml,
     check_request,
     check_tf_build,
@@ -34,12 +39,23 @@ from mgpu_env.doctor.checks import (
     run_checks,
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.hardware import nvml, tfprobe
+from mgpu_env.doctor.smoke import SmokeResult
+from mgpu_env.hardware import cudalibs, nvml, tfprobe
+from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime, build_runtime
 
-__all__ = ["Check", "Facts", "Report", "Status", "diagnose", "gather", "preflight"]
+__all__ = [
+    "Check",
+    "Facts",
+    "Report",
+    "SmokeResult",
+    "Status",
+    "diagnose",
+    "gather",
+    "preflight",
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +64,7 @@ class Report:
 
     checks: tuple[Check, ...]
     facts: Facts
+    smoke: SmokeResult | None = None  # None: not asked for (--smoke)
 
     @property
     def errors(self) -> list[Check]:
@@ -75,6 +92,7 @@ class Report:
             },
             "checks": [dataclasses.asdict(c) for c in self.checks],
             "facts": _plain(self.facts),
+            **({"smoke": _plain(self.smoke)} if self.smoke is not None else {}),
         }
 
 
@@ -119,10 +137,12 @@ def gather(
     *,
     with_tensorflow: bool = True,
     collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
+    collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
 ) -> Facts:
     """Run every probe once. NVML and the host take milliseconds; TensorFlow seconds.
 
-    `environ` is only read (TensorFlow runs in a child with the runtime's environment).
+    `environ` is only read (TensorFlow and the CUDA library probe run in children with the
+    runtime's environment). `with_tensorflow=False` (--no-tf) skips both.
     """
     environ = os.environ if environ is None else environ
     # The doctor asks NVML even for GPUS=none: it reports the machine, not only the run.
@@ -130,9 +150,12 @@ def gather(
     runtime = _decide(resolved, environ, snapshot)
     selection, selection_error = _selection_of(runtime, resolved, snapshot, environ)
     tf_facts = None
+    cuda = None
     if with_tensorflow:
-        collect = collect_tensorflow or tfprobe.collect
-        tf_facts = collect(_environment_for_tensorflow(runtime, environ))
+        child_environ = _environment_for_tensorflow(runtime, environ)
+        tf_facts = (collect_tensorflow or tfprobe.collect)(child_environ)
+        cuda = (collect_cuda or cudalibs.collect)(child_environ)
+    settings = resolved.settings
     return Facts(
         request=resolved.settings.gpus,
         nvml=snapshot,
@@ -142,7 +165,10 @@ def gather(
         host=probes.probe_host(),
         versions=probes.probe_versions(),
         tensorflow=tf_facts,
-        mixed_precision=resolved.settings.mixed_precision,
+        mixed_precision=settings.mixed_precision,
+        cuda=cuda,
+        xla=settings.xla,
+        cross_device_ops=settings.cross_device_ops,
     )
 
 
@@ -166,10 +192,20 @@ def diagnose(
     environ: Mapping[str, str] | None = None,
     *,
     with_tensorflow: bool = True,
+    smoke: bool = False,
+    smoke_timeout_s: float | None = None,
 ) -> Report:
-    """Gather the facts and judge them all. Never raises for what it finds."""
+    """Gather the facts and judge them all; with `smoke`, also run the smoke job with the
+    runtime training would have. Never raises for what it finds."""
+    environ = os.environ if environ is None else environ
     facts = gather(resolved, environ, with_tensorflow=with_tensorflow)
-    return Report(tuple(run_checks(facts, ALL_CHECKS)), facts)
+    smoke_result = None
+    if smoke:
+        from mgpu_env.doctor import smoke as smoke_job
+
+        runtime = _decide(resolved, environ, facts.nvml)
+        smoke_result = smoke_job.run(runtime, environ, smoke_timeout_s)
+    return Report(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)
 
 
 PREFLIGHT_CHECKS = (
@@ -178,7 +214,9 @@ PREFLIGHT_CHECKS = (
     check_driver_cuda,
     check_request,
     check_tf_build,
+    check_cuda_libraries,
     check_cudnn,
+    check_nccl,
     gpu_checks,
     check_tf_devices,
 )
@@ -188,6 +226,7 @@ def preflight(
     runtime: Runtime,
     *,
     tensorflow: TfFacts | None = None,
+    cuda: CudaStack | None = None,
     strict: bool = False,
 ) -> list[Check]:
     """The checks that decide whether training can start; returns only the failing ones.
@@ -195,17 +234,21 @@ def preflight(
     Judges the runtime's own NVML snapshot and GPU selection (nothing is selected again),
     after `runtime.apply()` and before the strategy is built. GPUS=none or no GPU: only
     NVML's answer is judged (milliseconds). With GPUs it imports TensorFlow in this process
-    (training does anyway) unless `tensorflow` facts are passed. `strict`: warnings fail too.
+    (training does anyway) unless `tensorflow` facts are passed, and loads the CUDA libraries
+    here (`cudalibs`: where TensorFlow will look, NCCL included) unless `cuda` is passed.
+    `strict`: warnings fail too.
     """
     if runtime.settings.gpus.kind == "none":
         return []
-    checks: tuple[Callable[[Facts], Check | list[Check]], ...]
+    checks: tuple[CheckFunction, ...]
     if not runtime.selection.gpus:
         checks = (check_nvml, check_request)
     else:
         checks = PREFLIGHT_CHECKS
         if tensorflow is None:
             tensorflow = tfprobe.collect_in_process()
+        if cuda is None:
+            cuda = cudalibs.collect_in_process(os.environ)
     facts = Facts(
         request=runtime.settings.gpus,
         nvml=runtime.nvml,
@@ -218,6 +261,9 @@ def preflight(
         host=HostFacts(),
         versions={},
         tensorflow=tensorflow,
+        cuda=cuda,
+        xla=runtime.settings.xla,
+        cross_device_ops=runtime.settings.cross_device_ops,
     )
     results = run_checks(facts, checks)
     return [c for c in results if c.status == "error" or (strict and c.status == "warn")]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mgpu_env.config.settings import GpuRequest
 from mgpu_env.hardware import nvml
+from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.hardware.tfprobe import TfFacts
@@ -56,6 +57,10 @@ class HostFacts:
     # RLIMIT_MEMLOCK (soft, hard) in bytes; -1 is unlimited.
     memlock: Probed[tuple[int, int]] = field(default_factory=Probed)
     euid: Probed[int] = field(default_factory=Probed)
+    # RLIMIT_STACK (soft, hard) in bytes; -1 is unlimited. NVIDIA asks for 64 MiB.
+    stack: Probed[tuple[int, int]] = field(default_factory=Probed)
+    # /dev/dxg: WSL2's GPU device; there the GPU comes without any /dev/nvidia* file.
+    wsl_gpu: Probed[bool] = field(default_factory=lambda: Probed(value=False))
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,11 @@ class Facts:
     versions: dict[str, Probed[str]]  # display name -> version (Python, TensorFlow, ..., OS)
     tensorflow: TfFacts | None = None
     mixed_precision: str = "0"
+    # The CUDA libraries, ptxas and libdevice as TensorFlow would find them; None: not
+    # probed (--no-tf, or the pre-flight with no GPU).
+    cuda: CudaStack | None = None
+    xla: bool = False
+    cross_device_ops: str = "auto"
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -109,13 +119,25 @@ def probe_shm_bytes(path: str = "/dev/shm") -> Probed[int]:
     return probe(size)
 
 
-def probe_memlock() -> Probed[tuple[int, int]]:
+def _limits(which: int) -> Probed[tuple[int, int]]:
     def limits() -> tuple[int, int]:
-        soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        soft, hard = resource.getrlimit(which)
         as_int = lambda v: UNLIMITED if v == resource.RLIM_INFINITY else int(v)  # noqa: E731
         return as_int(soft), as_int(hard)
 
     return probe(limits)
+
+
+def probe_memlock() -> Probed[tuple[int, int]]:
+    return _limits(resource.RLIMIT_MEMLOCK)
+
+
+def probe_stack() -> Probed[tuple[int, int]]:
+    return _limits(resource.RLIMIT_STACK)
+
+
+def probe_wsl_gpu(dev: Path = Path("/dev")) -> Probed[bool]:
+    return probe(lambda: (dev / "dxg").exists())
 
 
 def probe_euid() -> Probed[int]:
@@ -129,6 +151,8 @@ def probe_host() -> HostFacts:
         shm_bytes=probe_shm_bytes(),
         memlock=probe_memlock(),
         euid=probe_euid(),
+        stack=probe_stack(),
+        wsl_gpu=probe_wsl_gpu(),
     )
 
 

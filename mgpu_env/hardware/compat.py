@@ -1,21 +1,33 @@
-"""The one compatibility table: which CUDA, cuDNN, Python and driver go with which TensorFlow.
+"""The one compatibility table: which CUDA, cuDNN, NCCL, Python and driver go with which
+TensorFlow, and which GPUs its wheel has machine code for.
 
 `mgpu doctor` judges the machine against it, and the container's test checks the
 Dockerfile's pins against it (`pinned()`). Change a pin here first, then in the Dockerfile.
 
-Sources:
+Sources, row by row:
 - TensorFlow -> CUDA, cuDNN, Python: https://www.tensorflow.org/install/source#gpu
-  ("Tested build configurations"); for 2.21 also the wheel's own metadata
-  (`Requires-Python: >=3.10`, `tensorflow[and-cuda]` pins nvidia-cudnn-cu12>=9.3.0.75 and
-  CUDA 12.5 components) and `tf.sysconfig.get_build_info()` (cuda_version 12.5.1).
-- CUDA toolkit -> minimum Linux x86_64 driver: the CUDA Toolkit Release Notes, table
+  ("Tested build configurations", Linux GPU): 2.18.0 3.9-3.12 cuDNN 9.3 CUDA 12.5;
+  2.17.0 and 2.16.1 3.9-3.12 cuDNN 8.9 CUDA 12.3; 2.15.0 3.9-3.11 cuDNN 8.9 CUDA 12.2;
+  2.14.0 3.9-3.11 cuDNN 8.7 CUDA 11.8. That table stops at 2.18; 2.19-2.21 come from the
+  wheels themselves: `Requires-Python` (2.21: >=3.10), the `and-cuda` extra (2.21:
+  nvidia-cudnn-cu12>=9.3.0.75, nvidia-nccl-cu12>=2.27.7, CUDA 12.5 components >=12.5.82)
+  and `tf.sysconfig.get_build_info()` (2.21: cuda_version 12.5.1, cudnn_version 9).
+- CUDA toolkit -> minimum Linux x86_64 driver: the CUDA Toolkit Release Notes, table 3
   "CUDA Toolkit and Corresponding Driver Versions"
-  (https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html). That driver runs
-  every feature of the toolkit.
+  (https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html), for the release a
+  build is made with: 12.5 Update 1 (12.5.1, what TensorFlow 2.18-2.21 and the image use)
+  needs >= 555.42.06 (12.5 GA: 555.42.02). That driver runs every feature of the toolkit.
 - Minor-version compatibility: https://docs.nvidia.com/deploy/cuda-compatibility/ — an
   application built with any CUDA 12.x runs on a driver >= 525.60.13 (11.x: >= 450.80.02),
   with a limited feature set (no PTX newer than the driver, so GPUs only covered by PTX
-  cannot run).
+  cannot run). On bare metal only: NVIDIA's CUDA images set NVIDIA_REQUIRE_CUDA
+  ("cuda>=12.5 brand=tesla,driver>=470,driver<471 ..."), and the NVIDIA Container Toolkit
+  refuses to start them on a driver older than the image's CUDA unless it belongs to one of
+  the data-centre branches listed there.
+- Machine code in the wheel: `get_build_info()` of 2.21 lists sm_60, sm_70, sm_80, sm_89
+  and compute_90, but the wheel's fatbinaries (libtensorflow_cc.so.2, counted by their
+  headers) also carry sm_90 cubins of about the size of every other architecture's
+  (47 MB next to 46 MB for sm_89): H100/H200 run machine code, with no PTX compilation.
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ CUDA_MIN_DRIVER_LINUX: dict[str, str] = {
     "12.2": "535.54.03",
     "12.3": "545.23.06",
     "12.4": "550.54.14",
-    "12.5": "555.42.02",
+    "12.5": "555.42.06",  # 12.5 Update 1; TensorFlow 2.18-2.21 are built with 12.5.1
     "12.6": "560.28.03",
     "12.8": "570.26",
     "12.9": "575.51.03",
@@ -58,6 +70,10 @@ class TfBuild:
     cudnn: str  # "9.3": major.minor
     python_min: str  # "3.10": oldest supported Python, inclusive
     python_max: str  # "3.13": newest supported Python, inclusive
+    # The oldest NCCL its `and-cuda` extra accepts (None: not recorded for this row).
+    nccl_min: str | None = None
+    # GPU machine code the wheel carries beyond what get_build_info() lists ("sm_90").
+    extra_machine_code: tuple[str, ...] = ()
 
     @property
     def cuda_major(self) -> int:
@@ -89,7 +105,8 @@ class TfBuild:
 COMPAT: dict[str, TfBuild] = {
     build.tensorflow: build
     for build in (
-        TfBuild("2.21", cuda="12.5", cudnn="9.3", python_min="3.10", python_max="3.13"),
+        TfBuild("2.21", cuda="12.5", cudnn="9.3", python_min="3.10", python_max="3.13",
+                nccl_min="2.27.7", extra_machine_code=("sm_90",)),
         TfBuild("2.20", cuda="12.5", cudnn="9.3", python_min="3.9", python_max="3.13"),
         TfBuild("2.19", cuda="12.5", cudnn="9.3", python_min="3.9", python_max="3.12"),
         TfBuild("2.18", cuda="12.5", cudnn="9.3", python_min="3.9", python_max="3.12"),
@@ -148,3 +165,11 @@ def driver_at_least(driver: str, minimum: str) -> bool:
 def cuda_from_nvml(encoded: int) -> str:
     """NVML's CUDA driver version (12040) as text ('12.4')."""
     return f"{encoded // 1000}.{(encoded % 1000) // 10}"
+
+
+def build_capabilities(tensorflow: str | None, reported: tuple[str, ...]) -> tuple[str, ...]:
+    """What a TensorFlow build really has code for: what it reports, plus the machine code
+    its wheel is known to carry besides (the table's `extra_machine_code`)."""
+    row = for_tensorflow(tensorflow) if tensorflow else None
+    extra = tuple(c for c in (row.extra_machine_code if row else ()) if c not in reported)
+    return reported + extra if reported else reported

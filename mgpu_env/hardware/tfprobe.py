@@ -16,9 +16,12 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from mgpu_env.hardware import cudalibs
+from mgpu_env.hardware.cudalibs import (  # cudalibs decodes every library's version
+    decode_cudnn_version as decode_cudnn_version,
+)
 from mgpu_env.hardware.nvml import Probed, probe
 
 JSON_MARKER = "MGPU_TFPROBE_JSON "
@@ -88,36 +91,15 @@ def build_info_from(raw: Mapping[str, Any]) -> TfBuildInfo:
     )
 
 
-def decode_cudnn_version(encoded: int) -> str:
-    """cudnnGetVersion()'s number as text: 90300 -> '9.3.0' (cuDNN 9), 8902 -> '8.9.2' (8)."""
-    if encoded >= 90000:  # cuDNN 9: major*10000 + minor*100 + patch
-        return f"{encoded // 10000}.{(encoded % 10000) // 100}.{encoded % 100}"
-    return f"{encoded // 1000}.{(encoded % 1000) // 100}.{encoded % 100}"
-
-
 def _mapped_libraries(prefix: str) -> list[str]:
-    try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
-        return []
-    paths = []
-    for line in lines:
-        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-        if Path(path).name.startswith(prefix) and path not in paths:
-            paths.append(path)
-    return paths
+    return cudalibs.mapped_libraries(prefix)
 
 
 def _pip_cudnn_candidates() -> list[str]:
-    # tensorflow[and-cuda] installs cuDNN as the nvidia-cudnn-cu12 wheel, outside ld's path.
-    try:
-        import nvidia.cudnn  # type: ignore[import-not-found]
-    except ImportError:
-        return []
-    found = []
-    for root in getattr(nvidia.cudnn, "__path__", []):
-        found += sorted(str(p) for p in Path(root, "lib").glob("libcudnn.so*"))
-    return found
+    # tensorflow[and-cuda] installs cuDNN as the nvidia-cudnn-cu12 wheel, outside ld's path,
+    # where TensorFlow's RUNPATH finds it (see cudalibs).
+    folder = cudalibs.wheel_root() / cudalibs.spec("cudnn").package / "lib"
+    return sorted(str(p) for p in folder.glob("libcudnn.so*"))
 
 
 def loaded_cudnn() -> CudnnLibrary:

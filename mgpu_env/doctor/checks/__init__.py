@@ -1,0 +1,126 @@
+"""The checks: pure functions from `Facts` to `Check`s (ok / warn / error / skip), by topic.
+
+Each check says what it found, what it expected and, when something is wrong, the fix.
+`skip` means the check does not apply here (no GPU to look at, TensorFlow not probed);
+it never changes the exit code.
+
+- `driver`: NVML, the driver version and the CUDA it supports;
+- `cuda`: TensorFlow's build, the CUDA libraries, cuDNN, NCCL, ptxas and libdevice;
+- `gpus`: each GPU, mixed precision, sameness, links;
+- `visible`: GPUS, the visibility variables, what TensorFlow lists;
+- `container`: device files, /dev/shm, memlock and stack limits, the user;
+- `versions`: Python, TensorFlow, Keras against the table and the lock;
+- `common`: `Check`, `Status`, `run_checks` and the helpers they share.
+"""
+
+from __future__ import annotations
+
+from mgpu_env.doctor.checks.common import (
+    FIX_DRIVER_IN_CONTAINER,
+    FIX_DRIVER_ON_HOST,
+    MIB,
+    NCCL_HINTS,
+    TF_SKIPPED,
+    Check,
+    CheckFunction,
+    Status,
+    run_checks,
+    target_build,
+)
+from mgpu_env.doctor.checks.container import (
+    DOCKER_DEFAULT_SHM,
+    check_device_files,
+    check_memlock,
+    check_shm,
+    check_stack,
+    check_user,
+)
+from mgpu_env.doctor.checks.cuda import (
+    check_cuda_libraries,
+    check_cudnn,
+    check_libdevice,
+    check_nccl,
+    check_ptxas,
+    check_tf_build,
+)
+from mgpu_env.doctor.checks.driver import check_driver_cuda, check_driver_version, check_nvml
+from mgpu_env.doctor.checks.gpus import (
+    capability_support,
+    check_gpu,
+    check_mixed_precision,
+    check_topology,
+    check_uniform,
+    gpu_checks,
+)
+from mgpu_env.doctor.checks.versions import check_versions
+from mgpu_env.doctor.checks.visible import (
+    check_request,
+    check_tf_devices,
+    check_visibility_env,
+    expected_tf_gpus,
+)
+
+ALL_CHECKS: tuple[CheckFunction, ...] = (
+    check_nvml,
+    check_driver_version,
+    check_driver_cuda,
+    check_device_files,
+    check_tf_build,
+    check_cuda_libraries,
+    check_cudnn,
+    check_nccl,
+    check_ptxas,
+    check_libdevice,
+    check_versions,
+    gpu_checks,
+    check_mixed_precision,
+    check_uniform,
+    check_topology,
+    check_request,
+    check_visibility_env,
+    check_tf_devices,
+    check_shm,
+    check_memlock,
+    check_stack,
+    check_user,
+)
+
+__all__ = [
+    "ALL_CHECKS",
+    "DOCKER_DEFAULT_SHM",
+    "FIX_DRIVER_IN_CONTAINER",
+    "FIX_DRIVER_ON_HOST",
+    "MIB",
+    "NCCL_HINTS",
+    "TF_SKIPPED",
+    "Check",
+    "CheckFunction",
+    "Status",
+    "capability_support",
+    "check_cuda_libraries",
+    "check_cudnn",
+    "check_device_files",
+    "check_driver_cuda",
+    "check_driver_version",
+    "check_gpu",
+    "check_libdevice",
+    "check_memlock",
+    "check_mixed_precision",
+    "check_nccl",
+    "check_nvml",
+    "check_ptxas",
+    "check_request",
+    "check_shm",
+    "check_stack",
+    "check_tf_build",
+    "check_tf_devices",
+    "check_topology",
+    "check_uniform",
+    "check_user",
+    "check_versions",
+    "check_visibility_env",
+    "expected_tf_gpus",
+    "gpu_checks",
+    "run_checks",
+    "target_build",
+]

@@ -1,0 +1,106 @@
+"""What every check shares: the `Check` record, its status, `run_checks` and small helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mgpu_env.doctor.facts import Facts
+from mgpu_env.hardware import compat
+from mgpu_env.hardware.nvml import GpuInfo, Probed
+
+Status = Literal["ok", "warn", "error", "skip"]
+CheckFunction = Callable[[Facts], "Check | list[Check]"]
+MIB = 1024 * 1024
+TF_SKIPPED = "skipped (--no-tf)"
+
+FIX_DRIVER_IN_CONTAINER = (
+    "start the container with the GPUs: `docker run --gpus all ...`, or in compose "
+    "`gpus: all` (or deploy.resources.reservations.devices with driver nvidia); the host "
+    "needs the NVIDIA driver and the NVIDIA Container Toolkit "
+    "(`sudo nvidia-ctk runtime configure --runtime=docker` and restart Docker)"
+)
+FIX_DRIVER_ON_HOST = (
+    "install the NVIDIA driver (`nvidia-smi` must work), or set GPUS=none to train on the CPU"
+)
+NCCL_HINTS = (
+    "NCCL_DEBUG=INFO shows the transport NCCL picks; NCCL_P2P_LEVEL=SYS allows P2P across "
+    "host bridges/sockets where the platform supports it; NCCL_P2P_DISABLE=1 if P2P hangs "
+    "(IOMMU/ACS); keep NCCL_SHM_DISABLE unset and /dev/shm large for the shared-memory path; "
+    "or pick GPUs that share a switch/NVLink with GPUS=..."
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One judged finding. `bad_setting`: the error is a setting the user must change."""
+
+    id: str
+    title: str
+    status: Status
+    found: str
+    expected: str = ""
+    fix: str = ""
+    bad_setting: bool = False
+
+
+def target_build(facts: Facts) -> compat.TfBuild:
+    """The table row for the TensorFlow installed here, else the pinned one."""
+    version = facts.versions.get("TensorFlow", Probed())
+    if facts.tensorflow is not None and facts.tensorflow.version.ok:
+        version = facts.tensorflow.version
+    row = compat.for_tensorflow(version.value) if version.ok and version.value else None
+    return row or compat.pinned()
+
+
+def nvml_fix(facts: Facts) -> str:
+    return FIX_DRIVER_IN_CONTAINER if facts.host.in_container.value else FIX_DRIVER_ON_HOST
+
+
+def gpu_names(gpus: Iterable[GpuInfo]) -> str:
+    return ", ".join(f"GPU {g.index} ({g.name})" for g in gpus) or "none"
+
+
+def wants_gpus(facts: Facts) -> bool:
+    return facts.request.kind != "none"
+
+
+def is_not_supported(probed: Probed[Any]) -> bool:
+    return not probed.ok and "not supported" in (probed.error or "").lower()
+
+
+def indices_text(indices: list[int]) -> str:
+    if not indices:
+        return "none"
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(str(i) for i in indices)
+
+
+def cc_text(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+def limit_text(value: int) -> str:
+    """An rlimit in bytes as text; -1 is unlimited."""
+    return "unlimited" if value == -1 else f"{value / MIB:g} MiB"
+
+
+def run_checks(
+    facts: Facts, checks: Iterable[CheckFunction] | None = None
+) -> list[Check]:
+    """Every check (default: `ALL_CHECKS`), in report order. A check that raises becomes a
+    warning, not a crash."""
+    if checks is None:
+        from mgpu_env.doctor.checks import ALL_CHECKS
+
+        checks = ALL_CHECKS
+    results: list[Check] = []
+    for check in checks:
+        try:
+            outcome = check(facts)
+        except Exception as err:
+            name = getattr(check, "__name__", "check")
+            results.append(Check(name, name, "warn", f"could not collect ({err!r})"))
+            continue
+        results.extend(outcome if isinstance(outcome, list) else [outcome])
+    return results

@@ -1,0 +1,267 @@
+"""The GPUs: each one against the build, mixed precision, sameness, and the links between
+them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.doctor.checks.common import (
+    NCCL_HINTS,
+    Check,
+    Status,
+    cc_text,
+    gpu_names,
+    indices_text,
+    is_not_supported,
+)
+from mgpu_env.doctor.facts import Facts
+from mgpu_env.hardware import compat
+from mgpu_env.hardware.nvml import GpuInfo, GpuLink
+from mgpu_env.training.precision import FLOAT32, MIXED_FLOAT16, choose_precision
+
+
+def has_fp16_tensor_cores(capability: tuple[int, int] | None) -> bool:
+    """Whether training's rule picks fp16 for MIXED_PRECISION=1 on a GPU of `capability`."""
+    return choose_precision("1", "GPU", [capability]).policy == MIXED_FLOAT16
+
+
+def runs_bf16(capability: tuple[int, int] | None) -> bool:
+    """Whether training's rule accepts MIXED_PRECISION=bf16 on a GPU of `capability`."""
+    try:
+        choose_precision("bf16", "GPU", [capability])
+    except ConfigError:
+        return False
+    return True
+
+
+def _best_policies(
+    device_type: str, capabilities: Sequence[tuple[int, int] | None]
+) -> list[str]:
+    """What MIXED_PRECISION=1 picks on each device (one entry for the CPU)."""
+    if device_type != "GPU":
+        return [choose_precision("1", device_type, []).policy]
+    return [choose_precision("1", "GPU", [cc]).policy for cc in capabilities]
+
+
+def _tf_version(facts: Facts) -> str | None:
+    tf = facts.tensorflow
+    if tf is not None and tf.version.ok:
+        return tf.version.value
+    version = facts.versions.get("TensorFlow")
+    return version.value if version is not None and version.ok else None
+
+
+_CAPABILITY = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
+
+
+def capability_support(
+    capability: tuple[int, int], build_capabilities: Iterable[str]
+) -> Literal["native", "ptx", "none"]:
+    """How a TensorFlow build runs on a GPU of `capability`.
+
+    `sm_XY` is machine code that runs on X.Y and later minors of the same major ("sm_80"
+    runs on 8.6); `compute_XY` is PTX that the driver compiles for any GPU >= X.Y (slow on
+    the first start, and it needs a driver at least as new as the build's CUDA). A suffix
+    such as sm_90a only runs on exactly that GPU.
+    """
+    result: Literal["native", "ptx", "none"] = "none"
+    for text in build_capabilities:
+        match = _CAPABILITY.match(text.strip().lower())
+        if not match:
+            continue
+        kind, digits, suffix = match.groups()
+        built = (int(digits[:-1]), int(digits[-1]))
+        if kind == "sm":
+            fits = capability == built if suffix else (
+                capability[0] == built[0] and capability[1] >= built[1]
+            )
+            if fits:
+                return "native"
+        elif capability >= built:
+            result = "ptx"
+    return result
+
+
+
+
+def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
+    """One GPU: name, UUID, memory, compute capability vs the build, MIG."""
+    title = f"GPU {gpu.index}"
+    selected = any(g.index == gpu.index for g in facts.selected)
+    parts = [gpu.name, gpu.uuid or "no UUID"]
+    if gpu.memory_total_mib.ok and gpu.memory_free_mib.ok:
+        parts.append(
+            f"{(gpu.memory_free_mib.value or 0) / 1024:.1f} of "
+            f"{(gpu.memory_total_mib.value or 0) / 1024:.1f} GiB free"
+        )
+    else:
+        parts.append(f"memory {gpu.memory_total_mib.text()}")
+    cc = gpu.compute_capability
+    parts.append(f"compute capability {cc_text(cc.value)}" if cc.ok and cc.value
+                 else f"compute capability {cc.text()}")
+    if gpu.mig_enabled.ok:
+        parts.append("MIG on" if gpu.mig_enabled.value else "MIG off")
+    elif is_not_supported(gpu.mig_enabled):
+        parts.append("no MIG")
+    else:
+        parts.append(f"MIG {gpu.mig_enabled.text()}")
+    if cc.ok and cc.value:
+        fp16 = "yes" if has_fp16_tensor_cores(cc.value) else "no"
+        bf16 = "yes" if runs_bf16(cc.value) else "no"
+        parts.append(f"FP16 tensor cores: {fp16}, bf16: {bf16}")
+    if not selected:
+        parts.append(f"not used (GPUS={facts.request})")
+    found = "; ".join(parts)
+
+    build = facts.tensorflow.build.value if facts.tensorflow and facts.tensorflow.build.ok else None
+    capabilities = (
+        compat.build_capabilities(_tf_version(facts), build.compute_capabilities)
+        if build and build.is_cuda_build else ()
+    )
+    expected = (
+        "compute capability in the build (" + ", ".join(capabilities) + "), MIG off"
+        if capabilities else "MIG off; compute capability >= 7.0 for mixed precision"
+    )
+    problems: list[tuple[Status, str]] = []
+    if cc.ok and cc.value and capabilities:
+        support = capability_support(cc.value, capabilities)
+        if support == "none":
+            problems.append((
+                "error",
+                f"this TensorFlow has no code for compute capability {cc_text(cc.value)}: "
+                "use another GPU (GPUS=...) or a TensorFlow built for it",
+            ))
+        elif support == "ptx":
+            problems.append((
+                "warn",
+                "the build has only PTX for this GPU: the first start compiles kernels for "
+                "minutes (keep the cache: CUDA_CACHE_MAXSIZE=4294967296)",
+            ))
+    elif not cc.ok:
+        problems.append(("warn", "compute capability could not be read: run `nvidia-smi -q`"))
+    if gpu.mig_enabled.ok and gpu.mig_enabled.value:
+        problems.append((
+            "warn",
+            "with MIG on, a CUDA process sees one MIG instance and cannot all-reduce across "
+            f"instances: disable it (`sudo nvidia-smi -i {gpu.index} -mig 0`, then reset the "
+            "GPU) for multi-GPU training",
+        ))
+    total, free = gpu.memory_total_mib.value, gpu.memory_free_mib.value
+    if total and free is not None and free < 0.1 * total:
+        problems.append((
+            "warn",
+            "less than 10% of its memory is free: `nvidia-smi` shows which process holds it",
+        ))
+    if not problems:
+        return Check(f"gpu.{gpu.index}", title, "ok", found, expected)
+    status: Status = "error" if any(s == "error" for s, _ in problems) else "warn"
+    if not selected:
+        status = "ok"  # a GPU this run does not use cannot stop it
+    return Check(f"gpu.{gpu.index}", title, status, found, expected,
+                 "; ".join(text for _, text in problems))
+
+
+def check_mixed_precision(facts: Facts) -> Check:
+    """MIXED_PRECISION judged by training's own rule, `choose_precision`: what it refuses is
+    an error here too; a request it turns into float32, or fp16 where MIXED_PRECISION=1
+    would not pick it, is a warning."""
+    title = "Mixed precision"
+    mode = facts.mixed_precision
+    device_type = "GPU" if facts.selected else "CPU"
+    capabilities = [g.compute_capability.value for g in facts.selected]
+    known = [g for g in facts.selected if g.compute_capability.ok and g.compute_capability.value]
+    fp16 = [g.index for g in known if has_fp16_tensor_cores(g.compute_capability.value)]
+    bf16 = [g.index for g in known if runs_bf16(g.compute_capability.value)]
+    found = (
+        f"MIXED_PRECISION={mode}; FP16 tensor cores: {indices_text(fp16)}, "
+        f"bf16: {indices_text(bf16)}"
+        if facts.selected else f"MIXED_PRECISION={mode}; no GPU selected (CPU)"
+    )
+    expected = "a precision mgpu train accepts on these devices, and one that is faster"
+    try:
+        choice = choose_precision(mode, device_type, capabilities)
+    except ConfigError as err:
+        return Check("gpu.mixed_precision", title, "error", found + f" -> {err}", expected,
+                     str(err).split("Fix: ", 1)[-1].strip())
+    found += f" -> {choice.policy}: {choice.reason}"
+    if mode != "0" and choice.policy == FLOAT32:
+        return Check("gpu.mixed_precision", title, "warn", found, expected,
+                     "mgpu train will use float32 here: set MIXED_PRECISION=0 to say so")
+    if choice.policy == MIXED_FLOAT16:
+        best = _best_policies(device_type, capabilities)
+        if not facts.selected and best[0] != MIXED_FLOAT16:
+            return Check("gpu.mixed_precision", title, "warn", found, expected,
+                         f"fp16 on the CPU is slower than float32: MIXED_PRECISION=1 picks "
+                         f"{best[0]} there (or 0)")
+        slow = [g.index for g, policy in zip(facts.selected, best, strict=False)
+                if policy != MIXED_FLOAT16]
+        if slow:
+            return Check("gpu.mixed_precision", title, "warn", found, expected,
+                         f"{indices_text(slow)}: no FP16 tensor cores (MIXED_PRECISION=1 "
+                         "picks float32 there): fp16 will not be faster; MIXED_PRECISION=0")
+    if mode == "0" and facts.selected and all(
+        p == MIXED_FLOAT16 for p in _best_policies(device_type, capabilities)
+    ):
+        return Check("gpu.mixed_precision", title, "ok", found, expected,
+                     "MIXED_PRECISION=1 would use the tensor cores (the seed's FP16 tip)")
+    return Check("gpu.mixed_precision", title, "ok", found, expected)
+
+
+def check_uniform(facts: Facts) -> Check:
+    title = "Same GPU model"
+    expected = "every GPU used has the same model (MirroredStrategy waits for the slowest)"
+    if len(facts.selected) < 2:
+        return Check("gpu.uniform", title, "skip", f"{len(facts.selected)} GPU(s) used", expected)
+    kinds = {(g.name, g.compute_capability.value) for g in facts.selected}
+    found = gpu_names(facts.selected)
+    if len(kinds) == 1:
+        return Check("gpu.uniform", title, "ok", found, expected)
+    return Check("gpu.uniform", title, "warn", found, expected,
+                 "every step waits for the slowest GPU: choose identical GPUs with GPUS=...")
+
+
+def _link_text(link: GpuLink) -> str:
+    topology = link.topology.value if link.topology.ok else "topology unknown"
+    if link.nvlink.ok and link.nvlink.value:
+        via = "NVLink"
+    elif link.p2p_read.ok:
+        via = "P2P" if link.p2p_read.value else "no P2P"
+    else:
+        via = "P2P unknown"
+    return f"{link.a}-{link.b}: {topology}, {via}"
+
+
+def check_topology(facts: Facts) -> Check:
+    title = "GPU links"
+    expected = "NVLink, or P2P through one PCIe switch or host bridge"
+    chosen = {g.index for g in facts.selected}
+    if len(chosen) < 2:
+        return Check("gpu.topology", title, "skip", f"{len(chosen)} GPU(s) used", expected)
+    links = [lk for lk in facts.nvml.links if lk.a in chosen and lk.b in chosen]
+    found = "; ".join(_link_text(lk) for lk in links) or "no link information"
+    slow, unknown = [], []
+    for link in links:
+        nvlink = link.nvlink.ok and link.nvlink.value
+        if not link.topology.ok and not link.p2p_read.ok and not link.nvlink.ok:
+            unknown.append(link)
+        elif not nvlink and (
+            (link.p2p_read.ok and not link.p2p_read.value)
+            or (link.topology.ok and link.topology.value == "across CPU sockets")
+        ):
+            slow.append(link)
+    if slow:
+        pairs = ", ".join(f"{lk.a}-{lk.b}" for lk in slow)
+        return Check("gpu.topology", title, "warn", found, expected,
+                     f"all-reduce between {pairs} goes through host memory and will be slow. "
+                     + NCCL_HINTS)
+    if unknown or not links:
+        return Check("gpu.topology", title, "warn", found, expected,
+                     "run `nvidia-smi topo -m` to see the links")
+    return Check("gpu.topology", title, "ok", found, expected)
+
+
+def gpu_checks(facts: Facts) -> list[Check]:
+    return [check_gpu(facts, gpu) for gpu in facts.gpus]

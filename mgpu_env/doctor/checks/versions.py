@@ -1,0 +1,43 @@
+"""Python, TensorFlow, Keras and the rest against the compatibility table and the lock."""
+
+from __future__ import annotations
+
+from mgpu_env.doctor.checks.common import Check, Status, target_build
+from mgpu_env.doctor.facts import Facts
+from mgpu_env.hardware import compat
+from mgpu_env.hardware.nvml import Probed
+
+
+def check_versions(facts: Facts) -> Check:
+    title = "Versions"
+    row = target_build(facts)
+    versions = facts.versions
+    found = ", ".join(f"{name} {probed.text()}" for name, probed in versions.items())
+    expected = (
+        f"Python {row.python_range} for TensorFlow {row.tensorflow}; Keras 3; "
+        f"TensorFlow {compat.PINNED_TENSORFLOW} (requirements.lock)"
+    )
+    problems: list[tuple[Status, str]] = []
+    tf_version = versions.get("TensorFlow", Probed())
+    python = versions.get("Python", Probed())
+    if not tf_version.ok or not tf_version.value:
+        problems.append(
+            ("error", "TensorFlow is not installed: `pip install -r requirements.lock`")
+        )
+    elif compat.for_tensorflow(tf_version.value) is None:
+        problems.append(("warn", f"TensorFlow {tf_version.value} has no row in "
+                                 "mgpu_env/hardware/compat.py: install the pinned version"))
+    elif compat.minor_of(tf_version.value) != compat.PINNED_TENSORFLOW:
+        problems.append(("warn", f"TensorFlow {tf_version.value} is not the pinned "
+                                 f"{compat.PINNED_TENSORFLOW}: `pip install -r requirements.lock`"))
+    if python.ok and python.value and not row.supports_python(python.value):
+        problems.append(("error", f"Python {python.value} is outside {row.python_range}: use a "
+                                  "supported Python (the image ships one)"))
+    keras = versions.get("Keras", Probed())
+    if keras.ok and keras.value and not keras.value.startswith("3."):
+        problems.append(("warn", f"Keras {keras.value} is not Keras 3: "
+                                 "`pip install -r requirements.lock`"))
+    if not problems:
+        return Check("versions", title, "ok", found, expected)
+    status: Status = "error" if any(s == "error" for s, _ in problems) else "warn"
+    return Check("versions", title, status, found, expected, "; ".join(t for _, t in problems))

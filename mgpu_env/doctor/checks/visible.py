@@ -1,0 +1,114 @@
+"""Which GPUs the run gets: GPUS against the machine, the visibility variables, and what
+TensorFlow finally lists."""
+
+from __future__ import annotations
+
+from mgpu_env.doctor.checks.common import TF_SKIPPED, Check, gpu_names, nvml_fix, wants_gpus
+from mgpu_env.doctor.facts import Facts
+from mgpu_env.hardware.devices import visible_gpus
+
+
+def check_request(facts: Facts) -> Check:
+    title = "GPUS request"
+    count = len(facts.gpus)
+    expected = (
+        f"all, none, indices 0..{count - 1} or UUIDs of these GPUs" if count
+        else "all or none (no GPU here)"
+    )
+    if facts.selection_error is not None or facts.selection is None:
+        return Check(
+            "visible.request", title, "error",
+            f"GPUS={facts.request}: {facts.selection_error}", expected,
+            "set GPUS=all, GPUS=none, or indices/UUIDs that `nvidia-smi -L` lists",
+            bad_setting=True,
+        )
+    selection = facts.selection
+    if facts.request.kind == "none":
+        return Check("visible.request", title, "ok", "GPUS=none: training uses the CPU", expected)
+    if selection.uses_cpu:
+        return Check(
+            "visible.request", title, "warn",
+            f"GPUS={facts.request}: no GPU, training will use the CPU", expected,
+            nvml_fix(facts) if not facts.nvml.listing.available else
+            "check the driver lines above; GPUS=none silences this",
+        )
+    found = f"GPUS={facts.request} -> {gpu_names(selection.gpus)}"
+    if selection.note:
+        found += f" ({selection.note})"
+    return Check("visible.request", title, "ok", found, expected)
+
+
+def check_visibility_env(facts: Facts) -> Check:
+    title = "Visible devices"
+    env = facts.environ
+    shown = [
+        f"{name}={env[name]!r}" if name in env else f"{name} unset"
+        for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+    ]
+    found = ", ".join(shown)
+    expected = "unset, or agreeing with GPUS (mgpu sets CUDA_DEVICE_ORDER=PCI_BUS_ID itself)"
+    selection = facts.selection
+    if selection is not None and selection.cuda_visible_devices is not None:
+        found += f"; mgpu sets CUDA_VISIBLE_DEVICES={selection.cuda_visible_devices!r}"
+    preset = env.get("CUDA_VISIBLE_DEVICES")
+    if (
+        facts.request.kind == "all" and preset is not None and facts.gpus
+        and len(visible_gpus(preset, facts.gpus)) == 0
+    ):
+        return Check("visible.environment", title, "warn", found, expected,
+                     f"CUDA_VISIBLE_DEVICES={preset!r} hides every GPU although NVML sees "
+                     f"{len(facts.gpus)}: unset it (GPUS chooses the GPUs)")
+    nvidia = env.get("NVIDIA_VISIBLE_DEVICES", "").strip().lower()
+    if nvidia in ("void", "none") and wants_gpus(facts) and not facts.gpus:
+        return Check("visible.environment", title, "warn", found, expected,
+                     "NVIDIA_VISIBLE_DEVICES hides the GPUs from the container: set it to all")
+    return Check("visible.environment", title, "ok", found, expected)
+
+
+def expected_tf_gpus(facts: Facts) -> tuple[int, str] | None:
+    """How many GPUs TensorFlow should list, and why; None when GPUS did not fit."""
+    selection = facts.selection
+    if selection is None:
+        return None
+    if selection.cuda_visible_devices is not None:
+        return len(selection.gpus), (
+            f"GPUS={facts.request} -> CUDA_VISIBLE_DEVICES={selection.cuda_visible_devices}"
+        )
+    preset = facts.environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is None:
+        return len(selection.gpus), f"GPUS={facts.request}"
+    return len(visible_gpus(preset, facts.gpus)), f"GPUS=all, CUDA_VISIBLE_DEVICES={preset!r}"
+
+
+def check_tf_devices(facts: Facts) -> Check:
+    title = "TensorFlow GPUs"
+    tf = facts.tensorflow
+    wanted = expected_tf_gpus(facts)
+    expected = f"{wanted[0]} ({wanted[1]})" if wanted else "GPUS fits the machine"
+    if tf is None:
+        return Check("visible.tensorflow", title, "skip", TF_SKIPPED, expected)
+    if not tf.gpus.ok or tf.gpus.value is None:
+        return Check("visible.tensorflow", title, "error", tf.gpus.text(), expected,
+                     "see the TensorFlow build line above")
+    names = ", ".join(tf.gpus.value) or "none"
+    found = f"Num GPUs Available: {len(tf.gpus.value)} ({names})"
+    if wanted is None:
+        return Check("visible.tensorflow", title, "skip", found, expected)
+    if len(tf.gpus.value) == wanted[0]:
+        return Check("visible.tensorflow", title, "ok", found, expected)
+    info = tf.build.value if tf.build.ok else None
+    if info is not None and not info.is_cuda_build:
+        fix = "TensorFlow is a CPU-only build: see the TensorFlow build line"
+    elif len(tf.gpus.value) < wanted[0]:
+        fix = (
+            "TensorFlow could not open every GPU: check the driver and cuDNN lines above, "
+            "then run `TF_CPP_MIN_LOG_LEVEL=0 mgpu doctor` to read TensorFlow's own reason"
+        )
+    else:
+        fix = "unset CUDA_VISIBLE_DEVICES and choose the GPUs with GPUS=..."
+    return Check(
+        "visible.tensorflow", title, "error",
+        f"TensorFlow lists {len(tf.gpus.value)} GPU(s) but {wanted[1]} asks for {wanted[0]}; "
+        + found,
+        expected, fix,
+    )

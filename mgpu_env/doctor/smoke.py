@@ -1,0 +1,296 @@
+"""`mgpu doctor --smoke`: a real, tiny job on the selected devices, in a child process.
+
+Checks only say the pieces are there; this proves they work together, like `accelerate
+test`: the runtime training would have (its `Execution`: the device split, the precision,
+the strategy with its all-reduce), one all-reduce across every replica checked for the
+right sum, one `tf.function(jit_compile=True)` (on a GPU it runs ptxas and reads
+libdevice), and one matmul in the precision training chose (the Keras policy's compute
+dtype), each timed.
+
+The job runs in a child (`python -m mgpu_env.doctor.smoke '<Execution JSON>'`) with a
+timeout, so a hung all-reduce or a crashing driver never hangs or kills the doctor; the
+child prints one JSON line. `run` never raises: a failure is a `SmokeResult` with the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mgpu_env.runtime import Execution, Runtime
+
+JSON_MARKER = "MGPU_SMOKE_JSON "
+# TensorFlow's import and the first XLA compilation take most of it; a healthy job is done
+# in well under a minute.
+DEFAULT_TIMEOUT_S = 180.0
+ALL_REDUCE_LENGTH = 1024
+MATMUL_SIZE = 256
+# Relative error a matmul may show: 16-bit types keep 8 (bf16) or 11 (fp16) mantissa bits.
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+FIX_HANG = (
+    "nothing came back within {timeout:g} s: a hung all-reduce is the usual cause (NCCL over "
+    "a broken P2P path): run `NCCL_DEBUG=INFO mgpu doctor --smoke` to see where it stops; "
+    "try NCCL_P2P_DISABLE=1, or CROSS_DEVICE_OPS=hierarchical_copy"
+)
+FIX_SETUP = (
+    "TensorFlow could not set up the selected devices: see the driver and CUDA lines of "
+    "`mgpu doctor`, and `TF_CPP_MIN_LOG_LEVEL=0 mgpu doctor --smoke` for TensorFlow's reason"
+)
+FIX_ALL_REDUCE = {
+    "nccl": "NCCL_DEBUG=INFO mgpu doctor --smoke shows NCCL's reason; see the NCCL and "
+    "GPU links lines; CROSS_DEVICE_OPS=hierarchical_copy avoids NCCL",
+    "": "see the GPU links line; try another CROSS_DEVICE_OPS (hierarchical_copy, "
+    "reduction_to_one)",
+}
+FIX_XLA_GPU = (
+    "XLA could not compile for the GPU: see the ptxas and libdevice lines (`make venv "
+    "CUDA=1` or the image install them; XLA_FLAGS=--xla_gpu_cuda_data_dir=... points XLA at "
+    "a toolkit); training works without it with XLA=0"
+)
+FIX_XLA_CPU = "XLA could not compile on the CPU: train with XLA=0"
+FIX_MATMUL = "the chosen precision computes wrongly here: see the Mixed precision line; " \
+    "MIXED_PRECISION=0 trains in float32"
+
+
+@dataclass(frozen=True)
+class SmokeStep:
+    """One part of the job: what it did, how long it took (compilation included)."""
+
+    name: str  # setup, all-reduce, xla, matmul
+    ok: bool
+    seconds: float
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    """The job's outcome. `error`: the child as a whole failed (timeout, crash)."""
+
+    ok: bool
+    steps: tuple[SmokeStep, ...] = ()
+    devices: tuple[str, ...] = ()
+    device_type: str = ""
+    cross_device_ops: str = ""
+    policy: str = ""
+    seconds: float = 0.0
+    error: str | None = None
+    fix: str = ""
+
+    @property
+    def failures(self) -> list[str]:
+        """Each failure's fix, once, in order."""
+        fixes = [s.fix for s in self.steps if not s.ok and s.fix]
+        if self.fix:
+            fixes.append(self.fix)
+        return list(dict.fromkeys(fixes))
+
+
+def failed(error: str, fix: str, seconds: float = 0.0) -> SmokeResult:
+    return SmokeResult(ok=False, error=error, fix=fix, seconds=seconds)
+
+
+# ------------------------------------------------------------------------------- parent
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    # The child may have started helpers of its own (TensorFlow's compilers); its session
+    # holds them all, and nothing else.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def run(
+    runtime: Runtime | None, environ: Mapping[str, str], timeout_s: float | None = None
+) -> SmokeResult:
+    """Run the smoke job in a child with the runtime's environment and decisions, and wait
+    at most the timeout. `runtime` None: the settings could not make one. Never raises."""
+    timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if runtime is None:
+        return failed(
+            "not run: the settings do not fit this machine",
+            "see the lines above marked ERROR (GPUS, mixed precision, all-reduce)",
+        )
+    env = dict(environ)
+    runtime.apply(env)
+    start = time.perf_counter()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mgpu_env.doctor.smoke", runtime.execution.to_json()],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )
+    except OSError as err:
+        return failed(f"could not start Python: {err}", FIX_SETUP)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        process.communicate()
+        return failed(
+            f"the smoke job did not finish within {timeout:g} s (stopped)",
+            FIX_HANG.format(timeout=timeout), time.perf_counter() - start,
+        )
+    elapsed = time.perf_counter() - start
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(JSON_MARKER):
+            try:
+                return from_json(line.removeprefix(JSON_MARKER))
+            except (ValueError, KeyError, TypeError) as err:
+                return failed(f"unreadable answer from the smoke job: {err}", FIX_SETUP, elapsed)
+    tail = " | ".join(stderr.strip().splitlines()[-3:]) or "no output"
+    return failed(
+        f"the smoke job exited with code {process.returncode}: {tail}", FIX_SETUP, elapsed
+    )
+
+
+def to_json(result: SmokeResult) -> str:
+    return json.dumps(asdict(result))
+
+
+def from_json(text: str) -> SmokeResult:
+    data = json.loads(text)
+    data["steps"] = tuple(SmokeStep(**step) for step in data["steps"])
+    data["devices"] = tuple(data["devices"])
+    return SmokeResult(**data)
+
+
+# -------------------------------------------------------------------------------- child
+
+
+@dataclass
+class _Job:
+    """The child's running state: what was set up, the steps so far."""
+
+    steps: list[SmokeStep] = field(default_factory=list)
+
+    def step(self, name: str, fix: str, action: Callable[[], tuple[bool, str]]) -> bool:
+        start = time.perf_counter()
+        try:
+            ok, detail = action()
+        except Exception as err:
+            ok, detail = False, f"{type(err).__name__}: {str(err).strip().splitlines()[0]}"
+        self.steps.append(SmokeStep(name, ok, round(time.perf_counter() - start, 3), detail,
+                                    "" if ok else fix))
+        return ok
+
+
+def run_in_process(execution: Execution) -> SmokeResult:
+    """The job itself, in this process (the child). Imports TensorFlow."""
+    start = time.perf_counter()
+    job = _Job()
+    setup: dict[str, Any] = {}
+    plan, split = execution.strategy, execution.split
+
+    def set_up() -> tuple[bool, str]:
+        import tensorflow as tf
+
+        execution.prepare_tensorflow()  # RunFailed when TensorFlow sees other devices
+        setup.update(tf=tf, strategy=execution.make_strategy())
+        return True, (
+            f"{plan.local_replicas} replica(s) on {split.physical} {split.device_type} "
+            f"device(s), {plan.cross_device_ops}: {plan.reason}"
+        )
+
+    if not job.step("setup", FIX_SETUP, set_up):
+        return _result(job, start, setup, execution)
+    tf, strategy = setup["tf"], setup["strategy"]
+
+    def all_reduce() -> tuple[bool, str]:
+        @tf.function
+        def reduce() -> Any:
+            def replica_fn() -> Any:
+                context = tf.distribute.get_replica_context()
+                value = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
+                return context.all_reduce(
+                    tf.distribute.ReduceOp.SUM, value * tf.ones([ALL_REDUCE_LENGTH])
+                )
+
+            return strategy.run(replica_fn)
+
+        replicas = plan.local_replicas
+        want = replicas * (replicas + 1) / 2
+        sums = [float(v.numpy()[0]) for v in strategy.experimental_local_results(reduce())]
+        ok = len(sums) == replicas and all(abs(s - want) < 1e-3 for s in sums)
+        return ok, (
+            f"{replicas} replica(s), {plan.cross_device_ops}: sum {sums[0]:g} on every "
+            f"replica (expected {want:g})" if ok else f"sums {sums}, expected {want:g} on each"
+        )
+
+    fix = FIX_ALL_REDUCE.get(plan.cross_device_ops, FIX_ALL_REDUCE[""])
+    job.step("all-reduce", fix, all_reduce)
+
+    def xla() -> tuple[bool, str]:
+        import numpy as np
+
+        points = np.linspace(0.0, 1.0, 4096, dtype=np.float32)
+        with tf.device(plan.devices[0]):
+            compiled = tf.function(
+                lambda x: tf.reduce_sum(tf.sin(x) * tf.exp(x)), jit_compile=True
+            )
+            got = float(compiled(tf.constant(points)))
+        want = float(np.sum(np.sin(points) * np.exp(points)))
+        ok = abs(got - want) <= 1e-3 * abs(want)
+        return ok, f"jit_compile on {_short(plan.devices[0])}: {got:.4f} (expected {want:.4f})"
+
+    job.step("xla", FIX_XLA_GPU if plan.device_type == "GPU" else FIX_XLA_CPU, xla)
+
+    def matmul() -> tuple[bool, str]:
+        import keras
+
+        choice = execution.precision
+        setup["policy"] = choice.policy
+        dtype = keras.mixed_precision.Policy(choice.policy).compute_dtype
+        with tf.device(plan.devices[0]):
+            a = tf.random.stateless_uniform([MATMUL_SIZE, MATMUL_SIZE], seed=[1, 2])
+            b = tf.random.stateless_uniform([MATMUL_SIZE, MATMUL_SIZE], seed=[3, 4])
+            got = tf.cast(tf.matmul(tf.cast(a, dtype), tf.cast(b, dtype)), tf.float32)
+            want = tf.matmul(a, b)
+            error = float(tf.reduce_max(tf.abs(got - want)) / tf.reduce_max(tf.abs(want)))
+        ok = error <= TOLERANCE.get(dtype, 1e-2)
+        return ok, (
+            f"{MATMUL_SIZE}x{MATMUL_SIZE} in {dtype} ({choice.policy}): relative error "
+            f"{error:.1e} (at most {TOLERANCE.get(dtype, 1e-2):g})"
+        )
+
+    job.step("matmul", FIX_MATMUL, matmul)
+    return _result(job, start, setup, execution)
+
+
+def _short(device: str) -> str:
+    return device.rsplit("/device:", 1)[-1]  # /job:localhost/.../device:CPU:1 -> CPU:1
+
+
+def _result(
+    job: _Job, start: float, setup: Mapping[str, Any], execution: Execution
+) -> SmokeResult:
+    plan = execution.strategy
+    return SmokeResult(
+        ok=bool(job.steps) and all(s.ok for s in job.steps) and len(job.steps) == 4,
+        steps=tuple(job.steps),
+        devices=tuple(_short(d) for d in plan.devices),
+        device_type=plan.device_type,
+        cross_device_ops=plan.cross_device_ops,
+        policy=str(setup.get("policy", "")),
+        seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        print("usage: python -m mgpu_env.doctor.smoke '<Execution JSON>'", file=sys.stderr)
+        sys.exit(2)
+    print(JSON_MARKER + to_json(run_in_process(Execution.from_json(sys.argv[1]))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,466 @@
+"""The CUDA user space TensorFlow opens for the GPU: its libraries, `ptxas` and libdevice.
+
+Each library is looked for where TensorFlow's own `dlopen` finds it, and loaded with
+`ctypes`, so the doctor sees what training will see:
+
+1. `LD_LIBRARY_PATH`: the dynamic loader searches it before a library's RUNPATH (ld.so(8)).
+2. `site-packages/nvidia/<package>/lib` of this interpreter: TensorFlow's libraries carry
+   RUNPATH `$ORIGIN/../nvidia/<package>/lib` (`readelf -d libtensorflow_framework.so.2`;
+   `cuda_rpath_flags` in xla/tsl/platform/default/cuda_build_defs.bzl), which is where
+   `tensorflow[and-cuda]`, and this project's CUDA lock, install the NVIDIA wheels.
+3. The system loader: /etc/ld.so.cache and the default folders (a CUDA base image, a
+   system-wide toolkit).
+
+`ptxas` and `libdevice.10.bc` (XLA=1 compiles GPU code with them) are found the way XLA
+finds them; see `ptxas_candidates` and `libdevice_candidates`.
+
+Loading a library can crash the process on a broken install, so `mgpu doctor` runs
+`collect_in_process` in a child (`collect`) and reads one JSON line back; `preflight`, in
+the training process, calls `collect_in_process` directly. Every probe is a small
+module-level function that tests replace; none raises: a failure is a `Probed` error that
+says where it looked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mgpu_env.hardware.nvml import Probed, probe
+
+JSON_MARKER = "MGPU_CUDALIBS_JSON "
+DEFAULT_TIMEOUT_S = 60.0
+LIBDEVICE = "libdevice.10.bc"
+# XLA skips a ptxas older than 11.8 and the buggy 12.3.103 (FindPtxAsExecutable in
+# xla/stream_executor/cuda/subprocess_compilation.cc).
+PTXAS_MINIMUM = (11, 8, 0)
+PTXAS_EXCLUDED = ((12, 3, 103),)
+
+
+@dataclass(frozen=True)
+class LibrarySpec:
+    """One library TensorFlow opens for the GPU, and the wheel that ships it."""
+
+    name: str  # "cudnn"
+    soname: str  # "libcudnn.so.9": the name TensorFlow dlopens (CUDA 12 builds)
+    package: str  # "cudnn": site-packages/nvidia/<package>/lib
+    wheel: str  # "nvidia-cudnn-cu12"
+
+
+# In dependency order: each library's own dependencies are loaded (RTLD_GLOBAL) before it,
+# as they would be in TensorFlow's process (cusparse and cusolver need nvJitLink, cusolver
+# needs cuBLAS and cuSPARSE).
+LIBRARIES: tuple[LibrarySpec, ...] = (
+    LibrarySpec("cudart", "libcudart.so.12", "cuda_runtime", "nvidia-cuda-runtime-cu12"),
+    LibrarySpec("nvjitlink", "libnvJitLink.so.12", "nvjitlink", "nvidia-nvjitlink-cu12"),
+    LibrarySpec("cublasLt", "libcublasLt.so.12", "cublas", "nvidia-cublas-cu12"),
+    LibrarySpec("cublas", "libcublas.so.12", "cublas", "nvidia-cublas-cu12"),
+    LibrarySpec("cufft", "libcufft.so.11", "cufft", "nvidia-cufft-cu12"),
+    LibrarySpec("curand", "libcurand.so.10", "curand", "nvidia-curand-cu12"),
+    LibrarySpec("cusparse", "libcusparse.so.12", "cusparse", "nvidia-cusparse-cu12"),
+    LibrarySpec("cusolver", "libcusolver.so.11", "cusolver", "nvidia-cusolver-cu12"),
+    LibrarySpec("cudnn", "libcudnn.so.9", "cudnn", "nvidia-cudnn-cu12"),
+    LibrarySpec("nccl", "libnccl.so.2", "nccl", "nvidia-nccl-cu12"),
+)
+LIBRARY_NAMES = tuple(spec.name for spec in LIBRARIES)
+
+
+def spec(name: str) -> LibrarySpec:
+    """The `LIBRARIES` entry called `name` ('cudnn'). Raises KeyError for another name."""
+    for candidate in LIBRARIES:
+        if candidate.name == name:
+            return candidate
+    raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class LoadedLibrary:
+    """A library that loaded: from where, found how, and its version where it reports one."""
+
+    path: str
+    source: str  # "LD_LIBRARY_PATH", "wheel", "system", "already loaded"
+    version: str | None = None  # cudart "12.5", cuDNN "9.3.0", NCCL "2.27.7"
+
+
+@dataclass(frozen=True)
+class CudaTool:
+    """A CUDA command-line tool (ptxas) XLA would run, and its version."""
+
+    path: str
+    version: str  # "12.5.82"
+
+
+@dataclass(frozen=True)
+class CudaStack:
+    """Every library TensorFlow opens for the GPU, ptxas and libdevice, as found here."""
+
+    libraries: dict[str, Probed[LoadedLibrary]] = field(default_factory=dict)
+    ptxas: Probed[CudaTool] = field(default_factory=Probed)
+    libdevice: Probed[str] = field(default_factory=Probed)  # path of libdevice.10.bc
+    wheel_root: str = ""  # site-packages/nvidia, where the NVIDIA wheels go
+
+    def library(self, name: str) -> Probed[LoadedLibrary]:
+        return self.libraries.get(name, Probed(error="not probed"))
+
+    @property
+    def missing(self) -> list[str]:
+        """The libraries that did not load, by name, in load order."""
+        return [name for name in LIBRARY_NAMES if not self.library(name).ok]
+
+
+# ------------------------------------------------------------------------ where to look
+
+
+def tensorflow_dir() -> Path:
+    """The folder of TensorFlow's shared objects (site-packages/tensorflow), not imported."""
+    try:
+        found = importlib.util.find_spec("tensorflow")
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and found.submodule_search_locations:
+        return Path(next(iter(found.submodule_search_locations)))
+    return Path(sysconfig.get_paths()["platlib"]) / "tensorflow"
+
+
+def wheel_root() -> Path:
+    """site-packages/nvidia next to TensorFlow: `$ORIGIN/../nvidia` from its libraries."""
+    return tensorflow_dir().parent / "nvidia"
+
+
+def library_candidates(
+    library: LibrarySpec, environ: Mapping[str, str], root: Path
+) -> list[tuple[str, str]]:
+    """(what to dlopen, how it was found) in the loader's order; the last is the bare soname,
+    which the system loader resolves (ld.so.cache, /lib, /usr/lib)."""
+    found: list[tuple[str, str]] = []
+    for folder in environ.get("LD_LIBRARY_PATH", "").split(":"):
+        if folder and Path(folder, library.soname).exists():
+            found.append((str(Path(folder, library.soname)), "LD_LIBRARY_PATH"))
+    wheel = root / library.package / "lib" / library.soname
+    if wheel.exists():
+        found.append((str(wheel), "wheel"))
+    found.append((library.soname, "system"))
+    return found
+
+
+def mapped_libraries(prefix: str) -> list[str]:
+    """Files this process has mapped whose name starts with `prefix` ('libcudnn.so')."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    paths: list[str] = []
+    for line in lines:
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if Path(path).name.startswith(prefix) and path not in paths:
+            paths.append(path)
+    return paths
+
+
+def _soname_prefix(soname: str) -> str:
+    return soname.split(".so")[0] + ".so"  # libcudnn.so.9 -> libcudnn.so
+
+
+# ------------------------------------------------------------------------------- loading
+
+
+def load_library(path: str) -> Any:
+    """dlopen `path` globally, as TensorFlow's loader does. Replaced in tests."""
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+def decode_cudnn_version(encoded: int) -> str:
+    """cudnnGetVersion()'s number as text: 90300 -> '9.3.0' (cuDNN 9), 8902 -> '8.9.2' (8)."""
+    if encoded >= 90000:  # cuDNN 9: major*10000 + minor*100 + patch
+        return f"{encoded // 10000}.{(encoded % 10000) // 100}.{encoded % 100}"
+    return f"{encoded // 1000}.{(encoded % 1000) // 100}.{encoded % 100}"
+
+
+def decode_nccl_version(encoded: int) -> str:
+    """ncclGetVersion()'s number as text: 22707 -> '2.27.7'; before 2.9, 2708 -> '2.7.8'."""
+    if encoded >= 10000:  # NCCL_VERSION_CODE since 2.9: major*10000 + minor*100 + patch
+        return f"{encoded // 10000}.{(encoded % 10000) // 100}.{encoded % 100}"
+    return f"{encoded // 1000}.{(encoded % 1000) // 100}.{encoded % 100}"
+
+
+def _cuda_version(encoded: int) -> str:
+    return f"{encoded // 1000}.{(encoded % 1000) // 10}"  # 12050 -> 12.5
+
+
+def library_version(name: str, handle: Any) -> str | None:
+    """The version a loaded library reports (cuDNN, NCCL, cudart); None for the others.
+
+    None of these calls needs a GPU or a driver.
+    """
+    if name == "cudnn":
+        get = handle.cudnnGetVersion
+        get.restype = ctypes.c_size_t
+        return decode_cudnn_version(int(get()))
+    out = ctypes.c_int(0)
+    if name == "nccl":
+        if handle.ncclGetVersion(ctypes.byref(out)) != 0:
+            raise RuntimeError("ncclGetVersion failed")
+        return decode_nccl_version(out.value)
+    if name == "cudart":
+        if handle.cudaRuntimeGetVersion(ctypes.byref(out)) != 0:
+            raise RuntimeError("cudaRuntimeGetVersion failed")
+        return _cuda_version(out.value)
+    return None
+
+
+def _short_error(err: OSError) -> str:
+    # dlerror() text: "<path>: cannot open shared object file: No such file or directory"
+    return str(err).split(": ", 1)[-1] if ": " in str(err) else str(err)
+
+
+def probe_library(
+    library: LibrarySpec, environ: Mapping[str, str] | None = None, root: Path | None = None
+) -> Probed[LoadedLibrary]:
+    """Find and load one library where TensorFlow would; never raises."""
+    environ = os.environ if environ is None else environ
+    root = wheel_root() if root is None else root
+    mapped = mapped_libraries(_soname_prefix(library.soname))
+    candidates = [(path, "already loaded") for path in mapped] + library_candidates(
+        library, environ, root
+    )
+    tried = []
+    for target, source in candidates:
+        try:
+            handle = load_library(target)
+        except OSError as err:
+            tried.append(f"{target} ({_short_error(err)})")
+            continue
+        version = probe(lambda h=handle: library_version(library.name, h))  # type: ignore[misc]
+        path = target
+        if source == "system":  # report the file the loader chose, not the bare soname
+            path = next(iter(mapped_libraries(_soname_prefix(library.soname))), target)
+        return Probed(value=LoadedLibrary(path, source, version.value if version.ok else None))
+    if len(tried) == 1 and "No such file" in tried[0]:  # no candidate file anywhere
+        return Probed(
+            error=f"{library.soname} is not in LD_LIBRARY_PATH, "
+            f"{root / library.package / 'lib'} or the system loader's folders"
+        )
+    return Probed(error=f"{library.soname} does not load: " + "; ".join(tried))
+
+
+def nccl_loadable(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether NCCL (libnccl.so.2) loads from where TensorFlow looks for it.
+
+    TensorFlow opens NCCL only at the first NCCL all-reduce; without it that all-reduce
+    fails. The run planning passes this as `plan_strategy(..., nccl_available=...)`, with
+    `nccl_possible()` (Linux CUDA build), so `CROSS_DEVICE_OPS=auto` picks NCCL only when it
+    really loads. Costs milliseconds; loads NCCL into this process (TensorFlow would too).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    return probe_library(spec("nccl"), environ).ok
+
+
+# ----------------------------------------------------------------------- ptxas, libdevice
+
+
+def xla_cuda_data_dir(environ: Mapping[str, str]) -> str | None:
+    """The folder `XLA_FLAGS=--xla_gpu_cuda_data_dir=...` names, or None."""
+    match = re.search(r"--xla_gpu_cuda_data_dir=(\S+)", environ.get("XLA_FLAGS", ""))
+    return match.group(1).strip("'\"") if match else None
+
+
+def cuda_roots(environ: Mapping[str, str], tf_dir: Path | None = None) -> list[Path]:
+    """XLA's candidate CUDA roots, in its order (CandidateCudaRoots in
+    xla/tsl/platform/default/cuda_root_path.cc): the XLA_FLAGS folder, /usr/local/cuda,
+    /opt/cuda, then beside TensorFlow's libraries `../nvidia/cuda_nvcc` (the
+    nvidia-cuda-nvcc-cu12 wheel) and `cuda`, then a conda environment's prefix."""
+    tf_dir = tensorflow_dir() if tf_dir is None else tf_dir
+    roots = []
+    preferred = xla_cuda_data_dir(environ)
+    if preferred:
+        roots.append(Path(preferred))
+    roots += [Path("/usr/local/cuda"), Path("/opt/cuda")]
+    roots += [tf_dir.parent / "nvidia" / "cuda_nvcc", tf_dir / "cuda"]
+    roots += [tf_dir.parents[index] for index in (3,) if len(tf_dir.parents) > index]
+    return roots
+
+
+def ptxas_candidates(environ: Mapping[str, str], tf_dir: Path | None = None) -> list[Path]:
+    """Where XLA looks for ptxas, in its order (FindCudaExecutable in
+    xla/stream_executor/cuda/subprocess_compilation.cc): `<XLA_FLAGS folder>/bin`, every
+    PATH folder (PreferPtxasFromPath() is true), then `<root>/bin` for the CUDA roots."""
+    candidates = []
+    preferred = xla_cuda_data_dir(environ)
+    if preferred:
+        candidates.append(Path(preferred, "bin", "ptxas"))
+    candidates += [Path(d, "ptxas") for d in environ.get("PATH", "").split(":") if d]
+    candidates += [root / "bin" / "ptxas" for root in cuda_roots(environ, tf_dir)]
+    unique: list[Path] = []
+    for candidate in candidates:
+        if candidate not in unique:
+            unique.append(candidate)
+    return unique
+
+
+def run_tool_version(path: str) -> str:
+    """`<tool> --version`'s output. Raises OSError/CalledProcessError/TimeoutExpired."""
+    done = subprocess.run(
+        [path, "--version"], capture_output=True, text=True, timeout=30, check=True
+    )
+    return done.stdout
+
+
+def parse_tool_version(text: str) -> tuple[int, int, int]:
+    """'Cuda compilation tools, release 12.5, V12.5.82' -> (12, 5, 82)."""
+    match = re.search(r"V(\d+)\.(\d+)\.(\d+)", text) or re.search(
+        r"release (\d+)\.(\d+)()", text
+    )
+    if not match:
+        raise ValueError(f"no version in {text.strip()[:80]!r}")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def find_ptxas(environ: Mapping[str, str], tf_dir: Path | None = None) -> CudaTool:
+    """The ptxas XLA would run, as XLA chooses it. Raises RuntimeError naming where it
+    looked."""
+    skipped = []
+    candidates = ptxas_candidates(environ, tf_dir)
+    for candidate in candidates:
+        if not candidate.is_file():
+            continue
+        try:
+            version = parse_tool_version(run_tool_version(str(candidate)))
+        except (OSError, ValueError, subprocess.SubprocessError) as err:
+            skipped.append(f"{candidate} (does not run: {err})")
+            continue
+        text = ".".join(str(v) for v in version)
+        if version < PTXAS_MINIMUM or version in PTXAS_EXCLUDED:
+            skipped.append(f"{candidate} ({text}, which XLA does not use)")
+            continue
+        return CudaTool(str(candidate), text)
+    roots = ", ".join(str(root / "bin") for root in cuda_roots(environ, tf_dir))
+    raise RuntimeError(
+        "no usable ptxas (" + ("; ".join(skipped) + "; " if skipped else "")
+        + f"looked in XLA's order: PATH, then {roots})"
+    )
+
+
+def libdevice_candidates(environ: Mapping[str, str], tf_dir: Path | None = None) -> list[Path]:
+    """XLA takes the first `<root>/nvvm/libdevice` folder that exists (GetLibdeviceDir in
+    xla/service/gpu/llvm_gpu_backend/nvptx_backend.cc) and reads libdevice.10.bc there."""
+    return [root / "nvvm" / "libdevice" for root in cuda_roots(environ, tf_dir)]
+
+
+def find_libdevice(environ: Mapping[str, str], tf_dir: Path | None = None) -> str:
+    """The libdevice.10.bc XLA would read. Raises RuntimeError naming where it looked."""
+    folders = libdevice_candidates(environ, tf_dir)
+    for folder in folders:
+        if folder.is_dir():
+            bitcode = folder / LIBDEVICE
+            if bitcode.is_file():
+                return str(bitcode)
+            raise RuntimeError(f"XLA picks {folder}, which has no {LIBDEVICE}")
+    raise RuntimeError(
+        "no nvvm/libdevice folder (looked in XLA's order: "
+        + ", ".join(str(f) for f in folders) + ")"
+    )
+
+
+# -------------------------------------------------------------------------------- collect
+
+
+def collect_in_process(environ: Mapping[str, str] | None = None) -> CudaStack:
+    """Load every library here, find ptxas and libdevice. Never raises."""
+    environ = os.environ if environ is None else environ
+    root = probe(wheel_root)
+    root_path = root.value if root.ok and root.value is not None else Path("nvidia")
+    tf_dir = root_path.parent / "tensorflow"
+    return CudaStack(
+        libraries={lib.name: probe_library(lib, environ, root_path) for lib in LIBRARIES},
+        ptxas=probe(lambda: find_ptxas(environ, tf_dir)),
+        libdevice=probe(lambda: find_libdevice(environ, tf_dir)),
+        wheel_root=str(root_path),
+    )
+
+
+def failed(reason: str) -> CudaStack:
+    """A stack whose every probe failed for `reason`."""
+    return CudaStack(
+        libraries={name: Probed(error=reason) for name in LIBRARY_NAMES},
+        ptxas=Probed(error=reason),
+        libdevice=Probed(error=reason),
+    )
+
+
+def _probed_json(p: Probed[Any]) -> dict[str, Any]:
+    value = p.value.__dict__ if isinstance(p.value, LoadedLibrary | CudaTool) else p.value
+    return {"value": value, "error": p.error}
+
+
+def _probed_from(item: Mapping[str, Any], make: Callable[[Any], Any]) -> Probed[Any]:
+    if item["error"] is not None:
+        return Probed(error=item["error"])
+    return Probed(value=make(item["value"]))
+
+
+def to_json(stack: CudaStack) -> str:
+    return json.dumps(
+        {
+            "libraries": {k: _probed_json(v) for k, v in stack.libraries.items()},
+            "ptxas": _probed_json(stack.ptxas),
+            "libdevice": _probed_json(stack.libdevice),
+            "wheel_root": stack.wheel_root,
+        }
+    )
+
+
+def from_json(text: str) -> CudaStack:
+    data = json.loads(text)
+    return CudaStack(
+        libraries={
+            k: _probed_from(v, lambda d: LoadedLibrary(**d)) for k, v in data["libraries"].items()
+        },
+        ptxas=_probed_from(data["ptxas"], lambda d: CudaTool(**d)),
+        libdevice=_probed_from(data["libdevice"], str),
+        wheel_root=str(data.get("wheel_root", "")),
+    )
+
+
+def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) -> CudaStack:
+    """Run `collect_in_process` in a child Python with `environ`. Never raises."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "mgpu_env.hardware.cudalibs"],
+            env=dict(environ),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return failed(f"the CUDA library probe did not answer within {timeout_s:g} s")
+    except OSError as err:
+        return failed(f"could not start Python: {err}")
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(JSON_MARKER):
+            try:
+                return from_json(line.removeprefix(JSON_MARKER))
+            except (ValueError, KeyError, TypeError) as err:
+                return failed(f"unreadable answer from the CUDA library probe: {err}")
+    tail = " | ".join(done.stderr.strip().splitlines()[-3:]) or "no output"
+    return failed(f"the CUDA library probe exited with code {done.returncode}: {tail}")
+
+
+def main() -> None:
+    print(JSON_MARKER + to_json(collect_in_process()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
