@@ -69,7 +69,7 @@ def render(report: Report, console: Console, strict: bool) -> None:
     console.print(Text(summary, style=STYLES["error"] if code else STYLES["ok"]))
 
 
-@with_settings(only=("GPUS", "MIXED_PRECISION"))
+@with_settings(only=("GPUS", "MIXED_PRECISION", "ENV_FILE"))
 def command(
     flags: SettingFlags,
     as_json: Annotated[
