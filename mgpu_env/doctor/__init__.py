@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, ResolvedSettings, SettingError, SettingsErrors
 from mgpu_env.doctor import facts as probes
@@ -34,12 +35,15 @@ from mgpu_env.doctor.checks import (
     run_checks,
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.hardware import nvml, tfprobe
+from mgpu_env.hardware import compat, nvml, tfprobe
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime, build_runtime
 
 __all__ = ["Check", "Facts", "Report", "Status", "diagnose", "gather", "preflight"]
+
+# The layout of `mgpu doctor --json`; raised when a key is removed or changes meaning.
+SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,34 @@ class Report:
         """The errors, and with `strict` the warnings too."""
         return [c for c in self.checks if c.status == "error" or (strict and c.status == "warn")]
 
-    def to_dict(self) -> dict[str, Any]:
-        """One JSON-ready object: every check, a summary, and the raw facts."""
+    def verdict(self, strict: bool = False) -> str:
+        """One line before the details: `ready: 2 GPUs, TF 2.21.0, CUDA 12.5` or
+        `not ready: 1 error`."""
+        errors, warnings = len(self.errors), len(self.warnings)
+        if errors or (strict and warnings):
+            counted = [_count(errors, "error")] if errors else []
+            if strict and warnings:
+                counted.append(_count(warnings, "warning") + " (--strict)")
+            return "not ready: " + ", ".join(counted)
+        gpus = len(self.facts.selected)
+        parts = [_count(gpus, "GPU") if gpus else "CPU only"]
+        tf = self.facts.tensorflow
+        version = tf.version if tf is not None else self.facts.versions.get("TensorFlow")
+        if version is not None and version.ok and version.value:
+            parts.append(f"TF {version.value}")
+        build = tf.build.value if tf is not None and tf.build.ok else None
+        if build is not None and build.is_cuda_build and build.cuda_version:
+            parts.append(f"CUDA {compat.minor_of(build.cuda_version)}")
+        line = "ready: " + ", ".join(parts)
+        return line + (f" ({_count(warnings, 'warning')})" if warnings else "")
+
+    def to_dict(self, strict: bool = False) -> dict[str, Any]:
+        """One JSON-ready object: the verdict, every check, a summary, and the raw facts."""
         return {
+            "schema_version": SCHEMA_VERSION,
+            "mgpu_version": __version__,
+            "ready": not self.failing(strict),
+            "verdict": self.verdict(strict),
             "summary": {
                 "errors": len(self.errors),
                 "warnings": len(self.warnings),
@@ -76,6 +105,25 @@ class Report:
             "checks": [dataclasses.asdict(c) for c in self.checks],
             "facts": _plain(self.facts),
         }
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def unusable_settings(errors: list[str]) -> dict[str, Any]:
+    """`mgpu doctor --json`'s object when the settings cannot even be read (a CI parser
+    still gets JSON, with the same keys): nothing was checked, and why."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "mgpu_version": __version__,
+        "ready": False,
+        "verdict": f"not ready: {_count(len(errors), 'bad setting')}",
+        "summary": {"errors": len(errors), "warnings": 0, "bad_settings": len(errors)},
+        "settings_errors": list(errors),
+        "checks": [],
+        "facts": None,
+    }
 
 
 def _plain(value: Any) -> Any:

@@ -37,6 +37,9 @@ NCCL_HINTS = (
     "or pick GPUs that share a switch/NVLink with GPUS=..."
 )
 
+# A consequence of a failing driver line: shown, but not counted as a warning of its own.
+SAME_CAUSE_AS_NVML = " (a consequence of the Driver (NVML) line)"
+
 
 @dataclass(frozen=True)
 class Check:
@@ -226,6 +229,9 @@ def check_device_files(facts: Facts) -> Check:
     if not _wants_gpus(facts):
         return Check("driver.device_files", title, "skip", found, "not needed with GPUS=none")
     status: Status = "warn" if facts.request.kind == "all" else "error"
+    if status == "warn" and not facts.nvml.listing.available:
+        # One cause, one warning: the driver line already says the container has no GPUs.
+        return Check("driver.device_files", title, "skip", found + SAME_CAUSE_AS_NVML, expected)
     return Check("driver.device_files", title, status, found, expected, FIX_DRIVER_IN_CONTAINER)
 
 
@@ -538,6 +544,11 @@ def check_request(facts: Facts) -> Check:
     selection = facts.selection
     if facts.request.kind == "none":
         return Check("visible.request", title, "ok", "GPUS=none: training uses the CPU", expected)
+    if selection.uses_cpu and not facts.nvml.listing.available:
+        # The driver line is the cause and already says training will use the CPU.
+        return Check("visible.request", title, "skip",
+                     f"GPUS={facts.request}: no GPU, training will use the CPU"
+                     + SAME_CAUSE_AS_NVML, expected)
     if selection.uses_cpu:
         return Check(
             "visible.request", title, "warn",
