@@ -85,7 +85,7 @@ class Report:
         if version is not None and version.ok and version.value:
             parts.append(f"TF {version.value}")
         build = tf.build.value if tf is not None and tf.build.ok else None
-        if build is not None and build.is_cuda_build and build.cuda_version:
+        if gpus and build is not None and build.is_cuda_build and build.cuda_version:
             parts.append(f"CUDA {compat.minor_of(build.cuda_version)}")
         line = "ready: " + ", ".join(parts)
         return line + (f" ({_count(warnings, 'warning')})" if warnings else "")

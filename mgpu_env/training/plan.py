@@ -24,7 +24,7 @@ from mgpu_env.training.precision import PrecisionChoice
 from mgpu_env.training.strategy import StrategyPlan
 
 # The settings `mgpu train` reads (the others belong to other commands, or to the
-# cluster), for the "defaults" line of the summary and the settings in metrics.json.
+# cluster), for the "settings" lines of the summary and the settings in metrics.json.
 TRAIN_SETTINGS = (
     "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "DATA_DIR",
     "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
@@ -97,10 +97,6 @@ class TrainPlan:
     def replicas(self) -> int:
         """All replicas: local ones times the number of workers."""
         return self.runtime.replicas
-
-    @property
-    def defaulted(self) -> tuple[str, ...]:
-        return tuple(d for d in self.runtime.resolved.defaulted if d in TRAIN_SETTINGS)
 
     def settings_provenance(self, names: Iterable[str] = TRAIN_SETTINGS) -> dict[str, Any]:
         """The run's settings with where each came from ({"EPOCHS": {"value": "1",
