@@ -9,7 +9,9 @@ PYTEST_ARGS ?=
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@# Colour only on a terminal, and never with NO_COLOR (https://no-color.org): logs stay plain.
+	@if [ -t 1 ] && [ -z "$${NO_COLOR:-}" ]; then on="$$(printf '\033[36m')"; off="$$(printf '\033[0m')"; fi; \
+	awk -v on="$${on:-}" -v off="$${off:-}" 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %s%-16s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml requirements.lock requirements-dev.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

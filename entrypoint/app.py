@@ -8,12 +8,14 @@ import typer
 
 from entrypoint import bench, doctor, train
 from entrypoint.options import DEBUG
+from mgpu_env.about import about
+from mgpu_env.hardware import tfimport
 
 app = typer.Typer(
     name="mgpu",
     help="Multi-GPU TensorFlow training with MirroredStrategy, and the checks around it.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 app.command("train")(train.command)
@@ -21,15 +23,32 @@ app.command("doctor")(doctor.command)
 app.command("bench")(bench.command)
 
 
+def show_version(value: bool) -> None:
+    if value:
+        typer.echo(about().line())
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     debug: Annotated[
         bool,
-        typer.Option("--debug", envvar="MGPU_DEBUG", help="Show tracebacks for errors."),
+        typer.Option(
+            "--debug", envvar="MGPU_DEBUG",
+            help="Show tracebacks for errors, and TensorFlow's start-up log.",
+        ),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", callback=show_version, is_eager=True,
+            help="Print mgpu's, TensorFlow's and Python's versions (and the image's tag).",
+        ),
     ] = False,
 ) -> None:
     """Settings come from flags, the environment, a .env file, then defaults."""
     DEBUG.enabled = debug
+    tfimport.STARTUP_LOG.show = debug
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -21,7 +21,9 @@ from entrypoint.options import (
     resolve,
     with_settings,
 )
-from mgpu_env.doctor import Report, SmokeResult, diagnose
+from mgpu_env.config.settings import SettingsErrors
+from mgpu_env.doctor import Report, SmokeResult, diagnose, unusable_settings
+from mgpu_env.doctor.report import BugReport, build_report
 
 STYLES = {"ok": "green", "warn": "yellow", "error": "bold red", "skip": "dim"}
 LABELS = {"ok": "ok", "warn": "WARN", "error": "ERROR", "skip": "skip"}
@@ -32,8 +34,7 @@ def exit_code(report: Report, strict: bool) -> int:
     the smoke job failed."""
     if report.bad_settings:
         return EXIT_BAD_CONFIG
-    smoke_failed = report.smoke is not None and not report.smoke.ok
-    return EXIT_FAILED if report.failing(strict) or smoke_failed else EXIT_OK
+    return EXIT_FAILED if report.failing(strict) or report.smoke_failed else EXIT_OK
 
 
 def render_smoke(smoke: SmokeResult, console: Console) -> None:
@@ -51,7 +52,7 @@ def render_smoke(smoke: SmokeResult, console: Console) -> None:
     if smoke.error:
         table.add_row(Text(LABELS["error"], style=STYLES["error"]), "job",
                       f"{smoke.seconds:.2f} s", smoke.error)
-    console.print(table)
+    print_trimmed(console, table)
     for fix in smoke.failures:
         line = Text("fix: ", style=STYLES["error"])
         line.append(fix)
@@ -64,9 +65,23 @@ def render_smoke(smoke: SmokeResult, console: Console) -> None:
     console.print(Text(verdict, style=STYLES["ok"] if smoke.ok else STYLES["error"]))
 
 
+def print_trimmed(console: Console, renderable: RenderableType) -> None:
+    """Print without the spaces rich pads each table line with: invisible on a terminal,
+    but noise in a log or a diff."""
+    with console.capture() as captured:
+        console.print(renderable)
+    text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+    console.file.write(text + "\n")
+    console.file.flush()
+
+
 def render(report: Report, console: Console, strict: bool) -> None:
-    """A compact table (status, check, found; expected under a finding that is off), then
-    the fixes, numbered, each listed once."""
+    """The verdict, a compact table (status, check, found; expected under a finding that is
+    off), then the fixes, numbered, each listed once."""
+    code = exit_code(report, strict)
+    print_trimmed(
+        console, Text(report.verdict(strict), style=STYLES["error"] if code else STYLES["ok"])
+    )
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("Status", no_wrap=True)
     table.add_column("Check", no_wrap=True)
@@ -85,24 +100,25 @@ def render(report: Report, console: Console, strict: bool) -> None:
         table.add_row(
             Text(LABELS[check.status], style=STYLES[check.status]), check.title, found
         )
-    console.print(table)
+    print_trimmed(console, table)
     for number, (fix, status) in enumerate(fixes, start=1):
         line = Text(f"[{number}] ", style=STYLES[status])
         line.append(fix)
-        console.print(line)
+        print_trimmed(console, line)
     errors, warnings = len(report.errors), len(report.warnings)
-    code = exit_code(report, strict)
     summary = f"{errors} error(s), {warnings} warning(s)"
     if strict and warnings:
         summary += " (--strict: warnings count as errors)"
     if report.bad_settings:
         summary += "; GPUS does not fit this machine (exit 2)"
-    console.print(Text(summary, style=STYLES["error"] if code else STYLES["ok"]))
+    print_trimmed(console, Text(summary, style=STYLES["error"] if code else STYLES["ok"]))
     if report.smoke is not None:
         render_smoke(report.smoke, console)
 
 
-@with_settings(only=("GPUS", "MIXED_PRECISION", "XLA", "VIRTUAL_DEVICES", "CROSS_DEVICE_OPS"))
+@with_settings(
+    only=("GPUS", "MIXED_PRECISION", "XLA", "VIRTUAL_DEVICES", "CROSS_DEVICE_OPS", "ENV_FILE")
+)
 def command(
     flags: SettingFlags,
     as_json: Annotated[
@@ -124,19 +140,104 @@ def command(
             "in a child process with a timeout.",
         ),
     ] = False,
+    bug_report: Annotated[
+        bool,
+        typer.Option("--report", help="Print a Markdown block to paste into a bug report "
+                                       "(versions, GPUs, packages, settings; secrets masked)."),
+    ] = False,
 ) -> None:
     """Check driver, CUDA, cuDNN, GPUs, links and the container; say how to fix problems.
 
     Exit 0 no errors, 1 an error (or, with --strict, a warning; or the --smoke job
     failed), 2 a bad setting.
     """
-    report = diagnose(resolve(flags), os.environ, with_tensorflow=not no_tf, smoke=smoke)
+    try:
+        resolved = resolve(flags)
+    except SettingsErrors as err:
+        if not as_json:
+            raise
+        # A CI parser reads stdout: it gets JSON that says why nothing was checked.
+        data = unusable_settings(err.errors)
+        data["summary"].update(strict=strict, exit_code=EXIT_BAD_CONFIG)
+        typer.echo(json.dumps(data, indent=2))
+        typer.echo(err.user_message(), err=True)
+        raise typer.Exit(code=EXIT_BAD_CONFIG) from None
+    report = diagnose(resolved, os.environ, with_tensorflow=not no_tf, smoke=smoke)
     code = exit_code(report, strict)
     if as_json:
-        data = report.to_dict()
+        data = report.to_dict(strict)
         data["summary"]["strict"] = strict
         data["summary"]["exit_code"] = code
+        data["settings_warnings"] = list(resolved.warnings)
+        if bug_report:
+            data["report"] = build_report(report, resolved, os.environ, strict=strict).to_dict()
         typer.echo(json.dumps(data, indent=2, default=str))
+    elif bug_report:
+        typer.echo(render_markdown(build_report(report, resolved, os.environ, strict=strict)))
     else:
         render(report, Console(), strict)
     raise typer.Exit(code=code)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(report: BugReport) -> str:
+    """The bug report as Markdown: headed bullet lists and tables, inside <details> so a
+    long report stays folded in an issue."""
+    about = report.about
+    lines = [
+        "<details><summary>mgpu doctor --report: " + report.verdict + "</summary>",
+        "",
+        "### mgpu",
+        f"- mgpu: {about.mgpu}",
+        f"- image: {about.image_tag or 'not in the image (MGPU_IMAGE_TAG unset)'}",
+        f"- verdict: {report.verdict}",
+        "",
+        "### System",
+        *[f"- {key}: {value}" for key, value in report.system.items()],
+        "",
+        "### TensorFlow",
+        *[f"- {key}: {value}" for key, value in report.tensorflow.items()],
+        "",
+        "### Driver and GPUs",
+        *[f"- {key}: {value}" for key, value in report.driver.items()],
+        f"- NCCL: {report.nccl}",
+    ]
+    if report.gpus:
+        lines += ["", *_table(
+            ("GPU", "name", "memory", "compute capability", "MIG", "used"),
+            [(str(g.index), g.name, g.memory, g.compute_capability, g.mig,
+              "yes" if g.used else "no") for g in report.gpus],
+        )]
+    else:
+        lines.append("- GPUs: none found")
+    lines += ["", "### Packages that differ from requirements.lock"]
+    packages = report.packages
+    if not packages.ok or packages.value is None:
+        lines.append(f"- {packages.text()}")
+    elif not packages.value:
+        lines.append("- none: every locked package is installed at its locked version")
+    else:
+        lines += _table(("package", "locked", "installed"),
+                        [(p.name, p.locked, p.installed or "not installed")
+                         for p in packages.value])
+    lines += ["", "### Settings", *_table(
+        ("setting", "value", "source"),
+        [(name, entry["value"] or "(empty)", entry["source"])
+         for name, entry in report.settings.items()],
+    )]
+    if report.environment:
+        lines += ["", "### Environment", "```",
+                  *[f"{name}={value}" for name, value in report.environment.items()], "```"]
+    if report.problems:
+        lines += ["", "### Findings", *[f"- {status.upper()} {title}: {found}"
+                                        for status, title, found in report.problems]]
+    lines += ["", "</details>"]
+    return "\n".join(lines)

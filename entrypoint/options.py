@@ -21,6 +21,7 @@ import typer
 from mgpu_env.config.errors import MgpuError
 from mgpu_env.config.settings import (
     DECLARATIONS,
+    Declaration,
     ResolvedSettings,
     resolve_settings,
 )
@@ -33,10 +34,64 @@ EXIT_BAD_CONFIG = 2
 SettingFlags = dict[str, str | None]
 
 
-def _option_help(env: str) -> str:
-    declaration = next(d for d in DECLARATIONS if d.env == env)
+def _hide_flag_types() -> None:
+    """typer 0.29's rich help prints a type after every option, flags too (`--help <bool>`,
+    `--xla/--no-xla <bool>`), although a flag takes no value: show none for flags."""
+    option = typer.core.TyperOption
+    shown = option.display_type_rich
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    setattr(option, "display_type_rich", display_type_rich)  # noqa: B010
+
+
+_hide_flag_types()
+
+
+SETTINGS_PANEL = "Settings (flag > environment > .env > default)"
+
+
+def _option_help(declaration: Declaration, command: str) -> str:
     default = declaration.default or "empty"
-    return f"{declaration.help} (env {env}, default {default})"
+    if declaration.kind == "switch":
+        default = "on" if declaration.parse(declaration.default) else "off"
+    return f"{declaration.help_on(command)} (env {declaration.env}, default {default})"
+
+
+def _setting_option(declaration: Declaration, command: str) -> inspect.Parameter:
+    """One setting's typer option: `--name VALUE`, or for a switch `--name/--no-name`
+    (plus its short flag), which passes no value and so cannot swallow the next flag."""
+    if declaration.kind == "switch":
+        names = [f"{declaration.flag}/{declaration.off_flag}"]
+        names += [declaration.short] if declaration.short else []
+        annotation: Any = Annotated[
+            bool | None,
+            typer.Option(
+                *names, help=_option_help(declaration, command), show_default=False,
+                rich_help_panel=SETTINGS_PANEL,
+            ),
+        ]
+    else:
+        names = [declaration.flag] + ([declaration.short] if declaration.short else [])
+        annotation = Annotated[
+            str | None,
+            typer.Option(
+                *names, help=_option_help(declaration, command), metavar=declaration.metavar,
+                show_default=False, rich_help_panel=SETTINGS_PANEL,
+            ),
+        ]
+    return inspect.Parameter(
+        declaration.field_name, inspect.Parameter.KEYWORD_ONLY, default=None,
+        annotation=annotation,
+    )
+
+
+def _as_text(value: str | bool | None) -> str | None:
+    # A switch's flag arrives as a bool; the library parses every setting from its text.
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return value
 
 
 def with_settings(
@@ -65,30 +120,13 @@ def with_settings(
             for p in inspect.signature(command).parameters.values()
             if p.name != "flags"
         ]
-        setting_params = [
-            inspect.Parameter(
-                d.field_name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[
-                    str | None,
-                    typer.Option(
-                        d.flag,
-                        help=_option_help(d.env),
-                        metavar=d.metavar,
-                        show_default=False,
-                        rich_help_panel="Settings (flag > environment > .env > default)",
-                    ),
-                ],
-            )
-            for d in declarations
-        ]
+        setting_params = [_setting_option(d, scope) for d in declarations]
         by_field = {d.field_name: d.env for d in declarations}
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
             flags: SettingFlags = {
-                by_field[k]: kwargs.pop(k) for k in list(kwargs) if k in by_field
+                by_field[k]: _as_text(kwargs.pop(k)) for k in list(kwargs) if k in by_field
             }
             with exit_codes():
                 return command(flags=flags, **kwargs)
@@ -121,6 +159,11 @@ def exit_codes() -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
         raise  # typer's own way out, with its own code
+    except BrokenPipeError:
+        # The reader went away (`mgpu train | head`): nothing more can be shown, and
+        # Python must not complain about it again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        raise typer.Exit(code=EXIT_FAILED) from None
     except MgpuError as err:
         if DEBUG.enabled:
             raise
@@ -135,8 +178,14 @@ def exit_codes() -> Iterator[None]:
 
 
 def resolve(flags: SettingFlags) -> ResolvedSettings:
-    """The settings: flag > environment > settings file > default. Raises SettingsErrors."""
-    return resolve_settings(flags, os.environ)
+    """The settings: flag > environment > settings file > default. Raises SettingsErrors.
+
+    Names that look like a mistyped setting are warned about on stderr.
+    """
+    resolved = resolve_settings(flags, os.environ)
+    for warning in resolved.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    return resolved
 
 
 @dataclass

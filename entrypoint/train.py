@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
-from entrypoint.options import SettingFlags, resolve, with_settings
+from entrypoint.options import EXIT_BAD_CONFIG, SettingFlags, fail, resolve, with_settings
 from mgpu_env.runtime import build_runtime
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
@@ -44,10 +48,35 @@ def plan_lines(plan: TrainPlan) -> list[str]:
         f"  epochs         {plan.settings.epochs}, {resume}",
         f"  output         {output}",
     ]
-    if plan.defaulted:
-        lines.append(f"  defaults       {', '.join(sorted(plan.defaulted))}")
+    lines.extend(settings_lines(plan.settings_provenance()))
     lines.extend(f"  note: {note}" for note in plan.notes)
     return lines
+
+
+def settings_lines(provenance: dict[str, dict[str, str]], width: int = 100) -> list[str]:
+    """`EPOCHS=1 (env), GPUS=all (default), BATCH_SIZE=128 (.env)`: the ones set first,
+    wrapped under a `settings` heading."""
+    items = sorted(provenance.items(), key=lambda item: item[1]["source"] == "default")
+    words = [
+        f"{name}={entry['value'] if entry['value'] else '(empty)'} ({entry['source']})"
+        for name, entry in items
+    ]
+    lines, current = [], ""
+    for word in words:
+        if current and 17 + len(current) + len(", ") + len(word) + len(",") > width:
+            lines.append(current + ",")
+            current = word
+        else:
+            current = f"{current}, {word}" if current else word
+    if current:
+        lines.append(current)
+    return [f"  {'settings' if i == 0 else '':<15}{line}" for i, line in enumerate(lines)]
+
+
+def interactive(stream: TextIO, environ: Mapping[str, str]) -> bool:
+    """A terminal that takes colour: Keras' redrawn, coloured progress bar is for it only.
+    Anything else (a pipe, a log file, NO_COLOR) gets one plain line per epoch."""
+    return stream.isatty() and not environ.get("NO_COLOR")
 
 
 @with_settings()
@@ -56,13 +85,14 @@ def command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the resolved plan and exit.")
     ] = False,
-    quiet_flag: Annotated[
-        bool, typer.Option("-q", help="Same as QUIET=1: no per-epoch progress bars.")
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --dry-run: print the plan as one JSON object.")
     ] = False,
 ) -> None:
     """Train the seed's MNIST model on every selected GPU with MirroredStrategy."""
-    if quiet_flag:
-        flags["QUIET"] = "1"
+    if as_json and not dry_run:
+        fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
+             EXIT_BAD_CONFIG)
     resolved = resolve(flags)
     runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
     runtime.apply()
@@ -70,15 +100,24 @@ def command(
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
     from mgpu_env.training.loop import run_training
     from mgpu_env.training.plan import plan_training
-    from mgpu_env.training.report import ProgbarReporter, Reporter
+    from mgpu_env.training.report import EpochLineReporter, ProgbarReporter, Reporter
 
     plan = plan_training(runtime)
+    if dry_run and as_json:
+        typer.echo(json.dumps(plan.to_dict(), indent=2))
+        return
     typer.echo("mgpu train: dry run, nothing is trained or written" if dry_run else "mgpu train")
     for line in plan_lines(plan):
         typer.echo(line)
     if dry_run:
         return
-    reporter = Reporter() if resolved.settings.quiet else ProgbarReporter(typer.echo)
+    reporter: Reporter
+    if resolved.settings.quiet:
+        reporter = Reporter()
+    elif interactive(sys.stdout, os.environ):
+        reporter = ProgbarReporter(typer.echo)
+    else:
+        reporter = EpochLineReporter(typer.echo)
     result = run_training(plan, reporter)
     if result.already_finished:
         typer.echo(f"Nothing to do: {plan.output_dir} already holds a finished run.")

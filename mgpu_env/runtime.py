@@ -34,6 +34,7 @@ from mgpu_env.config.settings import (
 )
 from mgpu_env.hardware import cpu, cudalibs, nvml
 from mgpu_env.hardware.devices import (
+    TF_DEVICE_TYPES,
     DeviceSplit,
     GpuSelection,
     apply_split,
@@ -72,11 +73,14 @@ class Execution:
     def prepare_tensorflow(self) -> None:
         """Split the devices and set the Keras precision policy (layers read it when built).
 
-        Imports TensorFlow; call once per process, before its runtime starts (the split is
-        fixed then). Raises RunFailed when TensorFlow sees other devices than planned.
+        Imports TensorFlow (quietly: `hardware.tfimport`); call once per process, before its
+        runtime starts (the split is fixed then). Raises RunFailed when TensorFlow sees other
+        devices than planned.
         """
+        from mgpu_env.hardware.tfimport import import_tensorflow
         from mgpu_env.training.precision import apply_precision
 
+        import_tensorflow()
         try:
             apply_split(self.split)
         except RuntimeError as err:
@@ -166,7 +170,7 @@ class Runtime:
         point): the same rules and settings, other devices or precision."""
         return decide_execution(
             {k: v for k, v in self.environment.items()
-             if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")},
+             if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", TF_DEVICE_TYPES)},
             gpus, cuda_visible_devices, virtual_devices=virtual_devices,
             mixed_precision=mixed_precision,
             cross_device_ops=self.settings.cross_device_ops,
@@ -275,5 +279,7 @@ def decide_execution(
         cross_device_ops, split.names, split.device_type, split.physical,
         nccl_available=nccl, role=role,
     )
-    environment = {**base_environment, **cuda_environment(cuda_visible_devices)}
+    environment = {
+        **base_environment, **cuda_environment(cuda_visible_devices, uses_gpu=bool(gpus))
+    }
     return Execution(environment, split, precision, strategy)

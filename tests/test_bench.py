@@ -330,7 +330,7 @@ def test_cli_writes_json_and_png_and_prints_the_table(
 ) -> None:
     monkeypatch.setattr(bench, "run_child", fake_runner())
     result = CliRunner().invoke(
-        app, ["bench", "--virtual-devices", "2", "--bench-compare", "1"],
+        app, ["bench", "--virtual-devices", "2", "--bench-compare"],
         env={"GPUS": "none", "OUTPUT_DIR": str(tmp_path), "COLUMNS": "120"},
     )
     assert result.exit_code == 0, result.output

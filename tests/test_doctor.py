@@ -64,13 +64,15 @@ def test_no_nvml_library(monkeypatch: pytest.MonkeyPatch) -> None:
     assert results["driver.nvml"].status == "warn"
     assert "could not collect" in results["driver.nvml"].found
     assert results["driver.version"].status == "skip"
-    assert results["visible.request"].status == "warn"
+    # One cause, one warning: the request line is a consequence of the driver line.
+    assert results["visible.request"].status == "skip"
     assert "CPU" in results["visible.request"].found
+    assert "Driver (NVML)" in results["visible.request"].found
 
 
 @pytest.mark.parametrize(
     ("setting", "nvml_status", "request_status", "bad_setting"),
-    [("all", "warn", "warn", False), ("0", "error", "error", True), ("none", "skip", "ok", False)],
+    [("all", "warn", "skip", False), ("0", "error", "error", True), ("none", "skip", "ok", False)],
 )
 def test_driver_not_loaded_by_request(
     use_fake_nvml: Install, setting: str, nvml_status: str, request_status: str,
@@ -87,9 +89,18 @@ def test_in_container_without_gpus_names_the_toolkit(use_fake_nvml: Install) -> 
     use_fake_nvml(FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
     host = healthy_host(device_files=Probed(value=()))
     results = by_id(make_facts("all", host=host))
-    assert results["driver.device_files"].status == "warn"
-    assert "--gpus all" in results["driver.device_files"].fix
+    # No driver in a container: one warning (the driver line, with the container's fix);
+    # the missing device files are the same cause, shown but not counted again.
+    assert [c.id for c in results.values() if c.status == "warn"] == ["driver.nvml"]
+    assert results["driver.device_files"].status == "skip"
+    assert "Driver (NVML)" in results["driver.device_files"].found
+    assert "--gpus all" in results["driver.nvml"].fix
     assert "NVIDIA Container Toolkit" in results["driver.nvml"].fix
+    # With NVML working but no device files (an odd mount), the files are the finding.
+    use_fake_nvml(fake_with(0))
+    alone = by_id(make_facts("all", host=host))
+    assert alone["driver.device_files"].status == "warn"
+    assert "--gpus all" in alone["driver.device_files"].fix
     outside = by_id(make_facts("all", host=healthy_host(in_container=Probed(value=False))))
     assert outside["driver.device_files"].status == "skip"
 

@@ -72,3 +72,20 @@ def test_a_multi_worker_role_gives_a_multi_worker_plan() -> None:
     plan = plan_strategy("auto", GPUS2, "GPU", 2, role=role)
     assert plan.kind == "multi_worker" and plan.cross_device_ops == "nccl"
     assert not WorkerRole("worker", 0, 2, _has_chief=True).is_chief
+
+
+@pytest.mark.parametrize(
+    ("requested", "devices", "role", "note"),
+    [
+        ("nccl", ("/device:CPU:0",), None, "CROSS_DEVICE_OPS=nccl is not used: with one replica"),
+        ("auto", ("/device:CPU:0",), None, ""),
+        ("hierarchical_copy", ("/device:CPU:0",), WorkerRole("worker", 0, 2),
+         "CROSS_DEVICE_OPS=hierarchical_copy is not used: between workers"),
+        ("auto", ("/device:CPU:0",), WorkerRole("worker", 0, 2), ""),
+    ],
+)
+def test_an_overridden_request_is_said(
+    requested: str, devices: tuple[str, ...], role: WorkerRole | None, note: str
+) -> None:
+    plan = plan_strategy(requested, devices, "CPU", 1, role=role)
+    assert plan.note.startswith(note) if note else plan.note == ""

@@ -10,10 +10,11 @@ validation. Nothing here imports TensorFlow, so bad values are refused in millis
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -294,11 +295,17 @@ def setting(
     *,
     metavar: str = "TEXT",
     scope: str = "common",
+    kind: SettingKind = "value",
+    short: str = "",
+    help_for: Mapping[str, str] | None = None,
 ) -> Any:
     """Declare one setting as a dataclass field: its env var, default text, help, parser.
 
     `scope` names the one command whose flags show it ("bench"); "common" settings show on
     every command that takes settings. Every command still validates every setting.
+    `kind` "switch" makes an on/off flag pair (`--xla/--no-xla`) instead of `--xla VALUE`;
+    its text in the environment or a file is still parsed by `parse` (0/1, true/false, ...).
+    `short` is a one-letter flag (`-q`); `help_for` replaces the help on one command's flags.
     """
     return field(
         default=parse(default),
@@ -310,10 +317,14 @@ def setting(
             "valid": valid,
             "metavar": metavar,
             "scope": scope,
+            "kind": kind,
+            "short": short,
+            "help_for": dict(help_for or {}),
         },
     )
 
 
+SettingKind = Literal["value", "switch"]
 MixedPrecision = Literal["0", "1", "fp16", "bf16"]
 CrossDeviceOps = Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one"]
 DatasetName = Literal["auto", "mnist", "digits", "synthetic", "fashion_mnist"]
@@ -366,11 +377,15 @@ class Settings:
         "Where checkpoints, logs, the model and metrics.json go; the same folder again "
         "resumes. Empty: runs/<RUN_NAME or timestamp>.",
         parse_optional_output_dir, "a folder (created if missing), or empty", metavar="DIR",
+        help_for={"bench": "Where bench.json and bench.png go. Empty: "
+                           "runs/bench-<RUN_NAME or timestamp>."},
     )
     run_name: str = setting(
         "RUN_NAME", "", "Name of the run folder under runs/ when OUTPUT_DIR is empty.",
         parse_run_name, "a folder name: letters, digits, '.', '_', '-' (no '/')",
         metavar="NAME",
+        help_for={"bench": "Names the results folder runs/bench-<RUN_NAME> when OUTPUT_DIR "
+                           "is empty."},
     )
     virtual_devices: int = setting(
         "VIRTUAL_DEVICES", "0",
@@ -380,7 +395,7 @@ class Settings:
     )
     xla: bool = setting(
         "XLA", "0", "Compile the training step with XLA (jit_compile).",
-        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch",
     )
     cross_device_ops: CrossDeviceOps = setting(
         "CROSS_DEVICE_OPS", "auto",
@@ -436,7 +451,7 @@ class Settings:
         "BENCH_COMPARE", "0",
         "mgpu bench also runs the seed's plain model.fit on the same data and device and "
         "prints the mgpu/seed throughput ratio.",
-        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1", scope="bench",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope="bench",
     )
     bench_timeout: int = setting(
         "BENCH_TIMEOUT", "900",
@@ -475,8 +490,8 @@ class Settings:
         metavar="SECONDS",
     )
     quiet: bool = setting(
-        "QUIET", "0", "Print no per-epoch progress bars, only the start and end summaries.",
-        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1",
+        "QUIET", "0", "Print no per-epoch progress, only the start and end summaries.",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", short="-q",
     )
     env_file: Path | None = setting(
         "ENV_FILE", "",
@@ -494,6 +509,23 @@ class Settings:
             out[f.metadata["env"]] = "" if value is None else str(value)
         return out
 
+    def as_text(self) -> dict[str, str]:
+        """The settings as a user would write them (lists comma-separated, switches 0/1),
+        keyed by env var."""
+        out: dict[str, str] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                text = ""
+            elif isinstance(value, bool):
+                text = "1" if value else "0"
+            elif isinstance(value, tuple):
+                text = ",".join(str(v) for v in value)
+            else:
+                text = str(value)
+            out[f.metadata["env"]] = text
+        return out
+
 
 @dataclass(frozen=True)
 class Declaration:
@@ -507,10 +539,22 @@ class Declaration:
     metavar: str
     scope: str
     parse: Callable[[str], Any]
+    kind: SettingKind = "value"
+    short: str = ""
+    help_for: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def flag(self) -> str:
         return "--" + self.env.lower().replace("_", "-")
+
+    @property
+    def off_flag(self) -> str:
+        """A switch's "off" flag: --no-xla."""
+        return "--no-" + self.flag.removeprefix("--")
+
+    def help_on(self, command: str) -> str:
+        """The help text on one command's flags (most share the common one)."""
+        return self.help_for.get(command, self.help)
 
 
 DECLARATIONS: tuple[Declaration, ...] = tuple(
@@ -523,6 +567,9 @@ DECLARATIONS: tuple[Declaration, ...] = tuple(
         metavar=f.metadata["metavar"],
         scope=f.metadata["scope"],
         parse=f.metadata["parse"],
+        kind=f.metadata["kind"],
+        short=f.metadata["short"],
+        help_for=f.metadata["help_for"],
     )
     for f in dataclasses.fields(Settings)
 )
@@ -531,16 +578,94 @@ BY_ENV: dict[str, Declaration] = {d.env: d for d in DECLARATIONS}
 
 @dataclass(frozen=True)
 class ResolvedSettings:
-    """Settings plus where each value came from, for summaries and error messages."""
+    """Settings plus where each value came from, for summaries and error messages.
+
+    `warnings` are user-facing lines about names that look like a mistyped setting; the
+    CLI prints them on stderr.
+    """
 
     settings: Settings
     sources: dict[str, str]
     env_file: Path | None
     env_file_values: dict[str, str]
+    warnings: tuple[str, ...] = ()
 
     @property
     def defaulted(self) -> list[str]:
         return [env for env, source in self.sources.items() if source == "default"]
+
+    def origin(self, env: str) -> str:
+        """Where a setting's value came from, in one word: flag, env, the file, default."""
+        source = self.sources.get(env, "default")
+        if source.startswith("flag"):
+            return "flag"
+        if source == "the environment":
+            return "env"
+        if source.startswith("file "):
+            return source.removeprefix("file ")
+        return "default"
+
+    def provenance(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        """Each setting's value (as text) and origin, in declaration order: what the start
+        summary, `--dry-run --json`, settings.json and `mgpu doctor --report` show."""
+        values = self.settings.as_text()
+        wanted = list(values) if names is None else [n for n in values if n in set(names)]
+        return {name: {"value": values[name], "source": self.origin(name)} for name in wanted}
+
+
+# Variables that share a setting's look but belong to someone else: never a typo.
+FOREIGN_PREFIXES = (
+    "NCCL_", "TF_", "CUDA_", "CUDNN_", "COMPOSE_", "HOST_", "NVIDIA_", "XLA_", "PYTHON",
+    "KERAS_", "MGPU_", "LD_", "LC_", "XDG_", "SSH_", "DOCKER_", "BUILDKIT_", "PIP_", "OMP_",
+    "KMP_", "MKL_", "ONEDNN_", "DNNL_", "GRPC_", "ABSL_", "CONDA_", "VIRTUAL_ENV", "GITHUB_",
+    "RUNNER_", "CI_", "GITLAB_", "KUBERNETES_", "SLURM_", "PMI_", "OMPI_", "HF_", "TORCH",
+    "JAX_", "TPU_", "AWS_", "GOOGLE_", "AZURE_", "NO_COLOR", "FORCE_COLOR", "TERM",
+)
+FOREIGN_NAMES = frozenset({
+    "HOME", "USER", "SHELL", "PWD", "OLDPWD", "LANG", "LOGNAME", "HOSTNAME", "COLUMNS",
+    "LINES", "SHLVL", "TMPDIR", "TZ", "EDITOR", "PAGER", "DISPLAY", "MAIL", "_",
+    # docker compose's own variables in .env.example
+    "SHM_SIZE", "TENSORBOARD_PORT",
+})
+_SETTING_LIKE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+TYPO_CUTOFF = 0.8
+
+
+def _foreign(name: str) -> bool:
+    return (
+        name in FOREIGN_NAMES
+        or name.startswith(FOREIGN_PREFIXES)
+        or name.endswith(("PATH", "PATHS"))
+    )
+
+
+def likely_setting(name: str) -> str | None:
+    """The declared setting `name` was probably meant to be (EPOCH -> EPOCHS), else None."""
+    if name in BY_ENV or not _SETTING_LIKE.match(name) or _foreign(name):
+        return None
+    matches = difflib.get_close_matches(name, list(BY_ENV), n=1, cutoff=TYPO_CUTOFF)
+    return matches[0] if matches else None
+
+
+def typo_warnings(
+    file_values: Mapping[str, str], environ: Mapping[str, str], env_file: Path | None,
+    in_effect: Mapping[str, str],
+) -> tuple[str, ...]:
+    """One line per name in the settings file or the environment that looks like a
+    mistyped setting, naming the setting it probably meant. mgpu ignores such a name (a
+    file's is exported to the run like its other variables), so the user would otherwise
+    never learn that EPOCH=3 trained for the default 5 epochs. `in_effect`: each setting's
+    value and origin as text ("5 (default)")."""
+    lines = []
+    for names, where in ((file_values, f"in {env_file}"), (environ, "in the environment")):
+        for name in sorted(names):
+            meant = likely_setting(name)
+            if meant is not None:
+                lines.append(
+                    f"{name} {where} is not a setting; did you mean {meant}? "
+                    f"({name}={names[name]!r} is ignored; {meant} is {in_effect[meant]})"
+                )
+    return tuple(lines)
 
 
 def _source_label(kind: str, declaration: Declaration, env_file: Path | None) -> str:
@@ -613,7 +738,13 @@ def resolve_settings(
     if errors:
         raise SettingsErrors(errors)
     values["env_file"] = env_file
-    return ResolvedSettings(Settings(**values), sources, env_file, file_values)
+    settings = Settings(**values)
+    in_effect = {
+        name: f"{value or '(empty)'} ({sources[name]})"
+        for name, value in settings.as_text().items()
+    }
+    warnings = typo_warnings(file_values, environ, env_file, in_effect)
+    return ResolvedSettings(settings, sources, env_file, file_values, warnings)
 
 
 def _pick(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, ResolvedSettings, SettingError, SettingsErrors
 from mgpu_env.doctor import facts as probes
@@ -40,7 +41,7 @@ from mgpu_env.doctor.checks import (
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.doctor.smoke import SmokeResult
-from mgpu_env.hardware import cudalibs, nvml, tfprobe
+from mgpu_env.hardware import compat, cudalibs, nvml, tfprobe
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
 from mgpu_env.hardware.tfprobe import TfFacts
@@ -56,6 +57,9 @@ __all__ = [
     "gather",
     "preflight",
 ]
+
+# The layout of `mgpu doctor --json`; raised when a key is removed or changes meaning.
+SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,40 @@ class Report:
         """The errors, and with `strict` the warnings too."""
         return [c for c in self.checks if c.status == "error" or (strict and c.status == "warn")]
 
-    def to_dict(self) -> dict[str, Any]:
-        """One JSON-ready object: every check, a summary, and the raw facts."""
+    @property
+    def smoke_failed(self) -> bool:
+        return self.smoke is not None and not self.smoke.ok
+
+    def verdict(self, strict: bool = False) -> str:
+        """One line before the details: `ready: 2 GPUs, TF 2.21.0, CUDA 12.5` or
+        `not ready: 1 error`."""
+        errors, warnings = len(self.errors), len(self.warnings)
+        if errors or (strict and warnings) or self.smoke_failed:
+            counted = [_count(errors, "error")] if errors else []
+            if strict and warnings:
+                counted.append(_count(warnings, "warning") + " (--strict)")
+            if self.smoke_failed:
+                counted.append("the smoke job failed")
+            return "not ready: " + ", ".join(counted)
+        gpus = len(self.facts.selected)
+        parts = [_count(gpus, "GPU") if gpus else "CPU only"]
+        tf = self.facts.tensorflow
+        version = tf.version if tf is not None else self.facts.versions.get("TensorFlow")
+        if version is not None and version.ok and version.value:
+            parts.append(f"TF {version.value}")
+        build = tf.build.value if tf is not None and tf.build.ok else None
+        if gpus and build is not None and build.is_cuda_build and build.cuda_version:
+            parts.append(f"CUDA {compat.minor_of(build.cuda_version)}")
+        line = "ready: " + ", ".join(parts)
+        return line + (f" ({_count(warnings, 'warning')})" if warnings else "")
+
+    def to_dict(self, strict: bool = False) -> dict[str, Any]:
+        """One JSON-ready object: the verdict, every check, a summary, and the raw facts."""
         return {
+            "schema_version": SCHEMA_VERSION,
+            "mgpu_version": __version__,
+            "ready": not self.failing(strict) and not self.smoke_failed,
+            "verdict": self.verdict(strict),
             "summary": {
                 "errors": len(self.errors),
                 "warnings": len(self.warnings),
@@ -94,6 +129,25 @@ class Report:
             "facts": _plain(self.facts),
             **({"smoke": _plain(self.smoke)} if self.smoke is not None else {}),
         }
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def unusable_settings(errors: list[str]) -> dict[str, Any]:
+    """`mgpu doctor --json`'s object when the settings cannot even be read (a CI parser
+    still gets JSON, with the same keys): nothing was checked, and why."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "mgpu_version": __version__,
+        "ready": False,
+        "verdict": f"not ready: {_count(len(errors), 'bad setting')}",
+        "summary": {"errors": len(errors), "warnings": 0, "bad_settings": len(errors)},
+        "settings_errors": list(errors),
+        "checks": [],
+        "facts": None,
+    }
 
 
 def _plain(value: Any) -> Any:

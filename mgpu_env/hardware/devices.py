@@ -17,6 +17,9 @@ from mgpu_env.hardware.nvml import GpuInfo, GpuListing
 
 # CUDA hides every GPU for an id that matches none; "-1" is the documented idiom.
 HIDE_ALL_GPUS = "-1"
+# TensorFlow creates devices only of the types this lists (core/common_runtime/
+# device_factory.cc); "CPU" keeps it from loading the CUDA driver at all.
+TF_DEVICE_TYPES = "TF_ENABLED_DEVICE_TYPES"
 
 
 @dataclass(frozen=True)
@@ -99,16 +102,23 @@ def select_gpus(
     return GpuSelection(request, tuple(chosen_list), ",".join(request.uuids))
 
 
-def cuda_environment(cuda_visible_devices: str | None) -> dict[str, str]:
+def cuda_environment(
+    cuda_visible_devices: str | None, *, uses_gpu: bool = True
+) -> dict[str, str]:
     """The variables that make CUDA expose exactly these GPUs, in nvidia-smi's order.
 
     The one place a CUDA_VISIBLE_DEVICES value is turned into environment variables: the
     runtime applies it to this process, `mgpu bench` to each child's environment. None
-    leaves CUDA_VISIBLE_DEVICES as the user (or a scheduler) set it.
+    leaves CUDA_VISIBLE_DEVICES as the user (or a scheduler) set it. Without a GPU
+    (`uses_gpu` false) TensorFlow's GPU device factory is switched off: even with every GPU
+    hidden it would call cuInit when it lists devices, and log an ERROR line on a healthy
+    CPU run ("failed call to cuInit").
     """
     environment = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if cuda_visible_devices is not None:
         environment["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    if not uses_gpu:
+        environment[TF_DEVICE_TYPES] = "CPU"
     return environment
 
 

@@ -23,6 +23,7 @@ from mgpu_env.hardware.cudalibs import (  # cudalibs decodes every library's ver
     decode_cudnn_version as decode_cudnn_version,
 )
 from mgpu_env.hardware.nvml import Probed, probe
+from mgpu_env.hardware.tfimport import import_tensorflow
 
 JSON_MARKER = "MGPU_TFPROBE_JSON "
 DEFAULT_TIMEOUT_S = 300.0
@@ -132,7 +133,7 @@ def collect_in_process() -> TfFacts:
     """Import TensorFlow here and ask it. Never raises. The GPU selection must be applied."""
     environment = {k: os.environ[k] for k in VISIBILITY_VARIABLES if k in os.environ}
     try:
-        import tensorflow as tf
+        tf = import_tensorflow()
     except Exception as err:
         return failed(f"TensorFlow does not import: {type(err).__name__}: {err}", environment)
     return TfFacts(

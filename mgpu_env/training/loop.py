@@ -22,11 +22,12 @@ from typing import Any
 
 from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError, RunFailed
+from mgpu_env.hardware.tfimport import import_tensorflow
 from mgpu_env.training import rundir
 from mgpu_env.training.build import Trainer, build_trainer
 from mgpu_env.training.data import Arrays, load_arrays
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
-from mgpu_env.training.plan import TRAIN_SETTINGS, TrainPlan
+from mgpu_env.training.plan import RUN_SETTINGS, TRAIN_SETTINGS, TrainPlan
 from mgpu_env.training.report import Reporter
 from mgpu_env.training.signals import Interrupted, StopRequest, stop_on_signals
 
@@ -178,7 +179,7 @@ def _train(
     plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: float,
     session: WorkerSession,
 ) -> TrainResult:
-    import tensorflow as tf
+    tf = import_tensorflow()  # the first import in a fresh run: quiet on a healthy start
 
     # Iterating a distributed dataset inside tf.function reads its options in graph mode;
     # TensorFlow warns about that on every run, and it changes nothing here.
@@ -190,6 +191,14 @@ def _train(
     _check_sizes(plan, arrays)
     trainer = _start(plan, session, arrays)
     saved, start_epoch = _restore_checkpoints(plan, trainer, session)
+    if is_chief:
+        # What this start ran with, and why (flag, env, .env, default), before any epoch.
+        rundir.atomic_write_json(plan.output_dir / rundir.SETTINGS_FILE, {
+            "mgpu_version": __version__,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "resumed_from_epoch": start_epoch,
+            "settings": plan.settings_provenance(RUN_SETTINGS),
+        })
     history = rundir.read_history(plan.output_dir, start_epoch) if start_epoch else []
     if start_epoch:
         reporter.note(f"Resuming from the checkpoint of epoch {start_epoch} in {saved.directory}")

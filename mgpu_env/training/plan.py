@@ -8,11 +8,12 @@ run folder and whether it resumes. It writes nothing; `--dry-run` prints it and 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import DeviceSplit
@@ -23,10 +24,14 @@ from mgpu_env.training.precision import PrecisionChoice
 from mgpu_env.training.strategy import StrategyPlan
 
 # The settings `mgpu train` reads (the others belong to other commands, or to the
-# cluster), for the "defaults" line of the summary and the settings in metrics.json.
+# cluster), for the "settings" lines of the summary and the settings in metrics.json.
 TRAIN_SETTINGS = (
     "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "DATA_DIR",
     "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
+)
+# What settings.json records: every setting a training run reads, the cluster's included.
+RUN_SETTINGS = (
+    *TRAIN_SETTINGS, "TF_CONFIG", "WORKER_HOSTS", "WORKER_INDEX", "WORKER_TIMEOUT", "ENV_FILE",
 )
 # Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
 # 20% held out by a stratified split.
@@ -93,9 +98,20 @@ class TrainPlan:
         """All replicas: local ones times the number of workers."""
         return self.runtime.replicas
 
-    @property
-    def defaulted(self) -> tuple[str, ...]:
-        return tuple(d for d in self.runtime.resolved.defaulted if d in TRAIN_SETTINGS)
+    def settings_provenance(self, names: Iterable[str] = TRAIN_SETTINGS) -> dict[str, Any]:
+        """The run's settings with where each came from ({"EPOCHS": {"value": "1",
+        "source": "env"}}), for the start summary, --dry-run --json and settings.json."""
+        return self.runtime.resolved.provenance(names)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole plan as JSON-ready data: what `--dry-run --json` prints."""
+        return {
+            "mgpu_version": __version__,
+            **self.describe(),
+            "notes": list(self.notes),
+            "warnings": list(self.runtime.resolved.warnings),
+            "settings": self.settings_provenance(),
+        }
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -175,6 +191,8 @@ def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) ->
     settings = runtime.settings
     preflight(runtime)
     notes = list(runtime.notes)
+    if runtime.strategy_plan.note:
+        notes.append(runtime.strategy_plan.note)
     dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)
     if dataset.note:
         notes.append(dataset.note)

@@ -5,6 +5,7 @@ Layout:
                     a second start with other values is refused rather than mixed in
     checkpoints/    tf.train.CheckpointManager's files, one per completed epoch
     history.json    per-epoch loss, accuracy and samples/s, rewritten after every epoch
+    settings.json   the settings of the latest start, each with where it came from
     logs/           TensorBoard event files (per-epoch scalars)
     model.keras     the trained model, written once training has finished
     metrics.json    the run's results, written only by a run that finished
@@ -31,6 +32,7 @@ RUNS_ROOT = Path("runs")
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.json"
 HISTORY_FILE = "history.json"
+SETTINGS_FILE = "settings.json"
 MODEL_FILE = "model.keras"
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "logs"
@@ -214,7 +216,9 @@ def completed_epochs(folder: RunFolder) -> int:
     """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
     if folder.fresh:
         return 0
-    import tensorflow as tf
+    from mgpu_env.hardware.tfimport import import_tensorflow
+
+    tf = import_tensorflow()
 
     latest = tf.train.latest_checkpoint(str(folder.checkpoint_dir))
     if latest is None:

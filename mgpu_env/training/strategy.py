@@ -55,6 +55,7 @@ class StrategyPlan:
     cross_device_ops: str  # nccl, hierarchical_copy, reduction_to_one, ring, none
     reason: str
     role: WorkerRole = SINGLE_PROCESS
+    note: str = ""  # a CROSS_DEVICE_OPS request that does not apply here, said aloud
 
     @property
     def local_replicas(self) -> int:
@@ -109,15 +110,20 @@ def plan_strategy(
         if requested == "nccl" and not (on_gpu and nccl_available):
             raise _invalid(requested, "NCCL needs GPUs and a Linux CUDA build", ["auto"])
         ops = "nccl" if on_gpu and nccl_available and not shared else "ring"
+        ignored = requested not in ("auto", ops)
         return StrategyPlan(
             "multi_worker", devices, device_type, physical_devices, ops,
             f"TF_CONFIG names {role.num_workers} worker(s); collectives use {ops}", role,
+            note=(f"CROSS_DEVICE_OPS={requested} is not used: between workers the "
+                  f"collectives use {ops}") if ignored else "",
         )
 
     if len(devices) == 1:
         return StrategyPlan(
             "mirrored", devices, device_type, physical_devices, "none",
             "one replica: nothing to all-reduce",
+            note=(f"CROSS_DEVICE_OPS={requested} is not used: with one replica there is "
+                  "nothing to all-reduce") if requested != "auto" else "",
         )
     without_nccl = ["auto", "hierarchical_copy", "reduction_to_one"]
     if requested == "nccl":

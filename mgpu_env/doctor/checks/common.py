@@ -30,6 +30,8 @@ NCCL_HINTS = (
     "(IOMMU/ACS); keep NCCL_SHM_DISABLE unset and /dev/shm large for the shared-memory path; "
     "or pick GPUs that share a switch/NVLink with GPUS=..."
 )
+# A consequence of a failing driver line: shown, but not counted as a warning of its own.
+SAME_CAUSE_AS_NVML = " (a consequence of the Driver (NVML) line)"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import re
 from mgpu_env.doctor.checks.common import (
     FIX_DRIVER_IN_CONTAINER,
     MIB,
+    SAME_CAUSE_AS_NVML,
     Check,
     Status,
     limit_text,
@@ -48,6 +49,9 @@ def check_device_files(facts: Facts) -> Check:
     if not wants_gpus(facts):
         return Check("driver.device_files", title, "skip", found, "not needed with GPUS=none")
     status: Status = "warn" if facts.request.kind == "all" else "error"
+    if status == "warn" and not facts.nvml.listing.available:
+        # One cause, one warning: the driver line already says the container has no GPUs.
+        return Check("driver.device_files", title, "skip", found + SAME_CAUSE_AS_NVML, expected)
     return Check("driver.device_files", title, status, found, expected, FIX_DRIVER_IN_CONTAINER)
 
 

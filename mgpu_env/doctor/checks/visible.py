@@ -3,7 +3,14 @@ TensorFlow finally lists."""
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import TF_SKIPPED, Check, gpu_names, nvml_fix, wants_gpus
+from mgpu_env.doctor.checks.common import (
+    SAME_CAUSE_AS_NVML,
+    TF_SKIPPED,
+    Check,
+    gpu_names,
+    nvml_fix,
+    wants_gpus,
+)
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.devices import visible_gpus
 
@@ -25,6 +32,11 @@ def check_request(facts: Facts) -> Check:
     selection = facts.selection
     if facts.request.kind == "none":
         return Check("visible.request", title, "ok", "GPUS=none: training uses the CPU", expected)
+    if selection.uses_cpu and not facts.nvml.listing.available:
+        # The driver line is the cause and already says training will use the CPU.
+        return Check("visible.request", title, "skip",
+                     f"GPUS={facts.request}: no GPU, training will use the CPU"
+                     + SAME_CAUSE_AS_NVML, expected)
     if selection.uses_cpu:
         return Check(
             "visible.request", title, "warn",
