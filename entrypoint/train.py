@@ -41,6 +41,7 @@ def plan_lines(plan: TrainPlan) -> list[str]:
         f"  xla            {'on (forward and backward pass)' if plan.xla else 'off'}",
         f"  dataset        {plan.dataset.describe()}: {plan.train_size} train, "
         f"{plan.test_size} test",
+        f"  model          {_model_line(plan)}",
         f"  epochs         {plan.settings.epochs}, {resume}",
         f"  output         {output}",
     ]
@@ -48,6 +49,13 @@ def plan_lines(plan: TrainPlan) -> list[str]:
         lines.append(f"  defaults       {', '.join(sorted(plan.defaulted))}")
     lines.extend(f"  note: {note}" for note in plan.notes)
     return lines
+
+
+def _model_line(plan: TrainPlan) -> str:
+    shape = f"input {plan.input_shape}, {plan.num_classes} classes"
+    if plan.model == "mlp":
+        return f"mlp (the seed's MLP), {shape}"
+    return f"{plan.model} (your builder), {shape}"
 
 
 @with_settings()
