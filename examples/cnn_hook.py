@@ -23,7 +23,7 @@ def build(input_shape: tuple[int, ...], num_classes: int) -> Any:
     from keras import layers
 
     inputs = keras.Input(shape=input_shape)
-    side = int(round(float(np.prod(input_shape)) ** 0.5))
+    side = round(float(np.prod(input_shape)) ** 0.5)
     x = layers.Reshape((side, side, 1))(inputs)  # rows or images: one channel
     x = layers.Conv2D(16, 3, activation="relu", padding="same")(x)
     x = layers.MaxPooling2D()(x)

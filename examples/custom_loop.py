@@ -19,9 +19,9 @@ from pathlib import Path
 
 import keras
 import tensorflow as tf
+from keras_fit import digits  # next to this script: python puts its folder on sys.path
 
 import mgpu_env
-from keras_fit import digits  # next to this script: python puts its folder on sys.path
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ def main() -> None:
     # Keras splits each global batch between the replicas.
     model.fit(x_train, y_train, epochs=args.epochs, batch_size=global_batch,
               callbacks=[backup], verbose=2)
-    loss, accuracy = model.evaluate(x_test, y_test, batch_size=global_batch, verbose=0)
+    _, accuracy = model.evaluate(x_test, y_test, batch_size=global_batch, verbose=0)
     print(f"test accuracy: {accuracy:.4f}")
     if mgpu_env.is_chief():
         model.save(run_dir / "model.keras")
