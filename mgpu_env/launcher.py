@@ -43,6 +43,12 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime import Runtime
 from mgpu_env.training.strategy import StrategyPlan
 
+# Settings of the packaged loop that `mgpu run` does not apply: the script has its own
+# epochs, batch, optimizer, data, model, seed, jit_compile, checkpoints and outputs.
+SCRIPT_DECIDES = (
+    "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "MODEL", "DATA_DIR", "XLA", "SEED",
+    "WORKER_TIMEOUT",
+)
 # Python's own exit code for a script killed by an uncaught KeyboardInterrupt (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 
@@ -144,6 +150,15 @@ def summary(runtime: Runtime, target: Target) -> list[str]:
         f", all-reduce {plan.cross_device_ops}"
     ]
     lines.extend(f"  note: {note}" for note in runtime.notes)
+    not_applied = [
+        f"{env}={runtime.settings.describe()[env]}" for env in SCRIPT_DECIDES
+        if runtime.resolved.sources.get(env, "default") != "default"
+    ]
+    if not_applied:
+        lines.append(
+            f"  note: {', '.join(not_applied)}: mgpu train's settings, which your script "
+            "decides for itself (they are in mgpu_env.api.runtime().settings)"
+        )
     return lines
 
 

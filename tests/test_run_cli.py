@@ -111,6 +111,8 @@ def test_settings_flags_go_before_the_script_and_the_rest_is_the_scripts(
     runtime = seen["runtime"]
     assert runtime.settings.epochs == 3 and runtime.replicas == 2  # type: ignore[attr-defined]
     assert "mgpu run" in result.stderr and "2 x logical CPU" in result.stderr
+    # EPOCHS is the packaged loop's: the summary says the script decides it.
+    assert "EPOCHS=3: mgpu train's settings, which your script decides" in result.stderr
 
 
 # ------------------------------------------------------------------------ running a script
