@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_multiworker_run import free_ports
+from tests.test_multiworker_run import free_ports, log_of, two_workers, wait_all
 from tests.test_train_run import metrics, wait_for_epochs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -313,6 +313,18 @@ def test_hooks_train_resume_after_kill_9_and_write_every_output(tmp_path: Path) 
         env=run_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
     )
     assert check.stdout.split() == ["small_cnn", "Conv2D"], check.stderr
+
+
+def test_hooks_train_on_two_workers_and_only_the_chief_writes(tmp_path: Path) -> None:
+    hooks = {**HOOKS, "PYTHONPATH": str(REPO)}
+    with two_workers(tmp_path, w0=hooks, w1=hooks) as processes:
+        codes = wait_all(tmp_path, processes)
+    assert codes == [0, 0], log_of(tmp_path, 0)[-3000:] + log_of(tmp_path, 1)[-3000:]
+    chief = metrics(tmp_path / "out0")
+    assert chief["replicas"] == 2 and chief["settings"]["MODEL"] == HOOKS["MODEL"]
+    assert chief["dataset"] == HOOKS["DATASET"] and chief["epochs_completed"] == 2
+    assert (tmp_path / "out0" / "model.keras").is_file()
+    assert not (tmp_path / "out1" / "model.keras").exists()
 
 
 def test_a_builder_that_does_not_fit_the_data_exits_2(tmp_path: Path) -> None:
