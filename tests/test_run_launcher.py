@@ -315,6 +315,23 @@ def test_hooks_train_resume_after_kill_9_and_write_every_output(tmp_path: Path) 
     assert check.stdout.split() == ["small_cnn", "Conv2D"], check.stderr
 
 
+def test_sigterm_stops_a_hooked_run_at_a_step_and_it_resumes(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    settings = {**HOOKS, "EPOCHS": "200", "OUTPUT_DIR": str(output)}
+    process = start(tmp_path, [], "train", **settings)
+    try:
+        wait_for_epochs(output, process, 2)
+        process.send_signal(signal.SIGTERM)
+        _stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    assert "SIGTERM received" in stderr and "Traceback" not in stderr
+    result = mgpu(tmp_path, ["--dry-run"], "train", **settings)
+    assert result.returncode == 0, result.stderr
+    assert "resumes after epoch" in result.stdout
+
+
 def test_hooks_train_on_two_workers_and_only_the_chief_writes(tmp_path: Path) -> None:
     hooks = {**HOOKS, "PYTHONPATH": str(REPO)}
     with two_workers(tmp_path, w0=hooks, w1=hooks) as processes:
