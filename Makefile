@@ -45,7 +45,7 @@ test-fast: $(STAMP) ## Run the tests that need neither Docker nor long training
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy and hadolint
-	$(BIN)/ruff check mgpu_env entrypoint tests benchmarks
+	$(BIN)/ruff check mgpu_env entrypoint tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 

@@ -1,4 +1,4 @@
-"""The typer application: `mgpu train`, `mgpu doctor`, `mgpu bench`."""
+"""The typer application: `mgpu train`, `mgpu run`, `mgpu doctor`, `mgpu bench`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from entrypoint import bench, doctor, train
+from entrypoint import bench, doctor, run, train
 from entrypoint.options import DEBUG
 from mgpu_env.about import about
 from mgpu_env.hardware import tfimport
@@ -21,6 +21,7 @@ app = typer.Typer(
 app.command("train")(train.command)
 app.command("doctor")(doctor.command)
 app.command("bench")(bench.command)
+app.command("run", context_settings=run.CONTEXT_SETTINGS)(run.command)
 
 
 def show_version(value: bool) -> None:

@@ -77,7 +77,9 @@ def render_table(data: dict[str, Any]) -> Table:
     devices = data["devices"]
     kind = f"logical {devices['kind']}" if devices["logical"] else devices["kind"]
     variants = list(dict.fromkeys(p["variant"] for p in data["points"]))
-    title = f"mgpu bench: {data['settings'].get('BENCH_MODEL', '')}, {kind} devices"
+    model = data["points"][0]["model"] if data["points"] else data["settings"].get(
+        "BENCH_MODEL", "")
+    title = f"mgpu bench: {model}, {kind} devices"
     if len(variants) == 1:
         title += f", {variants[0]}"
     table = Table(title=title, caption="samples/s: median over timed intervals; IQR: "

@@ -45,6 +45,7 @@ def plan_lines(plan: TrainPlan) -> list[str]:
         f"  xla            {'on (forward and backward pass)' if plan.xla else 'off'}",
         f"  dataset        {plan.dataset.describe()}: {plan.train_size} train, "
         f"{plan.test_size} test",
+        f"  model          {_model_line(plan)}",
         f"  epochs         {plan.settings.epochs}, {resume}",
         f"  output         {output}",
     ]
@@ -77,6 +78,13 @@ def interactive(stream: TextIO, environ: Mapping[str, str]) -> bool:
     """A terminal that takes colour: Keras' redrawn, coloured progress bar is for it only.
     Anything else (a pipe, a log file, NO_COLOR) gets one plain line per epoch."""
     return stream.isatty() and not environ.get("NO_COLOR")
+
+
+def _model_line(plan: TrainPlan) -> str:
+    shape = f"input {plan.input_shape}, {plan.num_classes} classes"
+    if plan.model == "mlp":
+        return f"mlp (the seed's MLP), {shape}"
+    return f"{plan.model} (your builder), {shape}"
 
 
 @with_settings()

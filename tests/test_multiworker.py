@@ -327,7 +327,8 @@ def test_stopped_watchdog_never_fires() -> None:
 # ------------------------------------------------------------------- compose and TFJob
 
 REPO = Path(__file__).resolve().parent.parent
-NOT_SETTINGS = {"MGPU_DEBUG", "NCCL_DEBUG", "TF_CPP_MIN_LOG_LEVEL"}
+# PYTHONPATH: the mounted code (src/) imports as from its folder (MODEL=models:build).
+NOT_SETTINGS = {"MGPU_DEBUG", "NCCL_DEBUG", "TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH"}
 
 
 def test_the_compose_file_passes_real_settings_and_flags() -> None:

@@ -1,4 +1,5 @@
-"""Models `mgpu bench` can measure, by name: the seed's MLP and a small ResNet.
+"""Models `mgpu bench` can measure, by name: the seed's MLP and a small ResNet, or the
+user's builder (`MODEL=package.module:function`, given MNIST-shaped samples).
 
 The MLP alone is too small for scaling to mean much: its step is dominated by fixed
 per-step costs, so more replicas mostly add all-reduce time. The ResNet (3 stages of
@@ -28,10 +29,30 @@ SHAPES: dict[str, ModelShape] = {
     "mlp": ModelShape((784,), 10),
     "resnet": ModelShape((32, 32, 3), 10),
 }
+# A MODEL builder is measured on what `mgpu train` feeds it from the built-in data sets:
+# rows of 784 values, 10 classes (synthetic, or DATASET's with BENCH_DATA=real).
+HOOK_SHAPE = ModelShape((784,), 10)
+
+
+def bench_model(model: str, bench_model_name: str) -> str:
+    """What `mgpu bench` measures: the MODEL builder when one is set, else BENCH_MODEL."""
+    return model if ":" in model else bench_model_name
+
+
+def model_shape(name: str) -> ModelShape:
+    return HOOK_SHAPE if ":" in name else SHAPES[name]
 
 
 def build_model(name: str, seed: int) -> Any:
-    """A fresh Keras model by name; softmax outputs in float32 under mixed precision."""
+    """A fresh Keras model by name or builder; softmax outputs in float32 under mixed
+    precision (the builder's contract asks for it too)."""
+    if ":" in name:
+        import keras
+
+        from mgpu_env.training import hooks
+
+        keras.utils.set_random_seed(seed)
+        return hooks.build_model(name, HOOK_SHAPE.input_shape, HOOK_SHAPE.classes)
     if name == "mlp":
         from mgpu_env.training.model import build_model as build_seed_mlp
 

@@ -62,7 +62,8 @@ def plot_bench(report: dict[str, Any], path: Path) -> Path:
     ax_eff.set_ylabel("scaling efficiency (%)")
     ax_eff.set_ylim(bottom=0)
     ax_eff.set_title("Efficiency: throughput(n) / (n x throughput(1))")
-    model = report.get("settings", {}).get("BENCH_MODEL", "")
+    points = report.get("points") or [{}]
+    model = points[0].get("model") or report.get("settings", {}).get("BENCH_MODEL", "")
     fig.suptitle(f"mgpu bench: {model}, weak scaling (global batch = batch x replicas)")
     fig.tight_layout()
     try:

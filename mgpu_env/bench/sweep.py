@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mgpu_env.bench.models import bench_model
 from mgpu_env.bench.stats import efficiencies, input_pipeline_cost, summarize_point
 from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.config.settings import Settings
@@ -216,7 +217,8 @@ def plan_points(
                     split, visible = devices.child_devices(n)
                     points.append(
                         PointSpec(
-                            model=settings.bench_model, replicas=n,
+                            model=bench_model(settings.model, settings.bench_model),
+                            replicas=n,
                             per_replica_batch=settings.batch_size,
                             mixed_precision=precision, xla=xla, data=data,
                             dataset=settings.dataset,
@@ -450,6 +452,12 @@ def run_bench(
     """
     environ = os.environ if environ is None else environ
     settings = runtime.settings
+    if ":" in settings.model:
+        # A builder that cannot be imported is a bad setting (exit 2), found before any
+        # child starts rather than as a failure of every point.
+        from mgpu_env.training import hooks
+
+        hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
     if runner is None:
         runner = functools.partial(run_child, timeout_s=settings.bench_timeout)
     devices = plan_devices(settings, runtime.selection, environ)

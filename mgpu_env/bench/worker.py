@@ -106,14 +106,14 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     """Measure the packaged training step (several steps per tf.function call)."""
     import tensorflow as tf
 
-    from mgpu_env.bench.models import SHAPES, build_model
+    from mgpu_env.bench.models import build_model, model_shape
     from mgpu_env.training.build import build_trainer
 
     # The parent's decisions for this point: device split, precision, all-reduce.
     execution = Execution.from_json(spec.execution)
     execution.prepare_tensorflow()
     strategy = execution.make_strategy()
-    shape = SHAPES[spec.model]
+    shape = model_shape(spec.model)
     # The training module's step: n steps per tf.function call, XLA on the per-replica
     # forward and backward pass only, loss scaling agreed between replicas.
     trainer = build_trainer(

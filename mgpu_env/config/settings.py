@@ -196,6 +196,33 @@ def parse_gpus(text: str) -> GpuRequest:
     raise SettingError(f"{bad!r} is neither a GPU index nor a GPU UUID")
 
 
+_HOOK_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_hook(text: str) -> bool:
+    """Whether a MODEL/DATASET value names the user's function (`package.module:function`)."""
+    return ":" in text
+
+
+def parse_name_or_hook(*names: str) -> Callable[[str], str]:
+    """One of `names`, or `package.module:function` (imported later, when it is used)."""
+
+    def parse(text: str) -> str:
+        stripped = text.strip()
+        if is_hook(stripped):
+            if not _HOOK_RE.match(stripped):
+                raise SettingError(
+                    "not package.module:function (dotted module name, a colon, a function name)"
+                )
+            return stripped
+        lowered = stripped.lower()
+        if lowered not in names:
+            raise SettingError("not one of the choices, nor package.module:function")
+        return lowered
+
+    return parse
+
+
 def parse_replica_counts(text: str) -> tuple[int, ...]:
     """`auto` (empty tuple: decided from the devices) or a comma list of counts from 1 to 64."""
     if text.strip().lower() in ("auto", ""):
@@ -327,7 +354,6 @@ def setting(
 SettingKind = Literal["value", "switch"]
 MixedPrecision = Literal["0", "1", "fp16", "bf16"]
 CrossDeviceOps = Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one"]
-DatasetName = Literal["auto", "mnist", "digits", "synthetic", "fashion_mnist"]
 DATASETS: tuple[str, ...] = ("auto", "mnist", "digits", "synthetic", "fashion_mnist")
 
 
@@ -361,11 +387,19 @@ class Settings:
         parse_positive_float(10.0), "a number above 0 and at most 10, e.g. 0.001",
         metavar="RATE",
     )
-    dataset: DatasetName = setting(
+    dataset: str = setting(
         "DATASET", "auto",
         "Data set: mnist, digits (offline, built in), fashion_mnist, synthetic; auto takes "
-        "mnist when it can be had, else digits.",
-        parse_choice(*DATASETS), ", ".join(DATASETS), metavar="NAME",
+        "mnist when it can be had, else digits; or your loader, package.module:function.",
+        parse_name_or_hook(*DATASETS),
+        ", ".join(DATASETS) + ", or package.module:function (your loader)", metavar="NAME",
+    )
+    model: str = setting(
+        "MODEL", "mlp",
+        "Model mgpu train (and mgpu bench) trains: mlp (the seed's 784-64-64-10), or your "
+        "builder, package.module:function, called as build(input_shape, num_classes).",
+        parse_name_or_hook("mlp"), "mlp, or package.module:function (your builder)",
+        metavar="NAME",
     )
     data_dir: Path | None = setting(
         "DATA_DIR", "",

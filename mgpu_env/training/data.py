@@ -6,8 +6,10 @@ never touches the network, so `DATASET=auto` cannot hang on a machine that is of
 built-in digits; only an explicit `DATASET=mnist` (or `fashion_mnist`) downloads, with a
 short network timeout.
 
-Every data set is returned the same way: flattened 784-value rows of float32 in [0, 1] and
-int32 labels 0..9, so the seed's 784-input model works on each of them.
+Every built-in data set is returned the same way: flattened 784-value rows of float32 in
+[0, 1] and int32 labels 0..9, so the seed's 784-input model works on each of them.
+`DATASET=package.module:function` is the user's loader (`training/hooks.py` has its
+contract): any sample shape, any number of classes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import socket
 import zipfile
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,19 +49,23 @@ SYNTHETIC_TRAIN = 60_000
 SYNTHETIC_TEST = 10_000
 DIGITS_TEST_FRACTION = 0.2
 
-Origin = Literal["file", "download", "built-in", "generated"]
+Origin = Literal["file", "download", "built-in", "generated", "hook"]
 
 
 @dataclass(frozen=True)
 class DatasetChoice:
     """Which data set a run uses and where it comes from; decided without TensorFlow."""
 
-    name: str  # mnist, digits, synthetic, fashion_mnist
+    name: str  # mnist, digits, synthetic, fashion_mnist, or package.module:function
     origin: Origin
     location: Path | None = None  # the file or folder read, or where a download goes
     note: str | None = None  # why auto chose this one, for the start summary
+    # A hook's data, loaded once when the run is planned (its size is known only then).
+    loaded: Arrays | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
+        if self.origin == "hook":
+            return f"{self.name} (your loader)"
         if self.origin == "file":
             return f"{self.name} from {self.location}"
         if self.origin == "download":
@@ -71,13 +77,19 @@ class DatasetChoice:
 
 @dataclass(frozen=True)
 class Arrays:
-    """A loaded data set: rows of 784 float32 values in [0, 1] and int32 labels 0..9."""
+    """A loaded data set: float32 samples (built-in: rows of 784 values in [0, 1]) and int32
+    labels 0..num_classes-1."""
 
     name: str
     x_train: np.ndarray
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    num_classes: int = CLASSES
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.x_train.shape[1:])
 
     @property
     def train_size(self) -> int:
@@ -113,7 +125,10 @@ def resolve_dataset(
     environ: Mapping[str, str] | None = None,
     system_fashion_dir: Path = SYSTEM_FASHION_DIR,
 ) -> DatasetChoice:
-    """Decide which data set to use and from where. Filesystem only: no TF, no network."""
+    """Decide which data set to use and from where. Filesystem only: no TF, no network
+    (a loader, `package.module:function`, is only named here; `load_arrays` calls it)."""
+    if ":" in name:
+        return DatasetChoice(name, "hook")
     cache = keras_cache_dir(environ)
     if name in ("mnist", "auto"):
         for folder in (data_dir, cache):
@@ -161,6 +176,14 @@ def resolve_dataset(
 
 def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
     """Read (or download, or generate) the chosen data set. Raises ConfigError, never exits."""
+    if choice.loaded is not None:
+        return choice.loaded
+    if choice.origin == "hook":
+        from mgpu_env.training import hooks
+
+        x_train, y_train, x_test, y_test = hooks.load_data(choice.name)
+        return Arrays(choice.name, x_train, y_train, x_test, y_test,
+                      hooks.num_classes(y_train, y_test))
     if choice.name == "mnist":
         path = choice.location
         assert path is not None

@@ -123,7 +123,7 @@ def _start(plan: TrainPlan, session: WorkerSession, arrays: Arrays) -> Trainer:
     """TensorFlow's devices and precision, the strategy, then model, optimizer and steps."""
     import keras
 
-    from mgpu_env.training.model import build_model
+    from mgpu_env.training.model import model_builder
 
     execution = plan.runtime.execution
     execution.prepare_tensorflow()
@@ -136,7 +136,9 @@ def _start(plan: TrainPlan, session: WorkerSession, arrays: Arrays) -> Trainer:
         steps_per_epoch=plan.steps_per_epoch,
     ))
     return build_trainer(
-        strategy, lambda: build_model(plan.settings.seed),
+        strategy,
+        # MODEL: the seed's MLP, or the user's builder (checked against the data's shape).
+        model_builder(plan.model, plan.settings.seed, plan.input_shape, plan.num_classes),
         learning_rate=plan.settings.learning_rate, precision=plan.precision,
         global_batch_size=plan.global_batch_size, jit_compile=plan.xla,
     )

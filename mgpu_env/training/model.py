@@ -7,6 +7,7 @@ softmax in half precision loses the small probabilities the loss needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mgpu_env.training.data import CLASSES, FEATURES
@@ -14,23 +15,43 @@ from mgpu_env.training.data import CLASSES, FEATURES
 HIDDEN_UNITS = 64
 
 
-def build_model(seed: int) -> Any:
-    """The seed's Sequential MLP, with seeded initialisers so SEED fixes the start weights."""
+def build_model(
+    seed: int, input_shape: tuple[int, ...] = (FEATURES,), classes: int = CLASSES
+) -> Any:
+    """The seed's Sequential MLP, with seeded initialisers so SEED fixes the start weights.
+
+    Other sample shapes (a DATASET loader's images) are flattened first; the seed's own
+    (784,) rows give exactly the seed's layers, so its checkpoints stay compatible.
+    """
     import keras
 
     def init(offset: int) -> Any:
         return keras.initializers.GlorotUniform(seed=seed + offset)
 
+    flatten = [keras.layers.Flatten()] if len(input_shape) != 1 else []
     return keras.Sequential(
         [
-            keras.Input(shape=(FEATURES,), name="pixels"),
+            keras.Input(shape=tuple(input_shape), name="pixels"),
+            *flatten,
             keras.layers.Dense(HIDDEN_UNITS, activation="relu", kernel_initializer=init(1)),
             keras.layers.Dense(HIDDEN_UNITS, activation="relu", kernel_initializer=init(2)),
-            keras.layers.Dense(CLASSES, kernel_initializer=init(3), name="logits"),
+            keras.layers.Dense(classes, kernel_initializer=init(3), name="logits"),
             keras.layers.Activation("softmax", dtype="float32", name="softmax"),
         ],
         name="seed_mlp",
     )
+
+
+def model_builder(
+    model: str, seed: int, input_shape: tuple[int, ...], classes: int
+) -> Callable[[], Any]:
+    """What `build_trainer` calls in the strategy's scope: the seed's MLP for MODEL=mlp,
+    else the user's `package.module:function`, checked against the data (ConfigError)."""
+    if model == "mlp":
+        return lambda: build_model(seed, input_shape, classes)
+    from mgpu_env.training import hooks
+
+    return lambda: hooks.build_model(model, input_shape, classes)
 
 
 def build_optimizer(learning_rate: float, loss_scaling: bool) -> Any:

@@ -175,6 +175,7 @@ def agreement_values(
         "SEED": str(settings.seed),
         "XLA": str(int(settings.xla)),
         "DATASET": dataset,
+        "MODEL": settings.model,
         "MIXED_PRECISION": precision_policy,
         "local replicas (GPUs or VIRTUAL_DEVICES)": str(local_replicas),
         "training samples": str(train_samples),

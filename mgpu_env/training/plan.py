@@ -7,6 +7,7 @@ run folder and whether it resumes. It writes nothing; `--dry-run` prints it and 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,14 +20,21 @@ from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.runtime import Runtime
 from mgpu_env.training import rundir
-from mgpu_env.training.data import DatasetChoice, resolve_dataset
+from mgpu_env.training.data import (
+    CLASSES,
+    FEATURES,
+    DatasetChoice,
+    load_arrays,
+    resolve_dataset,
+)
 from mgpu_env.training.precision import PrecisionChoice
 from mgpu_env.training.strategy import StrategyPlan
 
 # The settings `mgpu train` reads (the others belong to other commands, or to the
 # cluster), for the "settings" lines of the summary and the settings in metrics.json.
 TRAIN_SETTINGS = (
-    "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "DATA_DIR",
+    "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "MODEL",
+    "DATA_DIR",
     "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
 )
 # What settings.json records: every setting a training run reads, the cluster's included.
@@ -57,6 +65,13 @@ class TrainPlan:
     folder: rundir.RunFolder
     resume_epoch: int  # epochs already completed in output_dir (0 for a fresh run)
     notes: tuple[str, ...] = ()
+    input_shape: tuple[int, ...] = (FEATURES,)  # one sample's shape, as the model sees it
+    num_classes: int = CLASSES
+
+    @property
+    def model(self) -> str:
+        """MODEL: `mlp` or the user's `package.module:function`."""
+        return self.settings.model
 
     @property
     def settings(self) -> Settings:
@@ -135,6 +150,9 @@ class TrainPlan:
             "xla": self.xla,
             "dataset": self.dataset.name,
             "dataset_source": self.dataset.describe(),
+            "model": self.model,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
             "train_samples": self.train_size,
             "test_samples": self.test_size,
             "steps_per_epoch": self.steps_per_epoch,
@@ -148,7 +166,7 @@ def run_identity(
     settings: Settings, dataset: str, policy: str, global_batch_size: int
 ) -> dict[str, Any]:
     """What must match for a run folder to be resumed (EPOCHS may grow, devices may not)."""
-    return {
+    identity: dict[str, Any] = {
         "dataset": dataset,
         "per_replica_batch_size": settings.batch_size,
         "global_batch_size": global_batch_size,
@@ -156,6 +174,10 @@ def run_identity(
         "seed": settings.seed,
         "precision_policy": policy,
     }
+    if settings.model != "mlp":
+        # Only when set, so folders of runs from before MODEL existed still resume.
+        identity["model"] = settings.model
+    return identity
 
 
 def preflight(runtime: Runtime) -> None:
@@ -196,7 +218,24 @@ def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) ->
     dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)
     if dataset.note:
         notes.append(dataset.note)
-    train_size, test_size = KNOWN_SIZES[dataset.name]
+    if settings.model != "mlp":
+        # A builder that cannot be imported fails now, in the plan (and the dry run), not
+        # after the data has loaded; it is called later, in the strategy's scope.
+        from mgpu_env.training import hooks
+
+        hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
+    input_shape: tuple[int, ...] = (FEATURES,)
+    num_classes = CLASSES
+    if dataset.origin == "hook":
+        # Its size and shape are known only by calling it, once: the loop reuses the data.
+        # The loader may use TensorFlow, so TensorFlow gets its devices and policy first.
+        runtime.execution.prepare_tensorflow()
+        arrays = load_arrays(dataset, settings.seed)
+        dataset = dataclasses.replace(dataset, loaded=arrays)
+        train_size, test_size = arrays.train_size, arrays.test_size
+        input_shape, num_classes = arrays.sample_shape, arrays.num_classes
+    else:
+        train_size, test_size = KNOWN_SIZES[dataset.name]
     replicas = runtime.replicas
     global_batch = settings.batch_size * replicas
     steps = train_size // global_batch
@@ -227,4 +266,6 @@ def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) ->
         folder=folder,
         resume_epoch=resume_epoch,
         notes=tuple(notes),
+        input_shape=input_shape,
+        num_classes=num_classes,
     )

@@ -172,11 +172,19 @@ def make_strategy(plan: StrategyPlan) -> Any:
                 implementation=implementation
             )
         )
-    cross_device_ops: Any = None
+    return tf.distribute.MirroredStrategy(
+        list(plan.devices), cross_device_ops=make_cross_device_ops(plan)
+    )
+
+
+def make_cross_device_ops(plan: StrategyPlan) -> Any:
+    """MirroredStrategy's all-reduce object for the plan's choice."""
+    import tensorflow as tf
+
     if plan.cross_device_ops == "nccl":
-        cross_device_ops = tf.distribute.NcclAllReduce()
-    elif plan.cross_device_ops == "hierarchical_copy":
-        cross_device_ops = tf.distribute.HierarchicalCopyAllReduce()
-    elif plan.cross_device_ops in ("reduction_to_one", "none"):
-        cross_device_ops = tf.distribute.ReductionToOneDevice()
-    return tf.distribute.MirroredStrategy(list(plan.devices), cross_device_ops=cross_device_ops)
+        return tf.distribute.NcclAllReduce()
+    if plan.cross_device_ops == "hierarchical_copy":
+        return tf.distribute.HierarchicalCopyAllReduce()
+    if plan.cross_device_ops in ("reduction_to_one", "none"):
+        return tf.distribute.ReductionToOneDevice()
+    return None

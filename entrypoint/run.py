@@ -1,0 +1,50 @@
+"""`mgpu run SCRIPT [ARGS]...` / `mgpu run -m MODULE [ARGS]...`: your training script with
+the settings applied (GPUS, VIRTUAL_DEVICES, MIXED_PRECISION, the cluster)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from entrypoint.options import SettingFlags, resolve, with_settings
+from mgpu_env import launcher
+from mgpu_env.runtime import build_runtime
+
+# The settings flags go before SCRIPT; everything from SCRIPT on is the script's, unparsed
+# (`--epochs 3` after SCRIPT is the script's argument, as with `python SCRIPT`).
+CONTEXT_SETTINGS = {
+    "allow_interspersed_args": False,
+    "ignore_unknown_options": True,
+    "allow_extra_args": True,
+}
+
+
+@with_settings()
+def command(
+    flags: SettingFlags,
+    target: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="SCRIPT [ARGS]...", show_default=False,
+                       help="The script and its arguments (with -m: the module)."),
+    ] = None,
+    module: Annotated[
+        bool, typer.Option("-m", help="Run a module as `python -m` does: SCRIPT is "
+                                      "package.module.")
+    ] = False,
+) -> None:
+    """Run your own training script with the settings applied, as `python SCRIPT` would.
+
+    Its exit code is mgpu's; an exception shows the script's traceback and exits 1.
+    Inside it, `mgpu_env.strategy()` is the strategy the settings describe, and a plain
+    `tf.distribute.MirroredStrategy()` takes the selected devices.
+    """
+    resolved = resolve(flags)  # bad settings: exit 2, before the script starts
+    run_target = launcher.resolve_target(target or [], module=module)
+    runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
+    runtime.apply()  # CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is imported
+    launcher.prepare(runtime)
+    if not resolved.settings.quiet:
+        for line in launcher.summary(runtime, run_target):
+            typer.echo(line, err=True)
+    raise typer.Exit(code=launcher.run_target(run_target))

@@ -1,0 +1,1 @@
+"""Examples of your own training under mgpu-env (README, "Your own model")."""

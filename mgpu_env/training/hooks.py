@@ -1,0 +1,261 @@
+"""Your model and your data in the packaged loop: `MODEL=` and `DATASET=package.module:function`.
+
+The contracts (also in the README, "Your own model"):
+
+- **MODEL** `build(input_shape, num_classes)`: `input_shape` is one sample's shape, a tuple
+  such as `(784,)`; returns an **uncompiled** `keras.Model` whose input takes that shape and
+  whose output is `(batch, num_classes)` class **probabilities** (end with a softmax; under
+  mixed precision make it `dtype="float32"`). mgpu calls it inside the strategy's scope,
+  after the precision policy and `keras.utils.set_random_seed(SEED)`, and trains it with
+  its own optimizer (Adam, LEARNING_RATE), loss (sparse categorical cross-entropy) and
+  step; `model.keras` is this model.
+- **DATASET** `load()`: no arguments; returns `((x_train, y_train), (x_test, y_test))`,
+  like `keras.datasets.mnist.load_data()`, of NumPy arrays (or anything `np.asarray`
+  takes): `x` of shape `(N, *sample_shape)`, converted to float32 as given (scale it
+  yourself), `y` integer labels `0..num_classes-1` of shape `(N,)`. Or `(train, test)` as
+  two finite, **unbatched** `tf.data.Dataset`s of `(x, y)` pairs, read into memory once.
+  `num_classes` is the largest label + 1. Under multi-worker, return NumPy arrays: a
+  `tf.data` loader would start TensorFlow before MultiWorkerMirroredStrategy can be made.
+
+Modules are imported like `python -m` does: from the working folder first, then
+`PYTHONPATH` and the installed packages. Every mistake is a ConfigError (exit 2) that says
+what was expected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from mgpu_env.config.errors import ConfigError
+
+MODEL_CONTRACT = (
+    "build(input_shape, num_classes) returning an uncompiled keras.Model that takes "
+    "input_shape and outputs (batch, num_classes) probabilities"
+)
+DATA_CONTRACT = (
+    "load() returning ((x_train, y_train), (x_test, y_test)) arrays, or (train, test) "
+    "unbatched tf.data.Datasets of (x, y)"
+)
+
+
+def _ensure_working_folder_on_path() -> None:
+    # `python -m` puts the working folder first on sys.path; the `mgpu` console script puts
+    # its own bin folder there instead, so a hook next to the user's code would not import.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def import_hook(spec: str, setting: str, contract: str) -> Callable[..., Any]:
+    """The function `package.module:function` names. Raises ConfigError (exit 2)."""
+    module_name, _, function_name = spec.partition(":")
+    where = f"{setting}={spec}"
+    _ensure_working_folder_on_path()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = err.name or module_name
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ConfigError(
+                f"{where}: there is no module {missing!r} (looked in the working folder "
+                f"{os.getcwd()}, PYTHONPATH and the installed packages).\n"
+                f"  Fix: run from the folder that holds {module_name.split('.')[0]}, or add "
+                f"that folder to PYTHONPATH."
+            ) from None
+        raise ConfigError(
+            f"{where}: importing {module_name} failed: it imports {missing!r}, which is not "
+            f"installed.\n  Fix: install it, or remove the import."
+        ) from None
+    except Exception as err:
+        raise ConfigError(
+            f"{where}: importing {module_name} raised {type(err).__name__}: {err}\n"
+            "  Fix: the error is in that module (run with --debug for the traceback)."
+        ) from err
+    function = getattr(module, function_name, None)
+    if function is None:
+        public = sorted(
+            name for name, value in vars(module).items()
+            if callable(value) and not name.startswith("_")
+            and getattr(value, "__module__", None) == module.__name__
+        )
+        defined = f" It defines: {', '.join(public)}." if public else ""
+        raise ConfigError(
+            f"{where}: {module_name} has no {function_name!r}.{defined}\n"
+            f"  Expected: {contract}."
+        )
+    if not callable(function):
+        raise ConfigError(
+            f"{where}: {module_name}.{function_name} is a {type(function).__name__}, not a "
+            f"function.\n  Expected: {contract}."
+        )
+    return function  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------- MODEL
+
+
+def build_model(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, *, setting: str = "MODEL"
+) -> Any:
+    """Call the user's builder and check what it returns against the data (ConfigError).
+
+    Call inside the strategy's scope: a model that is not built yet is built here, on one
+    zero sample, which also proves it takes `input_shape` and gives `num_classes` outputs.
+    """
+    import keras
+
+    build = import_hook(spec, setting, MODEL_CONTRACT)
+    where = f"{setting}={spec}"
+    try:
+        model = build(tuple(input_shape), int(num_classes))
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(
+            f"{where}: build{(tuple(input_shape), int(num_classes))} raised "
+            f"{type(err).__name__}: {err}\n  Expected: {MODEL_CONTRACT} "
+            "(run with --debug for the traceback)."
+        ) from err
+    if not isinstance(model, keras.Model):
+        raise ConfigError(
+            f"{where}: build() returned {type(model).__name__}, not a keras.Model.\n"
+            f"  Expected: {MODEL_CONTRACT}."
+        )
+    try:
+        output = model(np.zeros((1, *input_shape), dtype=np.float32), training=False)
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(
+            f"{where}: the model does not take the data's samples of shape "
+            f"{tuple(input_shape)} ({type(err).__name__}: {first}).\n"
+            f"  Fix: make its input keras.Input(shape=input_shape), as build() is given."
+        ) from None
+    shape = tuple(getattr(output, "shape", ()))
+    if len(shape) != 2 or shape[-1] != num_classes:
+        raise ConfigError(
+            f"{where}: the model outputs shape {shape} for one sample; the data has "
+            f"{num_classes} classes, so expected (1, {num_classes}).\n"
+            "  Fix: end the model with Dense(num_classes) and a softmax."
+        )
+    return model
+
+
+# -------------------------------------------------------------------------------- DATASET
+
+
+def load_data(
+    spec: str, *, setting: str = "DATASET"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Call the user's loader; (x_train, y_train, x_test, y_test), checked. ConfigError."""
+    load = import_hook(spec, setting, DATA_CONTRACT)
+    where = f"{setting}={spec}"
+    try:
+        returned = load()
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(
+            f"{where}: load() raised {type(err).__name__}: {err}\n"
+            "  Fix: the error is in the loader (run with --debug for the traceback)."
+        ) from err
+    if not isinstance(returned, Sequence) or len(returned) != 2:
+        raise ConfigError(
+            f"{where}: load() returned {_kind(returned)}.\n  Expected: {DATA_CONTRACT}."
+        )
+    x_train, y_train = _part(where, returned[0], "train")
+    x_test, y_test = _part(where, returned[1], "test")
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise ConfigError(
+            f"{where}: training samples have shape {x_train.shape[1:]} but test samples "
+            f"{x_test.shape[1:]}.\n  Fix: give both the same sample shape."
+        )
+    return x_train, y_train, x_test, y_test
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return f"a {type(value).__name__}"
+
+
+def _part(where: str, part: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    if type(part).__module__.startswith("tensorflow") and hasattr(part, "element_spec"):
+        x, y = _from_dataset(where, part, name)
+    elif isinstance(part, Sequence) and len(part) == 2:
+        try:
+            x, y = np.asarray(part[0]), np.asarray(part[1])
+        except Exception as err:
+            raise ConfigError(
+                f"{where}: the {name} part cannot be read as arrays ({err}).\n"
+                f"  Expected: {DATA_CONTRACT}."
+            ) from None
+    else:
+        raise ConfigError(
+            f"{where}: the {name} part is {_kind(part)}.\n  Expected: {DATA_CONTRACT}."
+        )
+    return _check(where, x, y, name)
+
+
+def _from_dataset(where: str, dataset: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    import tensorflow as tf
+
+    spec = dataset.element_spec
+    if not isinstance(spec, tuple) or len(spec) != 2:
+        raise ConfigError(
+            f"{where}: the {name} dataset's elements are {spec}, not (x, y) pairs.\n"
+            f"  Expected: {DATA_CONTRACT}."
+        )
+    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        raise ConfigError(
+            f"{where}: the {name} dataset is infinite (.repeat()?).\n"
+            "  Fix: return it finite; mgpu repeats it each epoch."
+        )
+    if spec[0].shape.rank and spec[0].shape[0] is None:
+        raise ConfigError(
+            f"{where}: the {name} dataset looks batched (x has shape {spec[0].shape}).\n"
+            "  Fix: return it unbatched (.unbatch()); mgpu batches by BATCH_SIZE x replicas."
+        )
+    xs, ys = [], []
+    for x, y in dataset.as_numpy_iterator():
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        raise ConfigError(f"{where}: the {name} dataset is empty.")
+    return np.stack(xs), np.asarray(ys)
+
+
+def _check(where: str, x: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    if x.ndim < 2 or x.shape[0] == 0:
+        raise ConfigError(
+            f"{where}: x_{name} has shape {x.shape}; expected (N, *sample_shape) with N > 0."
+        )
+    if not np.issubdtype(x.dtype, np.number) and x.dtype != np.bool_:
+        raise ConfigError(f"{where}: x_{name} holds {x.dtype}, not numbers.")
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]  # (N, 1) labels, as Keras' CIFAR loaders return them
+    if y.ndim != 1 or y.shape[0] != x.shape[0]:
+        raise ConfigError(
+            f"{where}: y_{name} has shape {y.shape} for {x.shape[0]} samples; expected "
+            f"({x.shape[0]},) integer labels (not one-hot)."
+        )
+    whole = np.issubdtype(y.dtype, np.integer) or (
+        np.issubdtype(y.dtype, np.floating) and bool(np.all(np.mod(y, 1) == 0))
+    )
+    if not whole:
+        raise ConfigError(
+            f"{where}: y_{name} holds {y.dtype}; expected integer class labels 0..N-1."
+        )
+    if y.min() < 0:
+        raise ConfigError(f"{where}: y_{name} has the label {y.min()}; labels start at 0.")
+    return x.astype(np.float32, copy=False), y.astype(np.int32)
+
+
+def num_classes(*labels: np.ndarray) -> int:
+    """The classes the labels imply: the largest label + 1 (at least 2)."""
+    return max(2, max(int(y.max()) for y in labels) + 1)

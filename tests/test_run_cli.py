@@ -1,0 +1,239 @@
+"""`mgpu run` and the Python API, in this process: arguments, refusals (exit 2 before the
+script starts), how the script is run (argv, sys.path, exit codes, tracebacks), and
+`mgpu_env.strategy()`'s facts from a runtime. The real runs are in test_run_launcher.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from entrypoint.app import app
+from mgpu_env import api, launcher
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.settings import resolve_settings
+from tests.runtimes import runtime_of
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def restore_sys(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """run_target sets sys.argv and sys.path as Python would for the script."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    sys.modules.pop("user_pkg_xyz", None)
+    sys.modules.pop("user_pkg_xyz.tool", None)
+
+
+@pytest.fixture
+def fresh_api() -> Iterator[None]:
+    api._reset()
+    yield
+    api._reset()
+
+
+def script(tmp_path: Path, body: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def test_help_shows_script_args_and_the_settings() -> None:
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for text in ("SCRIPT [ARGS]...", "-m", "--gpus", "--virtual-devices", "--mixed-precision",
+                 "--worker-hosts", "--model"):
+        assert text in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "message"),
+    [
+        ({"VIRTUAL_DEVICES": "two"}, [], "VIRTUAL_DEVICES='two'"),
+        ({}, ["--mixed-precision", "fp8"], "MIXED_PRECISION='fp8'"),
+        ({"WORKER_HOSTS": "a:1,a:1"}, [], "WORKER_HOSTS"),
+        ({"GPUS": "none", "VIRTUAL_DEVICES": "2", "CROSS_DEVICE_OPS": "nccl"}, [], "nccl"),
+    ],
+)
+def test_bad_settings_exit_2_before_the_script_starts(
+    tmp_path: Path, env: dict[str, str], flags: list[str], message: str
+) -> None:
+    marker = tmp_path / "started"
+    path = script(tmp_path, f"open({str(marker)!r}, 'w').close()\n")
+    result = CliRunner().invoke(app, ["run", *flags, str(path)], env={"GPUS": "none", **env})
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+    assert not marker.exists()
+
+
+def test_a_missing_script_or_module_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "nope.py")], env={"GPUS": "none"})
+    assert result.exit_code == 2 and "nope.py does not exist" in result.stderr
+    result = CliRunner().invoke(app, ["run", "-m", "no_such_pkg_xyz.train"],
+                                env={"GPUS": "none"})
+    assert result.exit_code == 2 and "there is no module no_such_pkg_xyz.train" in result.stderr
+    result = CliRunner().invoke(app, ["run"], env={"GPUS": "none"})
+    assert result.exit_code == 2 and "mgpu run needs a script" in result.stderr
+
+
+def test_settings_flags_go_before_the_script_and_the_rest_is_the_scripts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_api: None
+) -> None:
+    seen: dict[str, object] = {}
+
+    def fake_prepare(runtime: object) -> None:
+        seen["runtime"] = runtime
+
+    def fake_run(target: launcher.Target) -> int:
+        seen["target"] = target
+        return 7
+
+    monkeypatch.setattr(launcher, "prepare", fake_prepare)
+    monkeypatch.setattr(launcher, "run_target", fake_run)
+    path = script(tmp_path, "")
+    result = CliRunner().invoke(app, [
+        "run", "--epochs", "3", "--virtual-devices", "2", str(path),
+        "--epochs", "9", "-m", "x", "--", "--gpus", "0",
+    ], env={"GPUS": "none"})
+    assert result.exit_code == 7, result.output
+    target = seen["target"]
+    assert isinstance(target, launcher.Target)
+    assert target.argv == [str(path), "--epochs", "9", "-m", "x", "--", "--gpus", "0"]
+    runtime = seen["runtime"]
+    assert runtime.settings.epochs == 3 and runtime.replicas == 2  # type: ignore[attr-defined]
+    assert "mgpu run" in result.stderr and "2 x logical CPU" in result.stderr
+    # EPOCHS is the packaged loop's: the summary says the script decides it.
+    assert "EPOCHS=3: mgpu train's settings, which your script decides" in result.stderr
+
+
+# ------------------------------------------------------------------------ running a script
+
+
+def test_the_script_runs_as_main_with_its_argv_and_folder_first_on_the_path(
+    tmp_path: Path, restore_sys: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "helper_mod_xyz.py").write_text("VALUE = 41\n")
+    path = script(folder, "import sys, helper_mod_xyz\n"
+                          "print(__name__, sys.argv, helper_mod_xyz.VALUE + 1)\n")
+    try:
+        code = launcher.run_target(launcher.resolve_target([str(path), "a", "--b"],
+                                                           module=False))
+    finally:
+        sys.modules.pop("helper_mod_xyz", None)
+    assert code == 0
+    assert capsys.readouterr().out.strip() == f"__main__ {[str(path), 'a', '--b']} 42"
+    assert sys.path[0] == str(folder.resolve())
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "stderr"),
+    [
+        ("pass", 0, ""),
+        ("import sys; sys.exit(3)", 3, ""),
+        ("import sys; sys.exit()", 0, ""),
+        ("raise SystemExit('bad input file')", 1, "bad input file"),
+        ("raise KeyboardInterrupt", 130, "KeyboardInterrupt"),
+    ],
+)
+def test_exit_codes_pass_through(
+    tmp_path: Path, restore_sys: None, capsys: pytest.CaptureFixture[str],
+    body: str, code: int, stderr: str,
+) -> None:
+    path = script(tmp_path, body + "\n")
+    assert launcher.run_target(launcher.resolve_target([str(path)], module=False)) == code
+    assert stderr in capsys.readouterr().err
+
+
+def test_an_exception_shows_the_scripts_traceback_only_and_exits_1(
+    tmp_path: Path, restore_sys: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = script(tmp_path, "def inner():\n    raise ValueError('shape (3,) wrong')\n"
+                            "\ninner()\n")
+    assert launcher.run_target(launcher.resolve_target([str(path)], module=False)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert f'File "{path}", line 4, in <module>' in err and "in inner" in err
+    assert err.strip().endswith("ValueError: shape (3,) wrong")
+    assert "launcher.py" not in err and "runpy" not in err
+
+
+def test_dash_m_runs_a_module_from_the_working_folder(
+    tmp_path: Path, restore_sys: None, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    package = tmp_path / "user_pkg_xyz"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tool.py").write_text("import sys\nprint(__name__, sys.argv[1:])\n"
+                                     "sys.exit(int(sys.argv[1]))\n")
+    monkeypatch.chdir(tmp_path)
+    target = launcher.resolve_target(["user_pkg_xyz.tool", "4"], module=True)
+    assert target.path == package / "tool.py"
+    assert launcher.run_target(target) == 4
+    assert capsys.readouterr().out.strip() == "__main__ ['4']"
+    with pytest.raises(ConfigError, match="package without a __main__"):
+        launcher.resolve_target(["user_pkg_xyz"], module=True)
+
+
+# ---------------------------------------------------------------------------------- API
+
+
+def test_the_api_reflects_the_adopted_runtime(fresh_api: None, tmp_path: Path) -> None:
+    settings = resolve_settings({"GPUS": "none", "VIRTUAL_DEVICES": "4",
+                                 "OUTPUT_DIR": str(tmp_path / "out")}, {}).settings
+    api.adopt(runtime_of(settings), tensorflow_prepared=True)
+    assert api.num_replicas() == 4
+    assert api.global_batch_size(16) == 64
+    assert api.is_chief() is True
+    assert api.run_dir() == tmp_path / "out"
+    with pytest.raises(ValueError, match="positive"):
+        api.global_batch_size(0)
+
+
+def test_a_non_chief_worker_is_not_the_chief_and_counts_every_workers_replicas(
+    fresh_api: None,
+) -> None:
+    settings = resolve_settings({"GPUS": "none", "VIRTUAL_DEVICES": "2",
+                                 "WORKER_HOSTS": "h0:2222,h1:2222", "WORKER_INDEX": "1",
+                                 "RUN_NAME": "exp"}, {}).settings
+    api.adopt(runtime_of(settings), tensorflow_prepared=True)
+    assert api.is_chief() is False and api.num_replicas() == 4
+    assert api.run_dir() == Path("runs/exp")
+
+
+def test_plain_python_resolves_the_settings_itself_without_tensorflow(tmp_path: Path) -> None:
+    # A fresh interpreter: importing mgpu_env and asking the runtime imports no TensorFlow,
+    # reads the environment and .env, and writes CUDA_VISIBLE_DEVICES.
+    (tmp_path / ".env").write_text("VIRTUAL_DEVICES=3\nRUN_NAME=from-file\n")
+    probe = (
+        "import os, sys, mgpu_env\n"
+        "from mgpu_env import api\n"
+        "print(api.runtime().replicas, mgpu_env.global_batch_size(2), mgpu_env.is_chief(),\n"
+        "      mgpu_env.run_dir(), os.environ.get('CUDA_VISIBLE_DEVICES'),\n"
+        "      'tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "GPUS": "none"}, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3", "6", "True", "runs/from-file", "-1", "False"]
+
+
+def test_plain_python_bad_settings_raise_the_same_message(
+    fresh_api: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VIRTUAL_DEVICES", "lots")
+    with pytest.raises(ConfigError, match="VIRTUAL_DEVICES='lots'"):
+        api.runtime()

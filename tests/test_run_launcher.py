@@ -1,0 +1,404 @@
+"""`mgpu run`, MODEL=/DATASET= hooks and the examples, end to end, in real processes.
+
+Each run is its own process (the logical-device split and the precision policy are set once
+per process). Scripts print one `SEEN {json}` line with what they saw; digits (built in,
+offline) and one epoch keep the training runs short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_multiworker_run import free_ports, log_of, two_workers, wait_all
+from tests.test_train_run import metrics, wait_for_epochs
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+TIMEOUT_S = 300
+
+# What a script under `mgpu run` sees of the run's decisions, before and after it builds
+# strategies of its own.
+PROBE = """\
+import json, os, sys
+first_line = {"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+              "name": __name__}
+import keras
+import tensorflow as tf
+import mgpu_env
+strategy = mgpu_env.strategy()
+layer = keras.layers.Dense(2)
+layer.build((None, 3))
+first_line.update(
+    api_replicas=strategy.num_replicas_in_sync,
+    default_replicas=tf.distribute.MirroredStrategy().num_replicas_in_sync,
+    policy=keras.mixed_precision.global_policy().name,
+    layer_compute=layer.compute_dtype, layer_variables=layer.variable_dtype,
+    global_batch=mgpu_env.global_batch_size(8), chief=mgpu_env.is_chief(),
+    tf_config=os.environ.get("TF_CONFIG"), strategy=type(strategy).__name__,
+)
+print("SEEN " + json.dumps(first_line), flush=True)
+"""
+
+
+def run_env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES")}
+    env.update(
+        PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none", QUIET="1",
+        HOME=str(tmp_path / "home"),
+    )
+    env.update(settings)
+    return env
+
+
+def start(tmp_path: Path, args: list[str], command: str = "run",
+          **settings: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", command, *args],
+        env=run_env(tmp_path, **settings), cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def mgpu(tmp_path: Path, args: list[str], command: str = "run",
+         **settings: str) -> subprocess.CompletedProcess[str]:
+    process = start(tmp_path, args, command, **settings)
+    try:
+        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+    finally:
+        process.kill()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def seen(result: subprocess.CompletedProcess[str]) -> dict:
+    lines = [line for line in result.stdout.splitlines() if line.startswith("SEEN ")]
+    assert lines, f"stdout: {result.stdout}\nstderr: {result.stderr}"
+    return json.loads(lines[-1][5:])
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------------------ mgpu run
+
+
+def test_the_script_sees_two_replicas_the_policy_its_argv_and_folder(tmp_path: Path) -> None:
+    write(tmp_path, "code/probe.py", PROBE)
+    result = mgpu(tmp_path, ["code/probe.py", "--epochs", "3", "-x"],
+                  VIRTUAL_DEVICES="2", MIXED_PRECISION="bf16", QUIET="0")
+    assert result.returncode == 0, result.stderr
+    got = seen(result)
+    assert got["argv"] == ["code/probe.py", "--epochs", "3", "-x"]
+    assert got["name"] == "__main__"
+    assert got["cwd"] == str(tmp_path)
+    assert got["path0"] == str((tmp_path / "code").resolve())
+    assert got["api_replicas"] == 2 and got["default_replicas"] == 2
+    assert got["strategy"] == "MirroredStrategy"
+    assert got["policy"] == "mixed_bfloat16"
+    assert (got["layer_compute"], got["layer_variables"]) == ("bfloat16", "float32")
+    assert got["global_batch"] == 16 and got["chief"] is True and got["tf_config"] is None
+    assert "2 x logical CPU" in result.stderr  # the one-line summary, on stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "stderr"),
+    [
+        ("print('fine')", 0, None),
+        ("import sys; sys.exit(3)", 3, None),
+        ("def load():\n    raise FileNotFoundError('data.csv')\nload()", 1,
+         "FileNotFoundError: data.csv"),
+    ],
+)
+def test_the_scripts_exit_code_is_mgpus(
+    tmp_path: Path, body: str, code: int, stderr: str | None
+) -> None:
+    write(tmp_path, "train.py", body + "\n")
+    result = mgpu(tmp_path, ["train.py"])
+    assert result.returncode == code, result.stderr
+    if stderr is not None:
+        # The script's own traceback, from its first frame; nothing of mgpu's.
+        tail = result.stderr[result.stderr.index("Traceback (most recent call last):"):]
+        assert 'File "train.py", line 3, in <module>' in tail and "in load" in tail
+        assert tail.strip().endswith(stderr)
+        assert "launcher.py" not in tail and "runpy" not in tail and "--debug" not in tail
+
+
+def test_dash_m_runs_a_module_with_its_arguments(tmp_path: Path) -> None:
+    write(tmp_path, "userpkg/__init__.py", "")
+    write(tmp_path, "userpkg/train.py", PROBE)
+    result = mgpu(tmp_path, ["-m", "userpkg.train", "--lr", "0.1"], VIRTUAL_DEVICES="2")
+    assert result.returncode == 0, result.stderr
+    got = seen(result)
+    assert got["argv"] == [str(tmp_path / "userpkg" / "train.py"), "--lr", "0.1"]
+    assert got["path0"] == str(tmp_path) and got["api_replicas"] == 2
+
+
+SIGNAL_SCRIPT = """\
+import signal, sys, time
+if "--handle" in sys.argv:
+    def stop(signum, frame):
+        print("SIGTERM handled by the script", flush=True)
+        sys.exit(42)
+    signal.signal(signal.SIGTERM, stop)
+print("READY", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize(("args", "code"), [(["--handle"], 42), ([], -signal.SIGTERM)])
+def test_sigterm_reaches_the_script(tmp_path: Path, args: list[str], code: int) -> None:
+    write(tmp_path, "wait.py", SIGNAL_SCRIPT)
+    process = start(tmp_path, ["wait.py", *args])
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "READY", process.communicate()
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    # Handled: the script's handler runs and its exit code is mgpu's. Not handled: the
+    # process dies of SIGTERM, exactly like `python wait.py` (no wrapper left behind).
+    assert process.returncode == code, stderr
+    assert ("SIGTERM handled by the script" in stdout) == bool(args)
+
+
+MULTI_WORKER = """\
+import json, os
+import tensorflow as tf
+import mgpu_env
+strategy = mgpu_env.strategy()
+total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+print("SEEN " + json.dumps({
+    "tf_config": os.environ.get("TF_CONFIG"),
+    "multi_worker": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+    "replicas": strategy.num_replicas_in_sync, "global_batch": mgpu_env.global_batch_size(8),
+    "chief": mgpu_env.is_chief(), "total": float(total)}), flush=True)
+"""
+
+
+def test_worker_hosts_gives_two_processes_one_cluster(tmp_path: Path) -> None:
+    script = write(tmp_path, "mw.py", MULTI_WORKER)
+    hosts = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    workers = [start(tmp_path, [str(script)], WORKER_HOSTS=hosts, WORKER_INDEX=str(index),
+                     WORKER_TIMEOUT="60") for index in (0, 1)]
+    results = []
+    try:
+        for worker in workers:
+            stdout, stderr = worker.communicate(timeout=TIMEOUT_S)
+            results.append(subprocess.CompletedProcess(worker.args, worker.returncode,
+                                                       stdout, stderr))
+    finally:
+        for worker in workers:
+            worker.kill()
+    for index, result in enumerate(results):
+        assert result.returncode == 0, result.stderr
+        got = seen(result)
+        config = json.loads(got["tf_config"])
+        assert config["cluster"] == {"worker": hosts.split(",")}
+        assert config["task"] == {"type": "worker", "index": index}
+        assert got["multi_worker"] is True
+        assert got["replicas"] == 2 and got["global_batch"] == 16
+        assert got["chief"] is (index == 0)
+        # One all-reduce over both processes' replicas: they form one cluster.
+        assert got["total"] == 2.0
+
+
+SEED_ON_DIGITS = """\
+# The seed's own code, unmodified (its MirroredStrategy(), compile and model.fit), on the
+# built-in digits because the seed's MNIST download is not available offline.
+from mgpu_env.training.data import load_arrays, resolve_dataset
+from mgpu_env.training import seed
+
+arrays = load_arrays(resolve_dataset("digits", None), 42)
+seed.train(arrays.x_train, arrays.y_train, epochs=1)
+"""
+
+
+def test_the_seeds_unmodified_script_trains_on_two_logical_devices(tmp_path: Path) -> None:
+    write(tmp_path, "seed_digits.py", SEED_ON_DIGITS)
+    result = mgpu(tmp_path, ["seed_digits.py"], VIRTUAL_DEVICES="2")
+    assert result.returncode == 0, result.stderr
+    assert "Number of devices: 2" in result.stdout
+    plain = subprocess.run(
+        [sys.executable, "seed_digits.py"], cwd=tmp_path, env=run_env(tmp_path),
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    # Without mgpu run, TensorFlow's own default: one device on a CPU.
+    assert "Number of devices: 1" in plain.stdout, plain.stderr
+
+
+# The real CLI in a fresh interpreter with two fake GPUs. TensorFlow here has no GPU, so
+# the pre-flight and TensorFlow's device setup are left out; the script reports what a
+# CUDA program would see.
+FAKE_GPUS = """
+import sys
+sys.path.insert(0, {repo!r})
+from tests.fake_nvml import fake_with
+import mgpu_env.hardware.nvml as nvml
+nvml.load_library = lambda: fake_with(2)
+from mgpu_env import launcher
+launcher.prepare = lambda runtime: None
+from entrypoint.app import main
+sys.argv = ["mgpu", "run", "show_gpus.py"]
+main()
+"""
+
+
+def test_gpus_1_on_two_fake_gpus_gives_the_script_cuda_visible_devices_1(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "show_gpus.py", (
+        "import json, os, sys\n"
+        "print('SEEN ' + json.dumps({k: os.environ.get(k) for k in\n"
+        "      ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER')}), flush=True)\n"
+        "print('tensorflow' in sys.modules)\n"
+    ))
+    result = subprocess.run(
+        [sys.executable, "-c", FAKE_GPUS.format(repo=str(REPO))], cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "GPUS": "1"}, capture_output=True, text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    assert seen(result) == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert "2 x GPU" not in result.stderr and "1 x GPU" in result.stderr
+
+
+# ---------------------------------------------------------------------------- the hooks
+
+HOOKS = {"MODEL": "examples.cnn_hook:build", "DATASET": "examples.cnn_hook:load_digits"}
+
+
+def test_hooks_train_resume_after_kill_9_and_write_every_output(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    settings = {**HOOKS, "VIRTUAL_DEVICES": "2", "BATCH_SIZE": "32", "EPOCHS": "4",
+                "OUTPUT_DIR": str(output)}
+    process = start(tmp_path, [], "train", **settings)
+    try:
+        # Two epochs in history.json: the first one's checkpoint is certainly written.
+        wait_for_epochs(output, process, 2)
+        process.kill()  # kill -9
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == -signal.SIGKILL
+
+    result = mgpu(tmp_path, [], "train", **settings)
+    assert result.returncode == 0, result.stderr
+    assert "input (28, 28, 1), 10 classes" in result.stdout
+    data = metrics(output)
+    assert data["resumed_from_epoch"] >= 1 and data["epochs_completed"] == 4
+    assert [e["epoch"] for e in data["history"]] == [1, 2, 3, 4]
+    assert "resumes after epoch" in result.stdout
+    assert data["replicas"] == 2 and data["dataset"] == HOOKS["DATASET"]
+    assert data["settings"]["MODEL"] == HOOKS["MODEL"]
+    assert data["test_accuracy"] > 0.5  # 10 classes: chance is 0.1
+    assert (output / "logs").is_dir() and any((output / "logs").iterdir())
+
+    # model.keras is the user's CNN.
+    check = subprocess.run(
+        [sys.executable, "-c",
+         "import keras, sys; m = keras.models.load_model(sys.argv[1]); "
+         "print(m.name, [type(x).__name__ for x in m.layers][2])", str(output / "model.keras")],
+        env=run_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert check.stdout.split() == ["small_cnn", "Conv2D"], check.stderr
+
+
+def test_sigterm_stops_a_hooked_run_at_a_step_and_it_resumes(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    settings = {**HOOKS, "EPOCHS": "200", "OUTPUT_DIR": str(output)}
+    process = start(tmp_path, [], "train", **settings)
+    try:
+        wait_for_epochs(output, process, 2)
+        process.send_signal(signal.SIGTERM)
+        _stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    assert "SIGTERM received" in stderr and "Traceback" not in stderr
+    result = mgpu(tmp_path, ["--dry-run"], "train", **settings)
+    assert result.returncode == 0, result.stderr
+    assert "resumes after epoch" in result.stdout
+
+
+def test_hooks_train_on_two_workers_and_only_the_chief_writes(tmp_path: Path) -> None:
+    hooks = {**HOOKS, "PYTHONPATH": str(REPO)}
+    with two_workers(tmp_path, w0=hooks, w1=hooks) as processes:
+        codes = wait_all(tmp_path, processes)
+    assert codes == [0, 0], log_of(tmp_path, 0)[-3000:] + log_of(tmp_path, 1)[-3000:]
+    chief = metrics(tmp_path / "out0")
+    assert chief["replicas"] == 2 and chief["settings"]["MODEL"] == HOOKS["MODEL"]
+    assert chief["dataset"] == HOOKS["DATASET"] and chief["epochs_completed"] == 2
+    assert (tmp_path / "out0" / "model.keras").is_file()
+    assert not (tmp_path / "out1" / "model.keras").exists()
+
+
+def test_a_builder_that_does_not_fit_the_data_exits_2(tmp_path: Path) -> None:
+    write(tmp_path, "tiny_model.py", (
+        "import keras\n"
+        "def build(input_shape, num_classes):\n"
+        "    return keras.Sequential([keras.Input(shape=(10,)), keras.layers.Dense(10)])\n"
+    ))
+    result = mgpu(tmp_path, [], "train", MODEL="tiny_model:build", DATASET="digits",
+                  EPOCHS="1", OUTPUT_DIR=str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    assert "does not take the data's samples of shape (784,)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "model.keras").exists()
+
+
+def test_bench_measures_the_model_builder(tmp_path: Path) -> None:
+    output = tmp_path / "bench"
+    result = mgpu(tmp_path, [], "bench", MODEL=HOOKS["MODEL"], VIRTUAL_DEVICES="2",
+                  BATCH_SIZE="16", BENCH_WARMUP="2", BENCH_STEPS="3", BENCH_INTERVALS="2",
+                  OUTPUT_DIR=str(output))
+    assert result.returncode == 0, result.stderr
+    data = json.loads((output / "bench.json").read_text())
+    assert [p["replicas"] for p in data["points"]] == [1, 2]
+    assert {p["model"] for p in data["points"]} == {HOOKS["MODEL"]}
+    assert all(p["samples_per_s"]["median"] > 0 for p in data["points"])
+    assert f"mgpu bench: {HOOKS['MODEL']}" in result.stdout
+
+
+# -------------------------------------------------------------------------- the examples
+
+
+def test_example_keras_fit_trains_with_backup_and_restore(tmp_path: Path) -> None:
+    script = str(REPO / "examples" / "keras_fit.py")
+    result = mgpu(tmp_path, [script, "--epochs", "1"], VIRTUAL_DEVICES="2", RUN_NAME="fit")
+    assert result.returncode == 0, result.stderr
+    assert "replicas: 2, global batch: 64" in result.stdout
+    assert "test accuracy:" in result.stdout
+    assert (tmp_path / "runs" / "fit" / "model.keras").is_file()
+
+
+def test_example_custom_loop_trains_and_resumes(tmp_path: Path) -> None:
+    script = str(REPO / "examples" / "custom_loop.py")
+    result = mgpu(tmp_path, [script, "--epochs", "1"], VIRTUAL_DEVICES="2", RUN_NAME="loop")
+    assert result.returncode == 0, result.stderr
+    assert "epoch 1/1" in result.stdout
+    again = mgpu(tmp_path, [script, "--epochs", "2"], VIRTUAL_DEVICES="2", RUN_NAME="loop")
+    assert again.returncode == 0, again.stderr
+    assert "resuming after epoch 1" in again.stdout and "epoch 2/2" in again.stdout
+    assert "epoch 1/2" not in again.stdout
+
+
+def test_plain_python_runs_the_example_with_the_same_settings(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "keras_fit.py"), "--epochs", "1"],
+        cwd=tmp_path, env=run_env(tmp_path, VIRTUAL_DEVICES="2", RUN_NAME="plain"),
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "replicas: 2, global batch: 64" in result.stdout
