@@ -233,6 +233,17 @@ def build_runtime(
     cpu_flags = cpu.cpu_flags() if cpu_flags is None else cpu_flags
     nccl = nccl_available(selection.gpus) if nccl is None else nccl
     cluster = resolve_cluster(settings)
+    notes = [selection.note] if selection.note else []
+    virtual_devices = settings.virtual_devices
+    if cluster is not None and not selection.gpus and virtual_devices >= 2:
+        # MultiWorkerMirroredStrategy mirrors over every local GPU, or over one CPU device:
+        # it never uses logical CPU devices, so splitting the CPU would only miscount the
+        # replicas (and the global batch).
+        notes.append(
+            f"VIRTUAL_DEVICES={virtual_devices} is not used between workers on the CPU: "
+            "MultiWorkerMirroredStrategy runs one replica per worker there"
+        )
+        virtual_devices = 0
     environment: dict[str, str] = {}
     if cluster is not None:
         # TensorFlow reads only the process environment; TF_CONFIG may have come from the
@@ -247,13 +258,14 @@ def build_runtime(
         environment["TF_CPP_MIN_LOG_LEVEL"] = DEFAULT_TF_LOG_LEVEL
     execution = decide_execution(
         environment, selection.gpus, selection.cuda_visible_devices,
-        virtual_devices=settings.virtual_devices, mixed_precision=settings.mixed_precision,
+        virtual_devices=virtual_devices, mixed_precision=settings.mixed_precision,
         cross_device_ops=settings.cross_device_ops,
         role=cluster.role if cluster is not None else None,
         cpu_flags=cpu_flags, nccl=nccl,
     )
-    notes = (selection.note,) if selection.note else ()
-    return Runtime(resolved, snapshot, selection, cluster, execution, cpu_flags, nccl, notes)
+    return Runtime(
+        resolved, snapshot, selection, cluster, execution, cpu_flags, nccl, tuple(notes)
+    )
 
 
 def decide_execution(

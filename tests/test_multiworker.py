@@ -353,3 +353,12 @@ def test_the_tfjob_manifest_sets_only_real_settings() -> None:
     assert "TF_CONFIG" not in names and "WORKER_HOSTS" not in names  # the operator's job
     assert "kind: TFJob" in text and text.count("- name: tensorflow") == 2
     assert "Chief:" in text and "Worker:" in text and "containerPort: 2222" in text
+
+
+def test_workers_on_the_cpu_do_not_split_it() -> None:
+    # MultiWorkerMirroredStrategy uses one CPU device per worker whatever the split, so the
+    # runtime counts one replica per worker (and says VIRTUAL_DEVICES is not used).
+    runtime = runtime_of(settings_from(WORKER_HOSTS="a:1,b:1", WORKER_INDEX="0",
+                                       VIRTUAL_DEVICES="2"))
+    assert runtime.split.per_device == 1 and runtime.replicas == 2
+    assert any("VIRTUAL_DEVICES=2 is not used" in note for note in runtime.notes)
