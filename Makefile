@@ -2,8 +2,36 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+
+# uv writes the locks and installs them (https://docs.astral.sh/uv/pip/). It is pinned, and
+# installed with the system Python's pip from requirements-uv.lock (--require-hashes) into a
+# folder of its own, not into .venv: `uv pip sync` makes .venv exactly the locks, so uv
+# there would remove itself. INSTALLER=pip installs the same locks with pip instead, for
+# machines where uv cannot run (slower: README "Dependencies").
+UV_VERSION := 0.13.9
+TOOLS ?= .tools
+UV := $(TOOLS)/uv-$(UV_VERSION)/bin/uv
+INSTALLER ?= uv
+# uv uses its own CA roots unless told; this makes it trust the system's, as pip does here
+# (a TLS-intercepting proxy's CA is in the system bundle).
+export UV_NATIVE_TLS ?= 1
+
+# The CUDA wheels (requirements-cuda.lock, ~2.5 GB) go into .venv only where they can be
+# used: by default when NVML sees a GPU (scripts/nvml_gpu_count.py, system Python, no
+# venv needed); CUDA=1 installs them anyway, CUDA=0 never.
+ifeq ($(origin CUDA),undefined)
+CUDA := $(shell [ "$$($(PYTHON) scripts/nvml_gpu_count.py 2>/dev/null || echo 0)" -gt 0 ] 2>/dev/null && echo 1 || echo 0)
+endif
+ifeq ($(filter 0 1,$(CUDA)),)
+$(error CUDA must be 0 (no CUDA wheels) or 1 (install requirements-cuda.lock); got '$(CUDA)')
+endif
+ifeq ($(filter uv pip,$(INSTALLER)),)
+$(error INSTALLER must be uv or pip; got '$(INSTALLER)')
+endif
+LOCKS := requirements-dev.lock $(if $(filter 1,$(CUDA)),requirements-cuda.lock)
+# One stamp per set of locks: switching CUDA re-syncs .venv (and removes what is not locked).
+STAMP := $(VENV)/.installed-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
 .DEFAULT_GOAL := help
 
@@ -11,15 +39,39 @@ PYTEST_ARGS ?=
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml requirements.lock requirements-dev.lock
+$(UV): requirements-uv.lock
+	test -x $(TOOLS)/uv-$(UV_VERSION)/bin/python || $(PYTHON) -m venv $(TOOLS)/uv-$(UV_VERSION)
+	$(TOOLS)/uv-$(UV_VERSION)/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements-uv.lock
+	touch $@
+
+# Every install requires the locks' hashes: a changed or swapped wheel stops it.
+$(STAMP): pyproject.toml requirements.lock $(LOCKS) $(if $(filter uv,$(INSTALLER)),$(UV))
+	rm -f $(VENV)/.installed-*
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
+ifeq ($(INSTALLER),uv)
+	$(UV) pip sync --quiet --python $(BIN)/python --require-hashes $(LOCKS)
+	$(UV) pip install --quiet --python $(BIN)/python --no-deps --no-build-isolation -e .
+else
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps $(addprefix -r ,$(LOCKS))
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+endif
 	touch $@
 
 .PHONY: venv
-venv: $(STAMP) ## Create .venv with the pinned dependencies (requirements*.lock)
+venv: $(STAMP) ## Create .venv from the locks (CUDA=1/0: with/without the CUDA wheels)
+
+# The locks: exact versions and sha256 hashes for Python 3.11 and 3.12 alike (--universal:
+# the CPU test image and the host run 3.11, the GPU image 3.12). uv keeps every version
+# already in a lock; `make locks UPGRADE=--upgrade` (or --upgrade-package NAME) moves them.
+LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet \
+	--custom-compile-command "make locks" $(UPGRADE)
+
+.PHONY: locks
+locks: $(UV) ## Rewrite requirements*.lock from pyproject.toml and requirements-cuda.in
+	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml -o requirements.lock
+	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml --extra dev -c requirements.lock -o requirements-dev.lock
+	$(UV) pip compile $(LOCK_FLAGS) requirements-cuda.in -o requirements-cuda.lock
+	echo "uv==$(UV_VERSION)" | $(UV) pip compile $(LOCK_FLAGS) - -o requirements-uv.lock
 
 .PHONY: train
 train: $(STAMP) ## Train the seed's model on every selected GPU (settings: .env, env vars)
@@ -48,8 +100,8 @@ lint: $(STAMP) ## ruff, mypy and hadolint
 	$(BIN)/hadolint Dockerfile
 
 .PHONY: clean
-clean: ## Remove the virtual environment and caches (runs/ is kept)
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+clean: ## Remove the virtual environment, uv and caches (runs/ is kept)
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache
 
 # --- Container (Dockerfile, docker-compose*.yml, docker/) -------------------------------
 # Compose v2 where installed, else v1; files are written as the host user.
