@@ -95,8 +95,9 @@ test-fast: $(STAMP) ## Run the tests that need neither Docker nor long training
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy and hadolint
-	$(BIN)/ruff check mgpu_env entrypoint tests benchmarks
+	$(BIN)/ruff check mgpu_env entrypoint tests benchmarks docker scripts
 	$(BIN)/mypy
+	$(BIN)/mypy docker/check_cuda_stack.py scripts/nvml_gpu_count.py
 	$(BIN)/hadolint Dockerfile
 
 .PHONY: clean

@@ -169,7 +169,7 @@ def check_distribution(package: str, pinned: str) -> Result:
     try:
         found = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        return Result(name, False, f"not installed, expected {pinned}: install requirements-cuda.lock")
+        return Result(name, False, f"not installed, expected {pinned} (requirements-cuda.lock)")
     if not (found == pinned or found.startswith(pinned + ".")):
         return Result(name, False, f"found {found}, expected {pinned}")
     return Result(name, True, found)
@@ -220,9 +220,9 @@ def check_stack(cuda: str, cudnn: str, nccl: str) -> list[Result]:
         if handle is not None:
             handles[library.name] = handle
     pins = {"cudart": (cuda, 2), "cudnn": (cudnn, 3), "nccl": (nccl, 3)}
-    for library, (pinned, parts) in pins.items():
-        if library in handles:
-            results.append(check_version(handles[library], library, pinned, parts))
+    for name, (pinned, parts) in pins.items():
+        if name in handles:
+            results.append(check_version(handles[name], name, pinned, parts))
     results += [check_ptxas(root, cuda), check_libdevice(root)]
     return results
 

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
+from mgpu_env.bench import sweep as bench
 from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import (
     PointSpec,
@@ -26,7 +27,6 @@ from mgpu_env.bench.sweep import (
     run_bench,
     write_report,
 )
-from mgpu_env.bench import sweep as bench
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings, resolve_settings
 from mgpu_env.hardware.devices import GpuSelection
