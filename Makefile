@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 # folder of its own, not into .venv: `uv pip sync` makes .venv exactly the locks, so uv
 # there would remove itself. INSTALLER=pip installs the same locks with pip instead, for
 # machines where uv cannot run (slower: README "Dependencies").
-UV_VERSION := 0.13.9
+# The version is the lock's: `make locks UPGRADE=--upgrade-package=uv` moves it.
+UV_VERSION := $(shell sed -n 's/^uv==\([^ ]*\).*/\1/p' requirements-uv.lock)
 TOOLS ?= .tools
 UV := $(TOOLS)/uv-$(UV_VERSION)/bin/uv
 INSTALLER ?= uv
@@ -71,7 +72,7 @@ locks: $(UV) ## Rewrite requirements*.lock from pyproject.toml and requirements-
 	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml -o requirements.lock
 	$(UV) pip compile $(LOCK_FLAGS) pyproject.toml --extra dev -c requirements.lock -o requirements-dev.lock
 	$(UV) pip compile $(LOCK_FLAGS) requirements-cuda.in -o requirements-cuda.lock
-	echo "uv==$(UV_VERSION)" | $(UV) pip compile $(LOCK_FLAGS) - -o requirements-uv.lock
+	echo uv | $(UV) pip compile $(LOCK_FLAGS) - -o requirements-uv.lock
 
 .PHONY: train
 train: $(STAMP) ## Train the seed's model on every selected GPU (settings: .env, env vars)
@@ -109,6 +110,7 @@ clean: ## Remove the virtual environment, uv and caches (runs/ is kept)
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 IMAGE ?= mgpu-env:latest
 BASE_CPU_IMAGE ?= mgpu-env/base-cpu:bookworm
+# The GPU image's Python (Ubuntu 24.04); 3.11 for the CPU test image (Debian bookworm).
 WHEELS_PYTHON ?= 3.12
 COMPOSE_RUN := HOST_UID=$$(id -u) HOST_GID=$$(id -g) $(COMPOSE) run --rm
 
@@ -122,10 +124,11 @@ build-cpu: ## Build the image on a local Debian base (no registry, no GPU)
 	IMAGE=mgpu-env:cpu BASE_IMAGE=$(BASE_CPU_IMAGE) docker/build-image.sh $(BUILD_ARGS)
 
 .PHONY: wheels
-wheels: ## Download the locked wheels into docker/wheels/ for an offline build
+wheels: ## Download the locked wheels (uv, CUDA too) into docker/wheels/ for an offline build
 	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) \
 		$(foreach p,manylinux2014 manylinux_2_17 manylinux_2_27 manylinux_2_28,--platform $(p)_x86_64) \
-		--dest docker/wheels -r requirements.lock
+		--require-hashes --dest docker/wheels \
+		-r requirements-uv.lock -r requirements-cuda.lock -r requirements.lock
 
 runs data:
 	mkdir -p $@
