@@ -85,7 +85,8 @@ ENV VIRTUAL_ENV=/opt/venv \
 
 # Dependencies before code, each lock in its own layer: the CUDA wheels (~2.8 GB) first,
 # as they change least, so a requirements.lock update neither rebuilds nor re-ships them.
-# docker/install-locks.sh installs with a pinned uv and --require-hashes; docker/wheels/
+# docker/install-locks.sh installs with a pinned uv and --require-hashes (each step mounts
+# only the files it uses, so editing another one keeps this cache); docker/wheels/
 # is searched first, and with PIP_NO_INDEX=1 it is the only source (air-gapped);
 # PIP_INDEX_URL can point at an internal mirror. uv's download cache is a BuildKit cache
 # mount, kept between builds and never in a layer.
@@ -93,25 +94,26 @@ ARG PIP_INDEX_URL
 ARG PIP_NO_INDEX
 COPY requirements-uv.lock requirements-cuda.lock /tmp/locks/
 RUN --mount=type=secret,id=ca \
-    --mount=type=bind,source=docker,target=/tmp/docker \
+    --mount=type=bind,source=docker/install-locks.sh,target=/tmp/install-locks.sh \
+    --mount=type=bind,source=docker/wheels,target=/tmp/wheels \
     --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/root/.cache/pip \
-    WHEELS_DIR=/tmp/docker/wheels /tmp/docker/install-locks.sh \
-        /tmp/locks/requirements-uv.lock /tmp/locks/requirements-cuda.lock
+    /tmp/install-locks.sh /tmp/locks/requirements-uv.lock /tmp/locks/requirements-cuda.lock
 
 # Then the rest of the lock, and the build's proof that it is complete (`pip check`),
 # that TensorFlow is the pinned one, and that the CUDA libraries load from
 # where TensorFlow looks and report the pinned CUDA, cuDNN and NCCL (no GPU needed).
 COPY requirements.lock /tmp/locks/
 RUN --mount=type=secret,id=ca \
-    --mount=type=bind,source=docker,target=/tmp/docker \
+    --mount=type=bind,source=docker/install-locks.sh,target=/tmp/install-locks.sh \
+    --mount=type=bind,source=docker/check_cuda_stack.py,target=/tmp/check_cuda_stack.py \
+    --mount=type=bind,source=docker/wheels,target=/tmp/wheels \
     --mount=type=cache,target=/root/.cache/uv \
     --mount=type=cache,target=/root/.cache/pip \
-    WHEELS_DIR=/tmp/docker/wheels /tmp/docker/install-locks.sh \
-        /tmp/locks/requirements-uv.lock /tmp/locks/requirements.lock \
+    /tmp/install-locks.sh /tmp/locks/requirements-uv.lock /tmp/locks/requirements.lock \
     && pip check \
     && python -c "import tensorflow as tf; v = tf.__version__; assert v == '${PINNED_TENSORFLOW_VERSION}', v" \
-    && python /tmp/docker/check_cuda_stack.py --cuda "${PINNED_CUDA_VERSION}" \
+    && python /tmp/check_cuda_stack.py --cuda "${PINNED_CUDA_VERSION}" \
         --cudnn "${PINNED_CUDNN_VERSION}" --nccl "${PINNED_NCCL_VERSION}"
 
 # The project itself, from a read-only view of the (allowlisted) build context:
