@@ -23,6 +23,9 @@ export UV_NATIVE_TLS ?= 1
 # venv needed); CUDA=1 installs them anyway, CUDA=0 never.
 ifeq ($(origin CUDA),undefined)
 CUDA := $(shell [ "$$($(PYTHON) scripts/nvml_gpu_count.py 2>/dev/null || echo 0)" -gt 0 ] 2>/dev/null && echo 1 || echo 0)
+CUDA_HOW := $(if $(filter 1,$(CUDA)),NVML sees a GPU,no GPU seen by NVML); CUDA=0/1 to choose
+else
+CUDA_HOW := as set
 endif
 ifeq ($(filter 0 1,$(CUDA)),)
 $(error CUDA must be 0 (no CUDA wheels) or 1 (install requirements-cuda.lock); got '$(CUDA)')
@@ -47,6 +50,7 @@ $(UV): requirements-uv.lock
 
 # Every install requires the locks' hashes: a changed or swapped wheel stops it.
 $(STAMP): pyproject.toml requirements.lock $(LOCKS) $(if $(filter uv,$(INSTALLER)),$(UV))
+	@echo "make: .venv from $(LOCKS) with $(INSTALLER) (CUDA=$(CUDA): $(CUDA_HOW))" >&2
 	rm -f $(VENV)/.installed-*
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(INSTALLER),uv)
