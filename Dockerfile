@@ -20,6 +20,13 @@
 # `runtime` and `devel` tags, no `cudnn` ones, and no runtime image there has NCCL
 # (https://hub.docker.com/r/nvidia/cuda/tags?name=12.5.1-base-ubuntu24.04,
 # https://gitlab.com/nvidia/container-images/cuda/-/blob/master/doc/supported-tags.md).
+# Where the wheels' files are found: TensorFlow's libtensorflow_framework.so.2 (and
+# libtensorflow_cc.so.2 for cuSOLVER) carries a RUNPATH `$ORIGIN/../nvidia/<pkg>/lib`
+# (`readelf -d` on the 2.21 wheel), so its dlopen() finds site-packages/nvidia/*/lib with no
+# LD_LIBRARY_PATH; XLA takes ptxas and nvvm/libdevice/libdevice.10.bc from
+# site-packages/nvidia/cuda_nvcc, one of its CUDA roots (CandidateCudaRoots in
+# https://github.com/openxla/xla/blob/main/xla/tsl/platform/default/cuda_root_path.cc).
+# docker/check_cuda_stack.py checks both in the built image.
 # Ubuntu 24.04's Python 3.12 is in TensorFlow 2.21's range (22.04's 3.10 is below the
 # lock's numpy). These pins must agree with mgpu_env/hardware/compat.py and
 # requirements-cuda.lock (tests/test_dockerfile_pins.py).
