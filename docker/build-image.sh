@@ -22,7 +22,7 @@ main() {
     local docker_cli
     docker_cli="$(find_build_docker)" \
         || die "docker build needs BuildKit: install the buildx plugin (package docker-buildx-plugin or docker-buildx), or use a Docker CLI older than 23"
-    local args=(--tag "$IMAGE")
+    local args=(--tag "$IMAGE" --build-arg "IMAGE_TAG=$IMAGE")
     [ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
     if [ -n "$BUILD_CA_FILE" ] && [ -f "$BUILD_CA_FILE" ]; then
         args+=(--secret "id=ca,src=$BUILD_CA_FILE")

@@ -4,7 +4,9 @@
 # runs that where Docker is present.
 #
 #   1. a CPU base image (Debian rootfs, docker import), reused when it exists;
-#   2. the project's Dockerfile built on it, with only BASE_IMAGE changed;
+#   2. the project's Dockerfile built on it, with only BASE_IMAGE changed, so with the
+#      GPU image's CUDA wheels (requirements-cuda.lock); in it, the CUDA stack
+#      (check_cuda_stack) and `mgpu doctor --json` (check_doctor_stack);
 #   3. compose: doctor, then train (DATASET=digits EPOCHS=1 VIRTUAL_DEVICES=2):
 #      exit codes, log, metrics.json in the mounted runs folder, readable by
 #      the host user;
@@ -147,6 +149,64 @@ check_image() {
     fi
 }
 
+# The pins the image was built with, from its labels (the Dockerfile's PINNED_* args).
+image_label() {
+    docker image inspect -f "{{index .Config.Labels \"io.mgpu-env.$1.version\"}}" "$TEST_IMAGE"
+}
+
+# The CUDA user space the GPU image ships, checked without a GPU: every library TensorFlow
+# opens for the GPU loads (ctypes) from the folder TensorFlow's search path names, cuDNN,
+# NCCL and the CUDA runtime report the pinned versions, ptxas says the pinned CUDA
+# release and libdevice.10.bc is where XLA looks (docker/check_cuda_stack.py, the script
+# the build runs too). libcuda.so.1 is the driver's and is not expected here.
+check_cuda_stack() {
+    step "2b. CUDA stack in $TEST_IMAGE (libraries, versions, ptxas, libdevice)"
+    local cuda cudnn nccl log="$WORK/cuda-stack.log" code=0 lib
+    cuda="$(image_label cuda)"
+    cudnn="$(image_label cudnn)"
+    nccl="$(image_label nccl)"
+    [ -n "$cuda" ] && [ -n "$cudnn" ] && [ -n "$nccl" ] \
+        || die "$TEST_IMAGE has no io.mgpu-env.{cuda,cudnn,nccl}.version labels"
+    docker run --rm --entrypoint python \
+        -v "$PWD/docker/check_cuda_stack.py:/tmp/check_cuda_stack.py:ro" "$TEST_IMAGE" \
+        /tmp/check_cuda_stack.py --cuda "$cuda" --cudnn "$cudnn" --nccl "$nccl" \
+        >"$log" 2>&1 || code=$?
+    [ "$code" -eq 0 ] || fail_with_log "the CUDA stack check exited $code" "$log"
+    # The same facts, asserted here by name, so that a check dropped from the script
+    # cannot pass unnoticed.
+    for lib in cudart cublas cublasLt cufft cusparse cusolver curand cudnn nccl nvjitlink; do
+        grep -q "^ok   $lib loads: /opt/venv/.*/site-packages/nvidia/" "$log" \
+            || fail_with_log "$lib does not load from the venv's nvidia/ wheels" "$log"
+    done
+    grep -q "^ok   cudnn version: ${cudnn%.*} " "$log" || fail_with_log "cudnnGetVersion() is not ${cudnn%.*}" "$log"
+    grep -q "^ok   nccl version: $nccl " "$log" || fail_with_log "ncclGetVersion() is not $nccl" "$log"
+    grep -q "^ok   ptxas: .*/nvidia/cuda_nvcc/bin/ptxas: release ${cuda%.*}$" "$log" \
+        || fail_with_log "ptxas --version is not release ${cuda%.*}" "$log"
+    grep -q "^ok   libdevice: .*/nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc " "$log" \
+        || fail_with_log "libdevice.10.bc is not where XLA looks" "$log"
+    log "CUDA $cuda, cuDNN $cudnn, NCCL $nccl: $(grep -c '^ok ' "$log") checks ok"
+}
+
+# `mgpu doctor --json --no-tf` in the image: one JSON object on stdout, exit 0 or 1
+# (1: no GPU here), never a traceback. Stricter assertions on the doctor's CUDA checks
+# belong next to those checks.
+check_doctor_stack() {
+    step "2c. mgpu doctor --json --no-tf in $TEST_IMAGE"
+    local out="$WORK/doctor.json" err="$WORK/doctor-json.err" code=0
+    docker run --rm "$TEST_IMAGE" doctor --json --no-tf >"$out" 2>"$err" || code=$?
+    case "$code" in
+        0 | 1) ;;
+        *) cat "$out" >>"$err"; fail_with_log "mgpu doctor --json --no-tf exited $code" "$err" ;;
+    esac
+    if grep -q 'Traceback' "$out" "$err"; then
+        cat "$out" >>"$err"
+        fail_with_log "mgpu doctor --json --no-tf printed a traceback" "$err"
+    fi
+    python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out" 2>>"$err" \
+        || { cat "$out" >>"$err"; fail_with_log "mgpu doctor --json --no-tf did not print JSON" "$err"; }
+    log "doctor --json exited $code with one JSON object ($(wc -c <"$out") bytes)"
+}
+
 check_doctor_and_train() {
     local start=$SECONDS code=0
     step "3a. compose run --rm doctor"
@@ -258,6 +318,8 @@ main() {
     docker info >/dev/null 2>&1 || die "no Docker engine (docker info fails)"
     prepare
     build_images
+    check_cuda_stack
+    check_doctor_stack
     check_image
     check_gpu_config
     check_doctor_and_train

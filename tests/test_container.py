@@ -1,9 +1,12 @@
 """The container, end to end: `make test-container` (docker/test-container.sh).
 
-Builds a CPU base image and the project's image on it, runs doctor and train
-through compose, stops a run with `docker stop` and checks that the next one
-resumes, and validates the GPU compose file. Needs a Docker engine; takes
-minutes the first time (the base image and the dependency layer are cached).
+Builds a CPU base image and the project's image on it (with the GPU image's CUDA
+wheels), checks the CUDA stack in it (every library TensorFlow opens for the GPU loads
+from where TensorFlow looks, cuDNN/NCCL/ptxas at the pins, libdevice where XLA looks) and
+`mgpu doctor --json`, runs doctor and train through compose, stops a run with
+`docker stop` and checks that the next one resumes, and validates the GPU compose file.
+Needs a Docker engine; the first build downloads ~2.5 GB of wheels and takes minutes (the
+base image, the layers and uv's download cache are kept).
 """
 
 from __future__ import annotations

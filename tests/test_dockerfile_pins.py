@@ -26,9 +26,9 @@ DOCKERFILE = ROOT / "Dockerfile"
 UBUNTU_PYTHON = {"20.04": "3.8", "22.04": "3.10", "24.04": "3.12"}
 DEBIAN_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
 
-BASE_TAG = re.compile(
-    r"^nvidia/cuda:(?P<cuda>\d+\.\d+\.\d+)-cudnn-runtime-ubuntu(?P<ubuntu>\d+\.\d+)$"
-)
+# NVIDIA's smallest image: the container toolkit's settings and libcudart; the CUDA
+# libraries come from requirements-cuda.lock (tests/test_locks.py).
+BASE_TAG = re.compile(r"^nvidia/cuda:(?P<cuda>\d+\.\d+\.\d+)-base-ubuntu(?P<ubuntu>\d+\.\d+)$")
 
 
 def dockerfile_args() -> dict[str, str]:
@@ -43,9 +43,9 @@ def dockerfile_args() -> dict[str, str]:
 
 def locked_version(package: str) -> str:
     for line in (ROOT / "requirements.lock").read_text().splitlines():
-        name, _, version = line.partition("==")
-        if name.strip().lower() == package:
-            return version.strip()
+        match = re.match(r"([A-Za-z0-9_.\-]+)==([^\s;\\]+)", line)
+        if match and match[1].lower() == package:
+            return match[2]
     raise AssertionError(f"{package} is not pinned in requirements.lock")
 
 
@@ -56,6 +56,7 @@ def test_dockerfile_declares_its_pins() -> None:
         "PINNED_TENSORFLOW_VERSION",
         "PINNED_CUDA_VERSION",
         "PINNED_CUDNN_VERSION",
+        "PINNED_NCCL_VERSION",
     ):
         assert name in args, f"Dockerfile has no `ARG {name}=...` default"
 
@@ -86,7 +87,7 @@ def test_cuda_and_cudnn_pins_match_table() -> None:
 def test_base_image_tag_matches_pins_and_python() -> None:
     args = dockerfile_args()
     match = BASE_TAG.match(args["BASE_IMAGE"])
-    assert match, f"BASE_IMAGE {args['BASE_IMAGE']} is not an nvidia/cuda cudnn-runtime tag"
+    assert match, f"BASE_IMAGE {args['BASE_IMAGE']} is not an nvidia/cuda base tag"
     assert match["cuda"] == args["PINNED_CUDA_VERSION"]
     python = UBUNTU_PYTHON[match["ubuntu"]]
     assert compat.pinned().supports_python(python), (
@@ -169,6 +170,12 @@ def _dockerignored(path: str, patterns: list[str]) -> bool:
         ("mgpu_env/.env", True),
         ("docker/wheels/numpy-2.4.6-cp312-cp312-manylinux_2_28_x86_64.whl", False),
         ("requirements.lock", False),
+        ("requirements-cuda.lock", False),
+        ("requirements-uv.lock", False),
+        ("requirements-dev.lock", True),
+        ("docker/install-locks.sh", False),
+        ("docker/check_cuda_stack.py", False),
+        ("docker/test-container.sh", True),
         ("pyproject.toml", False),
         ("mgpu_env/config/settings.py", False),
         ("entrypoint/__main__.py", False),
