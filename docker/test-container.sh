@@ -191,20 +191,42 @@ check_cuda_stack() {
 # (1: no GPU here), never a traceback. Stricter assertions on the doctor's CUDA checks
 # belong next to those checks.
 check_doctor_stack() {
-    step "2c. mgpu doctor --json --no-tf in $TEST_IMAGE"
+    step "2c. mgpu doctor --json --smoke in $TEST_IMAGE (VIRTUAL_DEVICES=2)"
     local out="$WORK/doctor.json" err="$WORK/doctor-json.err" code=0
-    docker run --rm "$TEST_IMAGE" doctor --json --no-tf >"$out" 2>"$err" || code=$?
+    docker run --rm -e VIRTUAL_DEVICES=2 "$TEST_IMAGE" doctor --json --smoke \
+        >"$out" 2>"$err" || code=$?
+    # No GPU here: the driver lines warn (exit 0) or, at worst, error (1); a crash, a
+    # settings error (2) or a missing command is a failure.
     case "$code" in
         0 | 1) ;;
-        *) cat "$out" >>"$err"; fail_with_log "mgpu doctor --json --no-tf exited $code" "$err" ;;
+        *) cat "$out" >>"$err"; fail_with_log "mgpu doctor --json --smoke exited $code" "$err" ;;
     esac
     if grep -q 'Traceback' "$out" "$err"; then
         cat "$out" >>"$err"
-        fail_with_log "mgpu doctor --json --no-tf printed a traceback" "$err"
+        fail_with_log "mgpu doctor --json --smoke printed a traceback" "$err"
     fi
-    python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out" 2>>"$err" \
-        || { cat "$out" >>"$err"; fail_with_log "mgpu doctor --json --no-tf did not print JSON" "$err"; }
-    log "doctor --json exited $code with one JSON object ($(wc -c <"$out") bytes)"
+    # The doctor finds the CUDA stack the way TensorFlow and XLA will (the checks ok, the
+    # loaded cuDNN and NCCL at the image's pins), and the smoke job runs on 2 replicas.
+    python3 - "$out" "$(image_label cudnn)" "$(image_label nccl)" <<'PY' >"$WORK/doctor-stack.txt" 2>>"$err" \
+        || { cat "$out" >>"$err"; fail_with_log "mgpu doctor --json: the CUDA stack or the smoke job is not right" "$err"; }
+import json, sys
+data = json.load(open(sys.argv[1]))
+cudnn_pin, nccl_pin = sys.argv[2], sys.argv[3]
+status = {check["id"]: check["status"] for check in data["checks"]}
+for name in ("cuda.libraries", "cuda.nccl", "cuda.ptxas", "cuda.libdevice"):
+    assert status.get(name) == "ok", f"{name} is {status.get(name)}, not ok"
+libraries = data["facts"]["cuda"]["libraries"]
+cudnn = libraries["cudnn"]["value"]["version"]
+nccl = libraries["nccl"]["value"]["version"]
+assert cudnn_pin.startswith(cudnn), f"cuDNN loaded {cudnn}, pinned {cudnn_pin}"
+assert nccl == nccl_pin, f"NCCL loaded {nccl}, pinned {nccl_pin}"
+smoke = data["smoke"]
+assert smoke["ok"], smoke
+assert smoke["devices"] == ["CPU:0", "CPU:1"], smoke["devices"]
+assert [s["name"] for s in smoke["steps"]] == ["setup", "all-reduce", "xla", "matmul"]
+print(f"cuda checks ok; cuDNN {cudnn}, NCCL {nccl}; smoke ok on {smoke['devices']}")
+PY
+    log "doctor --json --smoke exited $code: $(cat "$WORK/doctor-stack.txt")"
 }
 
 check_doctor_and_train() {
