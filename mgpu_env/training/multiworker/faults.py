@@ -1,0 +1,193 @@
+"""When a worker dies or hangs: recognising TensorFlow's errors for it, and the watchdog
+that bounds the waits TensorFlow does not."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+# What a worker that hits the watchdog exits with (RunFailed's code).
+EXIT_WORKER_LOST = 1
+# How long after the watchdog's deadline the GIL-free backstop ends a process that the
+# watchdog's own thread could not (see Watchdog).
+BACKSTOP_GRACE_S = 5.0
+
+
+# ------------------------------------------------------------------------------- faults
+
+_FAILURE_MARKERS = (
+    "unhealthy",
+    "stopped sending heartbeats",
+    "Collective ops is aborted",
+    "Connection reset by peer",
+    "Socket closed",
+    "failed to connect",
+    "connection refused",
+    "cluster check alive failed",
+    "coordination service",
+)
+
+
+def is_worker_failure(err: BaseException) -> bool:
+    """Whether a TensorFlow error means another worker died or became unreachable."""
+    name = type(err).__name__
+    text = str(err)
+    if name not in (
+        "UnavailableError", "AbortedError", "DeadlineExceededError", "InternalError",
+        "CancelledError", "FailedPreconditionError", "UnknownError",
+    ):
+        return False
+    return any(marker.lower() in text.lower() for marker in _FAILURE_MARKERS)
+
+
+_TASK_RE = re.compile(r"/job:(chief|worker)/(?:replica:\d+/)?task:(\d+)")
+
+
+def lost_tasks(text: str, me: tuple[str, int] | None = None) -> list[str]:
+    """The other tasks a TensorFlow error names ("worker 1"), in order of appearance."""
+    found: list[str] = []
+    for job, index in _TASK_RE.findall(text):
+        if me is not None and (job, int(index)) == me:
+            continue
+        name = f"{job} {index}"
+        if name not in found:
+            found.append(name)
+    return found
+
+
+def explain_worker_failure(err: BaseException, who: str, me: tuple[str, int] | None = None) -> str:
+    """One readable message for a lost worker, with TensorFlow's most telling line."""
+    text = str(err)
+    lines = [re.sub(r"\{\{[^}]*\}\}\s*", "", line).strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    telling = next(
+        (
+            line for line in lines
+            if any(m.lower() in line.lower() for m in ("unhealthy", "aborted by", "reset by"))
+        ),
+        lines[0] if lines else type(err).__name__,
+    )
+    lost = lost_tasks(text, me)
+    subject = f"{lost[0]} stopped or cannot be reached" if lost else (
+        "another worker stopped or cannot be reached"
+    )
+    return (
+        f"{subject[0].upper()}{subject[1:]}, so {who} stops too.\n"
+        f"  TensorFlow: {telling}\n"
+        "  Completed epochs are in the chief's checkpoints: start every worker again "
+        "(same settings) to resume."
+    )
+
+
+def abort_process(message: str) -> None:
+    """Print `message` to stderr and end the process now (the watchdog's default action).
+
+    `os._exit`, not `sys.exit`: the main thread may be blocked inside a collective that no
+    exception can reach, and interpreter shutdown could wait on it.
+    """
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(EXIT_WORKER_LOST)
+
+
+class Watchdog:
+    """Ends the run when no progress is reported for `timeout_s` seconds.
+
+    `start(phase)` arms it; `progress(phase)` pushes the deadline back (call it after every
+    completed `train_steps` call, save and evaluation); `stop()` disarms it. On expiry a
+    Python thread calls `on_expire` with a message naming the phase, once.
+
+    That thread needs the GIL, and one wait holds it: MultiWorkerMirroredStrategy's
+    constructor, waiting for the other workers to join, blocks in C++ without releasing
+    it (measured with TF 2.21: the thread never ran; so does SIGTERM's handler, and the
+    coordination service's `cluster_register_timeout` did not end the wait either). So
+    `backstop` also arms `faulthandler.dump_traceback_later`, whose C thread needs no GIL:
+    BACKSTOP_GRACE_S after the deadline it prints "Timeout" and the stacks, and exits 1.
+    """
+
+    def __init__(
+        self,
+        timeout_s: float,
+        who: str,
+        on_expire: Callable[[str], None] = abort_process,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float | None = None,
+        backstop: bool = True,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.who = who
+        self._on_expire = on_expire
+        self._clock = clock
+        self._poll_s = poll_s if poll_s is not None else min(1.0, timeout_s / 10)
+        self._lock = threading.Lock()
+        self._phase = ""
+        self._deadline = float("inf")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backstop = backstop
+        self.expired = False
+
+    def start(self, phase: str) -> None:
+        self.progress(phase)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="mgpu-watchdog", daemon=True)
+            self._thread.start()
+
+    def progress(self, phase: str | None = None) -> None:
+        with self._lock:
+            if phase is not None:
+                self._phase = phase
+            self._deadline = self._clock() + self.timeout_s
+        if self._backstop and not self._stop.is_set():
+            faulthandler.dump_traceback_later(
+                self.timeout_s + BACKSTOP_GRACE_S, repeat=False, file=sys.stderr, exit=True
+            )
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._backstop:
+            faulthandler.cancel_dump_traceback_later()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            with self._lock:
+                late = self._clock() > self._deadline
+                phase = self._phase
+            if late:
+                self.expired = True
+                self._on_expire(
+                    f"{self.who}: no progress for {self.timeout_s:g} s while {phase}; another "
+                    "worker is probably down, stuck or unreachable.\n  Check every worker's "
+                    "log; start them all again to resume from the last completed epoch "
+                    "(WORKER_TIMEOUT sets this limit)."
+                )
+                return
+
+    def __enter__(self) -> Watchdog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def reclaim_signal_handlers() -> None:
+    """Install Python's SIGTERM and SIGINT handlers again, over any C library's."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(signum)
+        if handler is None:
+            continue  # set outside Python: leave it
+        try:
+            signal.signal(signum, handler)
+        except ValueError:
+            return  # not the main thread: Python cannot install handlers here
+
+

@@ -1,0 +1,114 @@
+"""The multi-worker steps of one training run, in the order the trainer takes them."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mgpu_env.training.multiworker.agreement import broadcast_from_chief, check_agreement
+from mgpu_env.training.multiworker.cluster import Cluster, remove_scratch_dir, scratch_dir
+from mgpu_env.training.multiworker.faults import (
+    Watchdog,
+    abort_process,
+    explain_worker_failure,
+    is_worker_failure,
+    reclaim_signal_handlers,
+)
+
+# ------------------------------------------------------------------------------ session
+
+
+class WorkerSession:
+    """The multi-worker steps of one training run, in the order the trainer takes them.
+
+    For a single-process run (`role` None) every method does nothing, so the training loop
+    has one path. Order: `join` (before the strategy exists), `after_strategy` (right after),
+    `checkpoint_dir`, `share_restored` (after the chief restored), `progress` (after every
+    completed unit of work), `close`.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster | None,
+        timeout_s: float,
+        on_expire: Callable[[str], None] = abort_process,
+    ) -> None:
+        self.role = cluster.role if cluster is not None else None
+        self._scratch: Path | None = None
+        self.who = cluster.name if cluster is not None else "this process"
+        self._cluster = cluster
+        self.watchdog = Watchdog(timeout_s, self.who, on_expire)
+
+    @property
+    def multi(self) -> bool:
+        return self.role is not None
+
+    def join(self) -> None:
+        """Bound the wait for the other workers (the strategy's start)."""
+        if self._cluster is None:
+            return
+        others = ", ".join(
+            a for addresses in self._cluster.jobs.values() for a in addresses
+            if a != self._cluster.address
+        )
+        sys.stderr.write(
+            f"{self.who}: waiting up to {self.watchdog.timeout_s:g} s (WORKER_TIMEOUT) for "
+            f"the other workers ({others}); if they do not join, this worker stops with a "
+            "'Timeout' report.\n"
+        )
+        self.watchdog.start(f"waiting for the other workers to join ({others})")
+
+    def after_strategy(self, strategy: Any, values: Mapping[str, str]) -> None:
+        """Take SIGTERM back from TensorFlow, then check the workers agree (`check_agreement`).
+
+        Creating MultiWorkerMirroredStrategy installs TensorFlow's own SIGTERM handler (for
+        its preemption notice) over ours, which then never runs: `docker stop` would wait
+        for SIGKILL. Measured with TF 2.21: SIGTERM to both workers changed nothing.
+        """
+        if self.multi:
+            assert self.role is not None
+            reclaim_signal_handlers()
+            self.watchdog.progress("comparing settings with the other workers")
+            check_agreement(strategy, values, self.role)
+            self.watchdog.progress("building the model")
+
+    def checkpoint_dir(self, chief_dir: Path) -> Path:
+        """The chief's real folder for the chief; a scratch folder for every other worker."""
+        if self.role is None or self.role.is_chief:
+            return chief_dir
+        self._scratch = scratch_dir(self.role)
+        return self._scratch
+
+    def share_restored(self, strategy: Any, variables: Sequence[Any]) -> None:
+        if self.multi:
+            assert self.role is not None
+            self.watchdog.progress("receiving the chief's checkpoint")
+            broadcast_from_chief(strategy, variables, self.role.is_chief)
+            self.watchdog.progress("training")
+
+    def progress(self, phase: str | None = None) -> None:
+        if self.multi:
+            self.watchdog.progress(phase)
+
+    def failure(self, err: BaseException) -> str | None:
+        """The message for a TensorFlow error that means a worker was lost, else None."""
+        if self.multi and is_worker_failure(err):
+            assert self.role is not None
+            return explain_worker_failure(
+                err, self.who, (self.role.task_type, self.role.task_id)
+            )
+        return None
+
+    def close(self, succeeded: bool) -> None:
+        """Delete the scratch folder; disarm the watchdog only after a success.
+
+        After a failure it stays armed, so a process whose shutdown waits on a dead worker
+        still ends within WORKER_TIMEOUT.
+        """
+        if self._scratch is not None:
+            remove_scratch_dir(self._scratch)
+            self._scratch = None
+        if succeeded:
+            self.watchdog.stop()
