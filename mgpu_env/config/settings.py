@@ -414,9 +414,12 @@ class Settings:
     )
     bench_data: str = setting(
         "BENCH_DATA", "synthetic",
-        "Input mgpu bench feeds: synthetic (tensors already on the device), real (the "
-        "tf.data pipeline over DATASET), both (reports the input pipeline's cost).",
-        parse_choice("synthetic", "real", "both"), "synthetic, real, both", metavar="MODE",
+        "Input mgpu bench feeds: synthetic (tensors already on the device), real (DATASET "
+        "as mgpu train feeds it: kept on each device), stream (DATASET through the tf.data "
+        "stream, the path for data that does not fit), both (synthetic and real: reports the "
+        "input's cost), all (synthetic, real and stream).",
+        parse_choice("synthetic", "real", "stream", "both", "all"),
+        "synthetic, real, stream, both, all", metavar="MODE",
         scope="bench",
     )
     bench_warmup: int = setting(
