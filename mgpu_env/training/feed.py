@@ -137,27 +137,37 @@ class StreamFeed:
     def steps_per_epoch(self) -> int:
         return self.size // self.global_batch
 
-    def dataset(self, epoch: int) -> Any:
-        """One epoch, distributed: per-replica batches prefetched to each replica's device."""
+    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
+        """`epochs` epochs from `first_epoch`, one after the other, distributed: per-replica
+        batches prefetched to each replica's device. One iterator serves them all: making
+        a distributed iterator costs far more than a step."""
         import tensorflow as tf
 
         replicas = self.strategy.num_replicas_in_sync
         per_replica = self.global_batch // replicas
 
         def per_worker(context: Any) -> Any:
-            local = replicas // context.num_input_pipelines
-            worker = context.input_pipeline_id
-            data = self.make_rows()
-            data = data.shuffle(
-                STREAM_SHUFFLE_BUFFER, seed=self.seed + epoch, reshuffle_each_iteration=False
-            )
-            data = data.batch(per_replica, drop_remainder=True)
-            data = data.take(self.steps_per_epoch * replicas)  # whole global batches only
-            if context.num_input_pipelines > 1:
-                # Per-replica batch k belongs to replica k % R: this worker keeps its own.
-                data = data.enumerate().filter(
-                    lambda k, _: (k % replicas) // local == worker
-                ).map(lambda _, batch: batch)
+            workers, worker = context.num_input_pipelines, context.input_pipeline_id
+            local = replicas // workers
+
+            def one_epoch(epoch: Any) -> Any:
+                # The seed as a tensor gives the order a Python int seed + epoch gives.
+                data = self.make_rows().shuffle(
+                    STREAM_SHUFFLE_BUFFER, seed=self.seed + epoch, reshuffle_each_iteration=False
+                )
+                data = data.batch(per_replica, drop_remainder=True)
+                data = data.take(self.steps_per_epoch * replicas)  # whole global batches
+                if workers > 1:
+                    # Per-replica batch k belongs to replica k % R: this worker keeps its own.
+                    data = data.enumerate().filter(
+                        lambda k, _: (k % replicas) // local == worker
+                    ).map(lambda _, batch: batch)
+                return data
+
+            # flat_map, not one concatenated dataset per epoch: the rows' dataset may hold
+            # the arrays as a constant, which would be copied into the graph once per epoch.
+            epochs_data = tf.data.Dataset.range(first_epoch, first_epoch + epochs)
+            data = epochs_data.flat_map(one_epoch)
             return data.prefetch(tf.data.AUTOTUNE).with_options(
                 stream_options(self.deterministic)
             )
@@ -173,22 +183,13 @@ class StreamFeed:
         )
 
     def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
-        """Run the steps of `epochs` epochs from `first_epoch`; a call may cross epochs."""
+        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
         import tensorflow as tf
 
-        epoch, left, iterator = first_epoch, 0, None
+        iterator = iter(self.dataset(first_epoch, epochs))
 
         def run(count: int) -> None:
-            nonlocal epoch, left, iterator
-            while count > 0:
-                if left == 0:
-                    if epoch >= first_epoch + epochs:
-                        raise ValueError("the runner's epochs are all trained")
-                    iterator, left = iter(self.dataset(epoch)), self.steps_per_epoch
-                    epoch += 1
-                now = min(count, left)
-                steps.train_steps(iterator, tf.constant(now, tf.int32))
-                count, left = count - now, left - now
+            steps.train_steps(iterator, tf.constant(count, tf.int32))
 
         return run
 

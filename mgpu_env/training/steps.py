@@ -11,9 +11,10 @@ Speed: `train_steps(iterator, n)` runs n steps in one `tf.function` call (a `tf.
 loop, like Keras' `steps_per_execution`), so Python runs once per n steps, and the metrics
 are read once per call. `train_indexed(rows, order, first, n)` does the same with the rows
 already on each device (`training.feed.ResidentFeed`): each replica cuts its part of the
-global batch by index inside the loop, so no input pipeline runs per step. With XLA on, only the forward and backward pass of each replica is
-jit-compiled: the gradient all-reduce and the optimizer update stay outside XLA, because
-they use the strategy's `merge_call`, which XLA cannot compile (under MirroredStrategy a
+global batch by index inside the loop, so no input pipeline runs per step.
+
+With XLA on, only the forward and backward pass of each replica is jit-compiled: the
+gradient all-reduce and the optimizer update stay outside XLA, because they use the strategy's `merge_call`, which XLA cannot compile (under MirroredStrategy a
 fully compiled step fails with "Trying to access resource ... located in device CPU:1 from
 device CPU:0", with or without mixed precision). This split works with mixed precision too.
 """
