@@ -208,7 +208,8 @@ def test_a_run_killed_and_resumed_has_the_uninterrupted_runs_losses_to_the_bit(
     resumed = tmp_path / "resumed" / "run"
     resumed.parent.mkdir()
     process = start(resumed, **settings)
-    wait_for_epochs(resumed, process, 2)
+    # Three epochs in history.json: the checkpoint of the second is complete.
+    wait_for_epochs(resumed, process, 3)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     assert not (resumed / "metrics.json").exists()

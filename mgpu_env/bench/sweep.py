@@ -57,6 +57,7 @@ class PointSpec:
     virtual_devices: int  # the logical split the child makes (0: none)
     cuda_visible_devices: str | None  # None: inherit the parent's
     runner: str = "mgpu"  # "mgpu" (the packaged step) or "seed" (the seed's model.fit)
+    deterministic: bool = True  # DATA_DETERMINISTIC, for the stream
     # The runtime's decisions for this point (`Execution` as JSON: environment, device
     # split, precision, strategy), made by the parent; the child applies them.
     execution: str = ""
@@ -229,6 +230,7 @@ def plan_points(
                             learning_rate=settings.learning_rate,
                             cross_device_ops=settings.cross_device_ops,
                             virtual_devices=split, cuda_visible_devices=visible,
+                            deterministic=settings.data_deterministic,
                         )
                     )
     return points

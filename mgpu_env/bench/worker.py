@@ -86,7 +86,7 @@ def real_feed(spec: PointSpec, strategy: Any) -> tuple[Any, str]:
     arrays = load_arrays(choice, spec.seed)
     if spec.data == "stream":
         feed: Any = StreamFeed(strategy, in_memory_rows(arrays), arrays.train_size,
-                               spec.global_batch, spec.seed)
+                               spec.global_batch, spec.seed, spec.deterministic)
         return feed, f"{choice.describe()}, streamed by tf.data"
     feed = ResidentFeed.place(strategy, arrays, spec.global_batch, spec.seed)
     return feed, f"{choice.describe()}, kept on each device"

@@ -392,6 +392,13 @@ class Settings:
         "SEED", "42", "Random seed for weights and shuffling.",
         parse_int(0, 2**31 - 1), "a whole number from 0 to 2147483647", metavar="N",
     )
+    data_deterministic: bool = setting(
+        "DATA_DETERMINISTIC", "1",
+        "Data streamed through tf.data (data too big to keep on each device) keeps its order, "
+        "so runs repeat; 0 lets parallel stages hand out rows as they finish (faster when "
+        "rows take uneven time to read, but the order and the losses vary).",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", metavar="0|1",
+    )
     bench_model: str = setting(
         "BENCH_MODEL", "mlp",
         "Model mgpu bench measures: mlp (the seed's) or resnet (a small ResNet on 32x32x3 "

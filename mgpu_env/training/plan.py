@@ -27,6 +27,7 @@ from mgpu_env.training.strategy import StrategyPlan
 TRAIN_SETTINGS = (
     "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "DATA_DIR",
     "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
+    "DATA_DETERMINISTIC",
 )
 # Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
 # 20% held out by a stratified split.
