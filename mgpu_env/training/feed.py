@@ -121,7 +121,7 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
 class StreamFeed:
     """Training rows from a `tf.data.Dataset` of (x, y) rows, streamed to every replica.
 
-    `make_rows()` builds the rows' dataset (called once per worker and epoch). Each worker's
+    `make_rows()` builds the rows' dataset (called once per worker and runner). Each worker's
     pipeline shuffles (seed + epoch), batches per replica and keeps only its own replicas'
     batches, so global batch b is the same rows on every replica and worker count.
     """
