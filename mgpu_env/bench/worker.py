@@ -97,7 +97,8 @@ def image_maker(input_shape: tuple[int, ...]) -> Any:
     channel), done in the step after the batch is cut, so it counts as input cost too."""
     import tensorflow as tf
 
-    side = 28
+    from mgpu_env.training.data import IMAGE_SIDE as side
+
     pad = (input_shape[0] - side) // 2
 
     def to_image(x: Any) -> Any:
@@ -114,6 +115,7 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
 
     from mgpu_env.bench.models import SHAPES, build_model
     from mgpu_env.training.build import build_trainer
+    from mgpu_env.training.data import FEATURES
 
     # The parent's decisions for this point: device split, precision, all-reduce.
     execution = Execution.from_json(spec.execution)
@@ -122,7 +124,7 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     shape = SHAPES[spec.model]
     # The training module's step: n steps per tf.function call, XLA on the per-replica
     # forward and backward pass only, loss scaling agreed between replicas.
-    rows = (784,)
+    rows = (FEATURES,)
     trainer = build_trainer(
         strategy, lambda: build_model(spec.model, spec.seed),
         learning_rate=spec.learning_rate, precision=execution.precision,
