@@ -44,7 +44,8 @@ def command(flags: SettingFlags) -> None:
     for note in data["notes"]:
         console.print(f"note: {note}")
     for cost in data["input_pipeline_cost"]:
-        what = f"input pipeline ({cost['replicas']} replica(s), {cost['precision']}): "
+        what = (f"input pipeline, {cost['data']} data ({cost['replicas']} replica(s), "
+                f"{cost['precision']}): ")
         if cost["significant"] and cost["throughput_lost"] > 0:
             console.print(
                 f"{what}{100 * cost['throughput_lost']:.1f}% of synthetic throughput lost, "

@@ -54,7 +54,7 @@ def gpu_selection(count: int, capability: tuple[int, int] = (8, 0)) -> GpuSelect
 
 def fake_runner(
     base_step_s: float = 0.01, efficiency: float = 0.9, seed_slowdown: float = 3.0,
-    real_slowdown: float = 1.25,
+    real_slowdown: float = 1.25, stream_slowdown: float = 1.5,
 ) -> Callable[[PointSpec], dict[str, Any]]:
     """Timings of a device where each extra replica costs (1 - efficiency) of a step."""
 
@@ -65,6 +65,8 @@ def fake_runner(
             step *= seed_slowdown
         if spec.data == "real":
             step *= real_slowdown
+        if spec.data == "stream":
+            step *= stream_slowdown
         interval = step * spec.steps_per_interval
         return {
             "interval_seconds": [interval * f for f in (1.0, 0.98, 1.02, 1.0)][: spec.intervals],
@@ -206,6 +208,16 @@ def test_input_pipeline_cost_pairs_real_with_synthetic() -> None:
     assert [c["replicas"] for c in costs] == [1, 2]
     assert costs[0]["throughput_lost"] == pytest.approx(1 - 1 / 1.25)
     assert costs[0]["significant"] is True
+
+
+def test_all_data_pairs_the_kept_and_the_streamed_input_with_synthetic() -> None:
+    data = run_fake(VIRTUAL_DEVICES="2", BENCH_DATA="all")
+    assert {p["variant"] for p in data["points"]} == {
+        "fp32", "fp32+real-data", "fp32+stream-data"
+    }
+    costs = {(c["data"], c["replicas"]): c["throughput_lost"] for c in data["input_pipeline_cost"]}
+    assert set(costs) == {("real", 1), ("real", 2), ("stream", 1), ("stream", 2)}
+    assert costs["stream", 1] == pytest.approx(1 - 1 / 1.5)
 
 
 def test_seed_comparison_reuses_the_sweeps_point_and_reports_the_ratio() -> None:
@@ -380,3 +392,22 @@ def test_real_sweep_on_two_logical_cpus_with_the_seed_comparison(tmp_path: Path)
     assert data["seed_comparison"]["seed"]["worker"]["parameters"] == 55050
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
     assert os.environ.get("CUDA_VISIBLE_DEVICES") in (None, "-1")
+
+
+@pytest.mark.slow
+def test_real_sweep_feeds_kept_and_streamed_data_on_two_logical_cpus(tmp_path: Path) -> None:
+    """Real children: digits kept on each device and streamed by tf.data, 1 and 2 replicas;
+    both cross epoch boundaries (22 steps per epoch at 1 replica)."""
+    env = {
+        "GPUS": "none", "VIRTUAL_DEVICES": "2", "OUTPUT_DIR": str(tmp_path),
+        "DATASET": "digits", "BENCH_DATA": "all", "BENCH_WARMUP": "3", "BENCH_STEPS": "30",
+        "BENCH_INTERVALS": "2", "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    result = CliRunner().invoke(app, ["bench"], env=env)
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["points"]) == 6 and not [p for p in data["points"] if p.get("error")]
+    sources = {p["data"]: p["worker"].get("data_source", "") for p in data["points"]}
+    assert "kept on each device" in sources["real"]
+    assert "streamed by tf.data" in sources["stream"]
+    assert len(data["input_pipeline_cost"]) == 4

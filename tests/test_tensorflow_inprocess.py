@@ -181,3 +181,59 @@ def test_a_whole_run_in_process_on_four_replicas(
     assert [e["epoch"] for e in result.metrics["history"]] == [1, 2]
     assert (tmp_path / "run" / "metrics.json").is_file()
     assert (tmp_path / "run" / "logs").is_dir()
+
+
+def _losses_per_call(strategy: Any, feed_kind: str, calls: int = 3) -> list[float]:
+    """Train the seed's MLP a few calls of 5 steps from a feed; the mean loss of each call."""
+    from mgpu_env.training.build import build_trainer
+    from mgpu_env.training.data import Arrays
+    from mgpu_env.training.feed import ResidentFeed, StreamFeed, in_memory_rows
+    from mgpu_env.training.model import build_model
+
+    rng = np.random.default_rng(0)
+    x = rng.random((700, 784), dtype=np.float32)
+    y = (x[:, :10].argmax(axis=1)).astype(np.int32)
+    arrays = Arrays("test", x, y, x[:10], y[:10])
+    global_batch = 64  # 10 steps per epoch; 60 rows of each epoch are left out
+    trainer = build_trainer(
+        strategy, lambda: build_model(0), learning_rate=0.01,
+        precision=PrecisionChoice(FLOAT32, False, "test"), global_batch_size=global_batch,
+        jit_compile=False,
+    )
+    feed: Any = (
+        ResidentFeed.place(strategy, arrays, global_batch, seed=3) if feed_kind == "resident"
+        else StreamFeed(strategy, in_memory_rows(arrays), arrays.train_size, global_batch, 3)
+    )
+    run = feed.runner(trainer.steps, first_epoch=1, epochs=2)  # calls cross the epochs
+    losses = []
+    for _ in range(calls):
+        trainer.steps.reset_train_metrics()
+        run(5)
+        losses.append(float(trainer.steps.train_loss.result()))
+    assert int(trainer.optimizer.iterations.numpy()) == 5 * calls
+    return losses
+
+
+@pytest.mark.parametrize("feed_kind", ["resident", "stream"])
+def test_every_replica_count_trains_on_the_same_global_batches(
+    logical_cpus: tuple[str, ...], float32_policy: None, feed_kind: str
+) -> None:
+    one = _losses_per_call(mirrored(logical_cpus[:1]), feed_kind)
+    for replicas in (2, 4):
+        many = _losses_per_call(mirrored(logical_cpus[:replicas]), feed_kind)
+        # Only the order of the sums differs: other batches would change the losses at once.
+        np.testing.assert_allclose(many, one, rtol=1e-5)
+
+
+def test_the_epoch_order_is_a_seeded_permutation_cut_to_whole_batches() -> None:
+    from mgpu_env.training.feed import epoch_order
+
+    order = epoch_order(seed=5, epoch=2, size=1000, global_batch=64)
+    assert order.shape == (960,) and len(set(order.tolist())) == 960
+    assert set(order.tolist()) <= set(range(1000))
+    assert np.array_equal(order, epoch_order(5, 2, 1000, 64))
+    assert not np.array_equal(order, epoch_order(5, 3, 1000, 64))
+    assert not np.array_equal(order, epoch_order(6, 2, 1000, 64))
+    # The partial batch dropped is a different one each epoch.
+    left_out = [set(range(1000)) - set(epoch_order(5, e, 1000, 64).tolist()) for e in (0, 1)]
+    assert left_out[0] != left_out[1]

@@ -198,3 +198,29 @@ def test_corrupt_mnist_npz_is_exit_2_without_traceback(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "mnist.npz" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_a_run_killed_and_resumed_has_the_uninterrupted_runs_losses_to_the_bit(
+    tmp_path: Path,
+) -> None:
+    settings = {"EPOCHS": "6", "VIRTUAL_DEVICES": "2", "BATCH_SIZE": "32"}
+    straight = tmp_path / "straight" / "run"
+    straight.parent.mkdir()
+    assert run(straight, **settings).returncode == 0
+    resumed = tmp_path / "resumed" / "run"
+    resumed.parent.mkdir()
+    process = start(resumed, **settings)
+    # Three epochs in history.json: the checkpoint of the second is complete.
+    wait_for_epochs(resumed, process, 3)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert not (resumed / "metrics.json").exists()
+    result = run(resumed, **settings)
+    assert result.returncode == 0, result.stderr
+    found, expected = metrics(resumed), metrics(straight)
+    assert 2 <= found["resumed_from_epoch"] < 6
+    # Each epoch's order comes from (SEED, epoch) alone, so the resumed epochs see the
+    # batches the uninterrupted run saw, and the CPU computes the same floats.
+    for key in ("loss", "accuracy"):
+        assert [e[key] for e in found["history"]] == [e[key] for e in expected["history"]]
+    assert found["test_loss"] == expected["test_loss"]

@@ -46,7 +46,7 @@ class PointSpec:
     per_replica_batch: int
     mixed_precision: str  # "0" (fp32), "1", "fp16", "bf16"
     xla: bool
-    data: str  # "synthetic" or "real"
+    data: str  # "synthetic", "real" (kept on each device) or "stream" (tf.data)
     dataset: str
     data_dir: str | None
     warmup_steps: int
@@ -58,6 +58,7 @@ class PointSpec:
     virtual_devices: int  # the logical split the child makes (0: none)
     cuda_visible_devices: str | None  # None: inherit the parent's
     runner: str = "mgpu"  # "mgpu" (the packaged step) or "seed" (the seed's model.fit)
+    deterministic: bool = True  # DATA_DETERMINISTIC, for the stream
     # The runtime's decisions for this point (`Execution` as JSON: environment, device
     # split, precision, strategy), made by the parent; the child applies them.
     execution: str = ""
@@ -208,7 +209,9 @@ def plan_points(
         for mode in wanted
     ))
     xlas = [False, True] if "xla" in settings.bench_sweep else [settings.xla]
-    datas = ["synthetic", "real"] if settings.bench_data == "both" else [settings.bench_data]
+    datas = {"both": ["synthetic", "real"], "all": ["synthetic", "real", "stream"]}.get(
+        settings.bench_data, [settings.bench_data]
+    )
     points = []
     for data in datas:
         for precision in precisions:
@@ -229,6 +232,7 @@ def plan_points(
                             learning_rate=settings.learning_rate,
                             cross_device_ops=settings.cross_device_ops,
                             virtual_devices=split, cuda_visible_devices=visible,
+                            deterministic=settings.data_deterministic,
                         )
                     )
     return points
@@ -407,7 +411,8 @@ def add_efficiencies(points: list[dict[str, Any]]) -> None:
 
 
 def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each real-data point with a synthetic twin: the throughput the pipeline costs."""
+    """For each real- or stream-data point with a synthetic twin: the throughput its input
+    path costs."""
     synthetic = {
         (p["replicas"], p["mixed_precision"], p["xla"], p["runner"]): p
         for p in points
@@ -415,7 +420,7 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     }
     costs = []
     for real in points:
-        if real["data"] != "real" or real.get("error"):
+        if real["data"] == "synthetic" or real.get("error"):
             continue
         twin = synthetic.get((real["replicas"], real["mixed_precision"], real["xla"],
                               real["runner"]))
@@ -425,6 +430,7 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         real_tp = real["samples_per_s"]["median"]
         costs.append({
             "replicas": real["replicas"],
+            "data": real["data"],
             "precision": real["precision"],
             "xla": real["xla"],
             "synthetic_samples_per_s": synth_tp,

@@ -76,30 +76,37 @@ def _synthetic_batch(spec: PointSpec, strategy: Any, input_shape: tuple[int, ...
     return strategy.experimental_distribute_values_from_function(make)
 
 
-def real_dataset(spec: PointSpec, input_shape: tuple[int, ...]) -> Any:
-    """The training module's tf.data pipeline over DATASET, repeated, shaped for the model.
-
-    For the ResNet the 784-value rows become 32x32x3 images in the pipeline (reshape, pad
-    by 2, repeat the channel), so that work counts as input cost too.
-    """
-    import tensorflow as tf
-
-    from mgpu_env.training.data import load_arrays, resolve_dataset, train_dataset
+def real_feed(spec: PointSpec, strategy: Any) -> tuple[Any, str]:
+    """The training module's feed over DATASET: the rows kept on every device (`real`), or
+    streamed through tf.data (`stream`, the path for data that does not fit)."""
+    from mgpu_env.training.data import load_arrays, resolve_dataset
+    from mgpu_env.training.feed import ResidentFeed, StreamFeed, in_memory_rows
 
     choice = resolve_dataset(spec.dataset, Path(spec.data_dir) if spec.data_dir else None)
     arrays = load_arrays(choice, spec.seed)
-    dataset = train_dataset(arrays, spec.global_batch, spec.seed, epoch=0).repeat()
-    if input_shape != (arrays.x_train.shape[1],):
-        side = int(arrays.x_train.shape[1] ** 0.5)
+    if spec.data == "stream":
+        feed: Any = StreamFeed(strategy, in_memory_rows(arrays), arrays.train_size,
+                               spec.global_batch, spec.seed, spec.deterministic)
+        return feed, f"{choice.describe()}, streamed by tf.data"
+    feed = ResidentFeed.place(strategy, arrays, spec.global_batch, spec.seed)
+    return feed, f"{choice.describe()}, kept on each device"
 
-        def to_image(x: Any, y: Any) -> tuple[Any, Any]:
-            images = tf.reshape(x, (-1, side, side, 1))
-            pad = (input_shape[0] - side) // 2
-            images = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
-            return tf.repeat(images, input_shape[-1], axis=-1), y
 
-        dataset = dataset.map(to_image, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE), choice.describe()
+def image_maker(input_shape: tuple[int, ...]) -> Any:
+    """For the ResNet: 784-value rows -> 32x32x3 images (reshape, pad by 2, repeat the
+    channel), done in the step after the batch is cut, so it counts as input cost too."""
+    import tensorflow as tf
+
+    from mgpu_env.training.data import IMAGE_SIDE as side
+
+    pad = (input_shape[0] - side) // 2
+
+    def to_image(x: Any) -> Any:
+        images = tf.reshape(x, (-1, side, side, 1))
+        images = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+        return tf.repeat(images, input_shape[-1], axis=-1)
+
+    return to_image
 
 
 def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
@@ -108,6 +115,7 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
 
     from mgpu_env.bench.models import build_model, model_shape
     from mgpu_env.training.build import build_trainer
+    from mgpu_env.training.data import FEATURES
 
     # The parent's decisions for this point: device split, precision, all-reduce.
     execution = Execution.from_json(spec.execution)
@@ -116,21 +124,29 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     shape = model_shape(spec.model)
     # The training module's step: n steps per tf.function call, XLA on the per-replica
     # forward and backward pass only, loss scaling agreed between replicas.
+    rows = (FEATURES,)
     trainer = build_trainer(
         strategy, lambda: build_model(spec.model, spec.seed),
         learning_rate=spec.learning_rate, precision=execution.precision,
         global_batch_size=spec.global_batch, jit_compile=spec.xla,
+        prepare_input=None if shape.input_shape == rows else image_maker(shape.input_shape),
     )
 
     if spec.data == "synthetic":
-        batches: Any = SameBatch(_synthetic_batch(spec, strategy, shape.input_shape))
+        batches = SameBatch(_synthetic_batch(spec, strategy, shape.input_shape))
+
+        def feed_steps(n: int) -> None:
+            trainer.steps.train_steps(batches, tf.constant(n))
     else:
         warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
-        dataset, data_source = real_dataset(spec, shape.input_shape)
-        batches = iter(strategy.experimental_distribute_dataset(dataset))
+        feed, data_source = real_feed(spec, strategy)
+        total = spec.warmup_steps + spec.steps_per_interval * spec.intervals
+        # As many epochs as the warm-up and the intervals take: they follow one another
+        # as in training, each in its own order.
+        feed_steps = feed.runner(trainer.steps, 0, -(-total // feed.steps_per_epoch))
 
     def run_steps(n: int) -> int:
-        trainer.steps.train_steps(batches, tf.constant(n))
+        feed_steps(n)
         # Reading a variable to the host waits for the steps queued before it.
         return int(trainer.optimizer.iterations.numpy())
 
@@ -141,7 +157,7 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
                      trainer.model.count_params(), execution.precision.policy)
     result["cross_device_ops"] = execution.strategy.cross_device_ops
     result["precision_reason"] = execution.precision.reason
-    if spec.data == "real":
+    if spec.data != "synthetic":
         result["data_source"] = data_source
     return result
 

@@ -441,6 +441,13 @@ class Settings:
         "SEED", "42", "Random seed for weights and shuffling.",
         parse_int(0, 2**31 - 1), "a whole number from 0 to 2147483647", metavar="N",
     )
+    data_deterministic: bool = setting(
+        "DATA_DETERMINISTIC", "1",
+        "Data streamed through tf.data (data too big to keep on each device) keeps its order, "
+        "so runs repeat; 0 lets parallel stages hand out rows as they finish (faster when "
+        "rows take uneven time to read, but the order and the losses vary).",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch",
+    )
     bench_model: str = setting(
         "BENCH_MODEL", "mlp",
         "Model mgpu bench measures: mlp (the seed's) or resnet (a small ResNet on 32x32x3 "
@@ -463,9 +470,12 @@ class Settings:
     )
     bench_data: str = setting(
         "BENCH_DATA", "synthetic",
-        "Input mgpu bench feeds: synthetic (tensors already on the device), real (the "
-        "tf.data pipeline over DATASET), both (reports the input pipeline's cost).",
-        parse_choice("synthetic", "real", "both"), "synthetic, real, both", metavar="MODE",
+        "Input mgpu bench feeds: synthetic (tensors already on the device), real (DATASET "
+        "as mgpu train feeds it: kept on each device), stream (DATASET through the tf.data "
+        "stream, the path for data that does not fit), both (synthetic and real: reports the "
+        "input's cost), all (synthetic, real and stream).",
+        parse_choice("synthetic", "real", "stream", "both", "all"),
+        "synthetic, real, stream, both, all", metavar="MODE",
         scope="bench",
     )
     bench_warmup: int = setting(

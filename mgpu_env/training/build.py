@@ -29,6 +29,7 @@ def build_trainer(
     precision: PrecisionChoice,
     global_batch_size: int,
     jit_compile: bool,
+    prepare_input: Callable[[Any], Any] | None = None,
 ) -> Trainer:
     """Build the model and optimizer in the strategy's scope, and the step functions.
 
@@ -45,5 +46,6 @@ def build_trainer(
     steps = make_step_functions(
         strategy, model, optimizer, global_batch_size,
         loss_scaling=precision.loss_scaling, jit_compile=jit_compile,
+        prepare_input=prepare_input,
     )
     return Trainer(strategy, model, optimizer, steps)

@@ -392,35 +392,6 @@ def _distribute_options() -> Any:
     return options
 
 
-def train_base(arrays: Arrays) -> Any:
-    """The training rows as a cached tf.data source; build it once and reuse it every epoch.
-
-    Building it again each epoch would copy the arrays into a new graph constant and refill
-    the cache: about as much CPU time as the pipeline itself.
-    """
-    import tensorflow as tf
-
-    return tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train)).cache()
-
-
-def train_dataset(
-    arrays: Arrays, global_batch_size: int, seed: int, epoch: int, base: Any = None
-) -> Any:
-    """One epoch of training batches: cached, shuffled (seed + epoch), batched, prefetched.
-
-    Seeding the shuffle with the epoch number makes a resumed run see the same order as an
-    uninterrupted one. The partial last batch is dropped (a different one each epoch, as the
-    order changes), so every step has exactly the global batch and the loss scaling by the
-    global batch is exact. Pass `base` (from `train_base`) to reuse the cached source.
-    """
-    import tensorflow as tf
-
-    data = train_base(arrays) if base is None else base
-    data = data.shuffle(arrays.train_size, seed=seed + epoch, reshuffle_each_iteration=False)
-    data = data.batch(global_batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    return data.with_options(_distribute_options())
-
-
 def test_dataset(arrays: Arrays, global_batch_size: int) -> Any:
     """The whole test set in global batches; the last, partial batch is kept."""
     import tensorflow as tf

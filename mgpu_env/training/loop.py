@@ -26,6 +26,7 @@ from mgpu_env.hardware.tfimport import import_tensorflow
 from mgpu_env.training import rundir
 from mgpu_env.training.build import Trainer, build_trainer
 from mgpu_env.training.data import Arrays, load_arrays
+from mgpu_env.training.feed import make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.plan import RUN_SETTINGS, TRAIN_SETTINGS, TrainPlan
 from mgpu_env.training.report import Reporter
@@ -247,26 +248,22 @@ def _train_epochs(
     scalars. Returns the history and this process's trained samples and seconds."""
     import tensorflow as tf
 
-    from mgpu_env.training.data import train_base, train_dataset
-
     settings, steps = plan.settings, trainer.steps
     trained_samples, trained_seconds = 0, 0.0
     samples_per_epoch = plan.steps_per_epoch * plan.global_batch_size
-    base = train_base(arrays)
+    feed = make_feed(trainer.strategy, arrays, plan.global_batch_size, settings.seed,
+                     deterministic=settings.data_deterministic)
     for epoch in range(start_epoch, settings.epochs):
         if stop.requested:
             _raise_interrupted(plan, stop, epoch)
-        dataset = trainer.strategy.experimental_distribute_dataset(
-            train_dataset(arrays, plan.global_batch_size, settings.seed, epoch, base)
-        )
-        iterator = iter(dataset)
+        run_steps = feed.runner(steps, epoch)
         steps.reset_train_metrics()
         reporter.epoch_begin(epoch + 1, settings.epochs, plan.steps_per_epoch)
         epoch_start = time.perf_counter()
         done = 0
         while done < plan.steps_per_epoch:
             count = min(STEPS_PER_CALL, plan.steps_per_epoch - done)
-            steps.train_steps(iterator, tf.constant(count, dtype=tf.int32))
+            run_steps(count)
             session.progress()
             done += count
             loss = float(steps.train_loss.result())

@@ -36,6 +36,7 @@ TRAIN_SETTINGS = (
     "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "MODEL",
     "DATA_DIR",
     "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
+    "DATA_DETERMINISTIC",
 )
 # What settings.json records: every setting a training run reads, the cluster's included.
 RUN_SETTINGS = (

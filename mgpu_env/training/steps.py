@@ -9,15 +9,20 @@ GPUs and many workers: the Keras model, optimizer, loss and metrics, driven by o
 
 Speed: `train_steps(iterator, n)` runs n steps in one `tf.function` call (a `tf.range`
 loop, like Keras' `steps_per_execution`), so Python runs once per n steps, and the metrics
-are read once per call. With XLA on, only the forward and backward pass of each replica is
-jit-compiled: the gradient all-reduce and the optimizer update stay outside XLA, because
-they use the strategy's `merge_call`, which XLA cannot compile (under MirroredStrategy a
-fully compiled step fails with "Trying to access resource ... located in device CPU:1 from
-device CPU:0", with or without mixed precision). This split works with mixed precision too.
+are read once per call. `train_indexed(rows, order, first, n)` does the same with the rows
+already on each device (`training.feed.ResidentFeed`): each replica cuts its part of the
+global batch by index inside the loop, so no input pipeline runs per step.
+
+With XLA on, only the forward and backward pass of each replica is jit-compiled: the
+gradient all-reduce and the optimizer update stay outside XLA, because they use the
+strategy's `merge_call`, which XLA cannot compile (under MirroredStrategy a fully compiled
+step fails with "Trying to access resource ... located in device CPU:1 from device CPU:0",
+with or without mixed precision). This split works with mixed precision too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +32,7 @@ class StepFunctions:
     """The compiled functions of one run and the Keras metrics they update."""
 
     train_steps: Any  # (distributed iterator, tf.int32 count) -> None
+    train_indexed: Any  # (rows, order, tf.int64 first step, tf.int32 count) -> None
     evaluate: Any  # (distributed dataset) -> None
     train_loss: Any  # keras.metrics.Mean over per-example losses
     train_accuracy: Any  # keras.metrics.SparseCategoricalAccuracy
@@ -46,13 +52,16 @@ def make_step_functions(
     *,
     loss_scaling: bool,
     jit_compile: bool,
+    prepare_input: Callable[[Any], Any] | None = None,
 ) -> StepFunctions:
     """Build the train and evaluation functions. Call after the model and optimizer exist.
 
     The per-replica loss is the sum of its per-example losses divided by the GLOBAL batch
     (`tf.nn.compute_average_loss`), so the all-reduced SUM of gradients is the gradient of
     the mean loss over the global batch, whatever the replica count. Training batches are
-    always full (the data pipeline drops the partial last batch).
+    always full (the data pipeline drops the partial last batch). `prepare_input`, if
+    given, turns each gathered batch of rows into the model's input (`mgpu bench` makes
+    images of them for its ResNet).
     """
     import keras
     import tensorflow as tf
@@ -90,6 +99,33 @@ def make_step_functions(
         for _ in tf.range(count):
             strategy.run(replica_step, args=next(iterator))
 
+    replicas = strategy.num_replicas_in_sync
+    per_replica = global_batch_size // replicas
+
+    def replica_indexed_step(x_all: Any, y_all: Any, order: Any, step: Any) -> None:
+        # Replica r of R takes rows [s*G + r*G/R, s*G + (r+1)*G/R) of the order: global
+        # batch s is the same rows whatever R (its id counts every worker's replicas).
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        start = step * global_batch_size + tf.cast(replica * per_replica, tf.int64)
+        rows = order[start : start + per_replica]
+        x = tf.gather(x_all, rows)
+        if prepare_input is not None:
+            x = prepare_input(x)
+        replica_step(x, tf.gather(y_all, rows))
+
+    # An explicit while_loop and no AutoGraph: converting the step's whole call tree (Keras
+    # included) roughly doubled the first call's tracing time, which is paid in epoch 1.
+    @tf.function(autograph=False)
+    def train_indexed(rows: Any, order: Any, first_step: Any, count: Any) -> None:
+        x_all, y_all = rows
+
+        def body(i: Any) -> Any:
+            step = first_step + tf.cast(i, tf.int64)
+            strategy.run(replica_indexed_step, args=(x_all, y_all, order, step))
+            return (i + 1,)
+
+        tf.while_loop(lambda i: i < count, body, (tf.constant(0),))
+
     def replica_evaluate(x: Any, y: Any) -> None:
         probabilities = model(x, training=False)
         test_loss.update_state(loss_object(y, probabilities))
@@ -101,7 +137,7 @@ def make_step_functions(
             strategy.run(replica_evaluate, args=(x, y))
 
     return StepFunctions(
-        train_steps, evaluate, train_loss, train_accuracy, test_loss, test_accuracy
+        train_steps, train_indexed, evaluate, train_loss, train_accuracy, test_loss, test_accuracy
     )
 
 

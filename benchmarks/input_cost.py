@@ -1,0 +1,122 @@
+"""What feeding the step costs, with the feeds' intervals interleaved in one process.
+
+    .venv/bin/python benchmarks/input_cost.py [--replicas 2] [--dataset digits]
+        [--steps 200] [--rounds 8] [--stream]
+
+`mgpu bench` measures each point in a process of its own, one after the other: on a machine
+shared with other work, the load changes between points and the input's cost drowns in it.
+Here the same step (the training module's, on the seed's MLP, batch 64 per replica, fp32,
+CPU split into `--replicas` logical devices) is fed three ways in one process, taking
+turns interval by interval, so a change of load hits each alike:
+
+- synthetic: one batch already on each device, reused every step (`mgpu bench`'s
+  `SameBatch`): the step with no input at all;
+- real: the rows kept on each device, batches cut by index in the step (`ResidentFeed`,
+  what `mgpu train` uses for data that fits);
+- stream (with `--stream`): the tf.data path for data that does not fit (`StreamFeed`).
+
+Prints each feed's median samples/s and the median over rounds of the per-round ratio to
+synthetic, with its range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+
+BATCH = 64
+SEED = 42
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--steps", type=int, default=200, help="steps per interval")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--stream", action="store_true")
+    args = parser.parse_args()
+
+    from mgpu_env.hardware.devices import DeviceSplit, apply_split
+
+    devices = (
+        apply_split(DeviceSplit("CPU", 1, args.replicas)) if args.replicas > 1
+        else ("/device:CPU:0",)
+    )
+    import tensorflow as tf
+
+    from mgpu_env.bench.worker import SameBatch
+    from mgpu_env.training.build import build_trainer
+    from mgpu_env.training.data import FEATURES, load_arrays, resolve_dataset
+    from mgpu_env.training.feed import ResidentFeed, StreamFeed, in_memory_rows
+    from mgpu_env.training.model import build_model
+    from mgpu_env.training.precision import FLOAT32, PrecisionChoice
+    from mgpu_env.training.strategy import make_strategy, plan_strategy
+
+    strategy = make_strategy(plan_strategy("auto", devices, "CPU", 1))
+    global_batch = BATCH * args.replicas
+    arrays = load_arrays(resolve_dataset(args.dataset, None), SEED)
+
+    def trainer() -> Any:
+        return build_trainer(
+            strategy, lambda: build_model(SEED), learning_rate=0.001,
+            precision=PrecisionChoice(FLOAT32, False, "benchmark"),
+            global_batch_size=global_batch, jit_compile=False,
+        )
+
+    def synthetic_batch(context: Any) -> Any:
+        generator = tf.random.Generator.from_seed(SEED + context.replica_id_in_sync_group)
+        return (generator.uniform((BATCH, FEATURES)),
+                generator.uniform((BATCH,), maxval=10, dtype=tf.int32))
+
+    total = args.steps * (args.rounds + 1)
+    feeds: dict[str, tuple[Any, Any]] = {}
+    synthetic = trainer()
+    batch = SameBatch(strategy.experimental_distribute_values_from_function(synthetic_batch))
+    feeds["synthetic"] = (synthetic, lambda n: synthetic.steps.train_steps(batch, tf.constant(n)))
+    real = trainer()
+    resident = ResidentFeed.place(strategy, arrays, global_batch, SEED)
+    feeds["real"] = (real, resident.runner(real.steps, 0, -(-total // resident.steps_per_epoch)))
+    if args.stream:
+        streamed = trainer()
+        stream = StreamFeed(strategy, in_memory_rows(arrays), arrays.train_size,
+                            global_batch, SEED)
+        feeds["stream"] = (streamed, stream.runner(
+            streamed.steps, 0, -(-total // stream.steps_per_epoch)))
+
+    def interval(name: str) -> float:
+        state, run = feeds[name]
+        start = time.perf_counter()
+        run(args.steps)
+        state.optimizer.iterations.numpy()  # waits for the steps queued
+        return args.steps * global_batch / (time.perf_counter() - start)
+
+    for name in feeds:  # warm-up: tracing, allocation
+        interval(name)
+    rates: dict[str, list[float]] = {name: [] for name in feeds}
+    for _ in range(args.rounds):
+        for name in feeds:
+            rates[name].append(interval(name))
+    print(f"{args.dataset}, {args.replicas} replica(s), batch {BATCH} per replica, "
+          f"{args.rounds} rounds of {args.steps} steps, feeds interleaved:")
+    for name, values in rates.items():
+        line = f"  {name:9} {statistics.median(values):9,.0f} samples/s"
+        if name != "synthetic":
+            ratios = [v / s for v, s in zip(values, rates["synthetic"], strict=True)]
+            line += (f"   {100 * statistics.median(ratios):5.1f}% of synthetic "
+                     f"(rounds {100 * min(ratios):.0f}-{100 * max(ratios):.0f}%)")
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""How training batches reach the step: rows kept on every device, or a tf.data stream.
+
+Data that fits (every built-in data set: MNIST's 60,000 rows are 188 MB) is `ResidentFeed`:
+the rows are copied once onto each local replica's device, and the compiled step cuts its
+batch from them by index (`tf.gather`), following one permutation per epoch drawn from
+(SEED, epoch) on the host. No host work, no host-to-device copy and no tf.data per step:
+`mgpu bench` measured the element-wise tf.data pipeline (from_tensor_slices -> shuffle ->
+batch -> experimental_distribute_dataset) at 67-73% of the CPU's training throughput.
+
+Data that does not fit (a user's `tf.data.Dataset`) is `StreamFeed`: one pipeline per
+worker through `distribute_datasets_from_function`, batched per replica, prefetched to each
+replica's device, with the tf.data options that matter.
+
+Both give global batch b of an epoch the same rows whatever the replica or worker count:
+replica r (its id across all workers) of R takes rows [b*G + r*G/R, b*G + (r+1)*G/R) of the
+epoch's order. The last partial global batch is dropped (a different one each epoch, as the
+order changes), so every step has exactly the global batch G.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mgpu_env.training.data import Arrays
+
+# Above this, a data set's training rows stream from the host instead of being kept on each
+# device: MNIST-sized sets are 0.2 GB, a GPU this image targets has 8 GB or more, and the
+# model, its activations and the optimizer need the rest.
+RESIDENT_LIMIT_BYTES = 2 * 1024**3
+# Rows a stream shuffles among (tf.data's shuffle buffer): a user's stream may not fit in
+# memory, so it cannot be permuted whole.
+STREAM_SHUFFLE_BUFFER = 10_000
+# Per-replica batches each replica's device holds ready (InputOptions' default is 1).
+PREFETCH_PER_REPLICA = 2
+
+
+def epoch_order(seed: int, epoch: int, size: int, global_batch: int) -> np.ndarray:
+    """The rows of one epoch, in training order: a permutation drawn from (seed, epoch), cut
+    to whole global batches. The same on every replica count and worker, and on resume."""
+    steps = size // global_batch
+    order = np.random.default_rng([seed, epoch]).permutation(size)[: steps * global_batch]
+    # int64: TensorFlow keeps int32 tensors of a GPU in host memory, so int64 indices stay
+    # on the device with the rows they index.
+    return order.astype(np.int64)
+
+
+def fits_on_device(arrays: Arrays) -> bool:
+    """Whether the training rows are kept on every device (else they stream from the host)."""
+    return int(arrays.x_train.nbytes + arrays.y_train.nbytes) <= RESIDENT_LIMIT_BYTES
+
+
+# Runs `count` more steps of the epochs a runner was made for.
+StepRunner = Callable[[int], None]
+
+
+@dataclass
+class ResidentFeed:
+    """The training rows, once on each local replica's device; batches are cut in the step."""
+
+    strategy: Any
+    rows: Any  # (x, y), each a PerReplica of the whole training set on that replica's device
+    size: int
+    global_batch: int
+    seed: int
+
+    @classmethod
+    def place(cls, strategy: Any, arrays: Arrays, global_batch: int, seed: int) -> ResidentFeed:
+        """Copy the training rows onto every local replica's device (one copy each)."""
+        rows = _on_each_device(strategy, lambda: (arrays.x_train, arrays.y_train))
+        return cls(strategy, rows, arrays.train_size, global_batch, seed)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.size // self.global_batch
+
+    def order(self, first_epoch: int, epochs: int = 1) -> Any:
+        """The orders of `epochs` epochs from `first_epoch`, one after the other, on every
+        device: step s of the run they cover reads rows order[s*G : (s+1)*G]."""
+        host = np.concatenate([
+            epoch_order(self.seed, epoch, self.size, self.global_batch)
+            for epoch in range(first_epoch, first_epoch + epochs)
+        ])
+        return _on_each_device(self.strategy, lambda: host)
+
+    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
+        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
+        import tensorflow as tf
+
+        order = self.order(first_epoch, epochs)
+        position = 0
+
+        def run(count: int) -> None:
+            nonlocal position
+            steps.train_indexed(self.rows, order, tf.constant(position, tf.int64),
+                                tf.constant(count, tf.int32))
+            position += count
+
+        return run
+
+
+def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
+    """`host_values()` (numpy arrays) as tensors on each local replica's device."""
+    import tensorflow as tf
+
+    devices = strategy.extended.worker_devices
+
+    def value_fn(context: Any) -> Any:
+        # The strategy does not place these values: each goes to its replica's device here.
+        # Under MultiWorkerMirroredStrategy the id counts every worker's replicas.
+        with tf.device(devices[context.replica_id_in_sync_group % len(devices)]):
+            return tf.nest.map_structure(tf.identity, host_values())
+
+    return strategy.experimental_distribute_values_from_function(value_fn)
+
+
+@dataclass
+class StreamFeed:
+    """Training rows from a `tf.data.Dataset` of (x, y) rows, streamed to every replica.
+
+    `make_rows()` builds the rows' dataset (called once per worker and runner). Each worker's
+    pipeline shuffles (seed + epoch), batches per replica and keeps only its own replicas'
+    batches, so global batch b is the same rows on every replica and worker count.
+    """
+
+    strategy: Any
+    make_rows: Callable[[], Any]
+    size: int
+    global_batch: int
+    seed: int
+    deterministic: bool = True
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.size // self.global_batch
+
+    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
+        """`epochs` epochs from `first_epoch`, one after the other, distributed: per-replica
+        batches prefetched to each replica's device. One iterator serves them all: making
+        a distributed iterator costs far more than a step."""
+        import tensorflow as tf
+
+        replicas = self.strategy.num_replicas_in_sync
+        per_replica = self.global_batch // replicas
+
+        def per_worker(context: Any) -> Any:
+            workers, worker = context.num_input_pipelines, context.input_pipeline_id
+            local = replicas // workers
+
+            def one_epoch(epoch: Any) -> Any:
+                # The seed as a tensor gives the order a Python int seed + epoch gives.
+                data = self.make_rows().shuffle(
+                    STREAM_SHUFFLE_BUFFER, seed=self.seed + epoch, reshuffle_each_iteration=False
+                )
+                data = data.batch(per_replica, drop_remainder=True)
+                data = data.take(self.steps_per_epoch * replicas)  # whole global batches
+                if workers > 1:
+                    # Per-replica batch k belongs to replica k % R: this worker keeps its own.
+                    data = data.enumerate().filter(
+                        lambda k, _: (k % replicas) // local == worker
+                    ).map(lambda _, batch: batch)
+                return data
+
+            # flat_map, not one concatenated dataset per epoch: the rows' dataset may hold
+            # the arrays as a constant, which would be copied into the graph once per epoch.
+            epochs_data = tf.data.Dataset.range(first_epoch, first_epoch + epochs)
+            data = epochs_data.flat_map(one_epoch)
+            return data.prefetch(tf.data.AUTOTUNE).with_options(
+                stream_options(self.deterministic)
+            )
+
+        return self.strategy.distribute_datasets_from_function(
+            per_worker,
+            # Prefetch each replica's batches into its device's memory, off the step's
+            # critical path: https://www.tensorflow.org/api_docs/python/tf/distribute/InputOptions
+            options=tf.distribute.InputOptions(
+                experimental_fetch_to_device=True,
+                experimental_per_replica_buffer_size=PREFETCH_PER_REPLICA,
+            ),
+        )
+
+    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
+        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
+        import tensorflow as tf
+
+        iterator = iter(self.dataset(first_epoch, epochs))
+
+        def run(count: int) -> None:
+            steps.train_steps(iterator, tf.constant(count, tf.int32))
+
+        return run
+
+
+def stream_options(deterministic: bool) -> Any:
+    """The tf.data options of a stream."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    # Each worker's pipeline already holds only its own batches (`StreamFeed.dataset`).
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # AUTOTUNE sizes the parallel stages and buffers (on by default; said so it stays on).
+    options.autotune.enabled = True
+    # Input work in a pool of its own, so it does not queue behind the step's ops in the
+    # shared inter-op pool: https://www.tensorflow.org/api_docs/python/tf/data/ThreadingOptions
+    # (0: as many threads as cores).
+    options.threading.private_threadpool_size = 0
+    # False lets parallel stages hand out elements as they finish: faster when elements take
+    # uneven time, but the order (and so the losses) is no longer reproducible.
+    options.deterministic = deterministic
+    return options
+
+
+def in_memory_rows(arrays: Arrays) -> Callable[[], Any]:
+    """The training arrays as a stream's rows (what `mgpu bench` streams to measure it)."""
+
+    built: list[Any] = []
+
+    def make() -> Any:
+        import tensorflow as tf
+
+        # Built once: from_tensor_slices copies the arrays into a new constant each time.
+        if not built:
+            built.append(tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train)))
+        return built[0]
+
+    return make
+
+
+Feed = ResidentFeed | StreamFeed
+
+
+def make_feed(
+    strategy: Any, arrays: Arrays, global_batch: int, seed: int, *, deterministic: bool = True
+) -> Feed:
+    """The feed for these arrays: kept on each device when they fit, else streamed."""
+    if fits_on_device(arrays):
+        return ResidentFeed.place(strategy, arrays, global_batch, seed)
+    return StreamFeed(
+        strategy, in_memory_rows(arrays), arrays.train_size, global_batch, seed, deterministic
+    )
