@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mgpu_env.bench.sweep import RESULT_PREFIX, PointSpec
+from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
 from mgpu_env.config.errors import MgpuError
 from mgpu_env.runtime import Execution
 

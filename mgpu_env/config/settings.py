@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,14 +20,29 @@ from typing import Any, Literal, TypeVar
 from dotenv import dotenv_values
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.parsers import (  # re-exported: the settings' vocabulary
+    GpuRequest,
+    SettingError,
+    parse_bool,
+    parse_choice,
+    parse_choice_list,
+    parse_gpus,
+    parse_int,
+    parse_name_or_hook,
+    parse_optional_dir_must_exist,
+    parse_optional_env_file,
+    parse_optional_index,
+    parse_optional_output_dir,
+    parse_positive_float,
+    parse_replica_counts,
+    parse_run_name,
+    parse_tf_config,
+    parse_worker_hosts,
+)
 
 T = TypeVar("T")
 
 DEFAULT_ENV_FILE = ".env"
-
-
-class SettingError(ValueError):
-    """A setting has a value that cannot be used. The message is meant for the user."""
 
 
 class SettingsErrors(ConfigError):
@@ -41,273 +54,6 @@ class SettingsErrors(ConfigError):
 
     def user_message(self) -> str:
         return "\n".join(f"error: {e}" for e in self.errors)
-
-
-# --------------------------------------------------------------------------- parsers
-# Each parser turns the text of a setting into its value, or raises SettingError whose
-# message says why the text is wrong; the caller adds the setting's name, the value, where
-# it came from and what is valid.
-
-
-def parse_int(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise SettingError("not a whole number") from None
-        if not low <= value <= high:
-            raise SettingError(f"out of range {low}..{high}")
-        return value
-
-    return parse
-
-
-def parse_positive_float(high: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise SettingError("not a number") from None
-        if not (math.isfinite(value) and 0 < value <= high):
-            raise SettingError(f"must be above 0 and at most {high:g}")
-        return value
-
-    return parse
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise SettingError("not a yes/no value")
-
-
-def parse_choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        lowered = text.strip().lower()
-        if lowered not in choices:
-            raise SettingError("not one of the choices")
-        return lowered
-
-    return parse
-
-
-def parse_optional_dir_must_exist(text: str) -> Path | None:
-    if not text.strip():
-        return None
-    path = Path(text.strip()).expanduser()
-    if not path.exists():
-        raise SettingError(f"the folder {path} does not exist")
-    if not path.is_dir():
-        raise SettingError(f"{path} is a file, not a folder")
-    return path
-
-
-def parse_optional_output_dir(text: str) -> Path | None:
-    if not text.strip():
-        return None
-    path = Path(text.strip()).expanduser()
-    if path.exists() and not path.is_dir():
-        raise SettingError(f"{path} is a file, not a folder")
-    # A missing folder is fine (it is created), but its nearest existing parent must be one.
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise SettingError(f"{parent} is a file, so {path} cannot be created")
-            break
-    return path
-
-
-def parse_optional_env_file(text: str) -> Path | None:
-    if not text.strip():
-        return None
-    path = Path(text.strip()).expanduser()
-    if not path.is_file():
-        reason = "is not a file" if path.exists() else "does not exist"
-        raise SettingError(f"the file {path} {reason}")
-    return path
-
-
-_RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def parse_run_name(text: str) -> str:
-    # One folder under runs/: a '/' or '..' would put the run (and its overwrite checks)
-    # somewhere else; OUTPUT_DIR is the setting for that.
-    name = text.strip()
-    if name and not _RUN_NAME_RE.match(name):
-        raise SettingError("not a plain folder name (use OUTPUT_DIR for a path)")
-    return name
-
-
-_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]{4,}$")
-
-
-@dataclass(frozen=True)
-class GpuRequest:
-    """What `GPUS` asks for: every GPU, none, indices in nvidia-smi order, or UUIDs."""
-
-    kind: Literal["all", "none", "indices", "uuids"]
-    indices: tuple[int, ...] = ()
-    uuids: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        if self.kind in ("all", "none"):
-            return self.kind
-        return ",".join(str(i) for i in self.indices) if self.kind == "indices" else ",".join(
-            self.uuids
-        )
-
-
-def parse_gpus(text: str) -> GpuRequest:
-    lowered = text.strip().lower()
-    if lowered in ("all", ""):
-        return GpuRequest("all")
-    if lowered in ("none", "cpu"):
-        return GpuRequest("none")
-    items = [item.strip() for item in text.split(",")]
-    if any(not item for item in items):
-        raise SettingError("the list has an empty item")
-    if all(item.isdigit() for item in items):
-        indices = tuple(int(item) for item in items)
-        duplicates = sorted({i for i in indices if indices.count(i) > 1})
-        if duplicates:
-            raise SettingError(f"index {duplicates[0]} is listed twice")
-        return GpuRequest("indices", indices=indices)
-    if any(item.upper().startswith("MIG-") for item in items):
-        # CUDA gives one process at most one MIG instance, so MirroredStrategy cannot span
-        # them, and NVML lists whole GPUs: a MIG UUID would match nothing below.
-        raise SettingError("MIG instances cannot be selected; use whole GPUs (indices or GPU-…)")
-    if all(_UUID_RE.match(item) for item in items):
-        if len(set(items)) != len(items):
-            raise SettingError("a UUID is listed twice")
-        return GpuRequest("uuids", uuids=tuple(items))
-    bad = next((i for i in items if not i.isdigit() and not _UUID_RE.match(i)), None)
-    if bad is None:
-        raise SettingError("indices and UUIDs cannot be mixed")
-    if bad.lstrip("-").isdigit():
-        raise SettingError(f"{bad} is not a GPU index (indices start at 0)")
-    raise SettingError(f"{bad!r} is neither a GPU index nor a GPU UUID")
-
-
-_HOOK_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def is_hook(text: str) -> bool:
-    """Whether a MODEL/DATASET value names the user's function (`package.module:function`)."""
-    return ":" in text
-
-
-def parse_name_or_hook(*names: str) -> Callable[[str], str]:
-    """One of `names`, or `package.module:function` (imported later, when it is used)."""
-
-    def parse(text: str) -> str:
-        stripped = text.strip()
-        if is_hook(stripped):
-            if not _HOOK_RE.match(stripped):
-                raise SettingError(
-                    "not package.module:function (dotted module name, a colon, a function name)"
-                )
-            return stripped
-        lowered = stripped.lower()
-        if lowered not in names:
-            raise SettingError("not one of the choices, nor package.module:function")
-        return lowered
-
-    return parse
-
-
-def parse_replica_counts(text: str) -> tuple[int, ...]:
-    """`auto` (empty tuple: decided from the devices) or a comma list of counts from 1 to 64."""
-    if text.strip().lower() in ("auto", ""):
-        return ()
-    counts = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item.isdigit() or not 1 <= int(item) <= 64:
-            raise SettingError(f"{item!r} is not a replica count from 1 to 64")
-        counts.append(int(item))
-    return tuple(sorted(set(counts)))
-
-
-def parse_choice_list(*choices: str) -> Callable[[str], tuple[str, ...]]:
-    def parse(text: str) -> tuple[str, ...]:
-        items = [item.strip().lower() for item in text.split(",") if item.strip()]
-        bad = [item for item in items if item not in choices]
-        if bad:
-            raise SettingError(f"{bad[0]!r} is not one of the choices")
-        return tuple(dict.fromkeys(items))
-
-    return parse
-
-
-def parse_worker_hosts(text: str) -> tuple[str, ...]:
-    """Empty (one process), or a comma list of host:port, one per worker, the chief first."""
-    items = [item.strip() for item in text.split(",")] if text.strip() else []
-    for item in items:
-        host, _, port = item.rpartition(":")
-        if not item:
-            raise SettingError("the list has an empty item")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise SettingError(f"{item!r} is not host:port (a port from 1 to 65535)")
-    duplicates = sorted({item for item in items if items.count(item) > 1})
-    if duplicates:
-        raise SettingError(f"{duplicates[0]} is listed twice")
-    return tuple(items)
-
-
-def parse_optional_index(text: str) -> int | None:
-    if not text.strip():
-        return None
-    return parse_int(0, 1023)(text)
-
-
-def parse_tf_config(text: str) -> str:
-    """TF_CONFIG as TensorFlow reads it; checked here so a typo fails in milliseconds.
-
-    Returns the text unchanged (TensorFlow parses it again); empty means one process.
-    """
-    if not text.strip():
-        return ""
-    try:
-        config = json.loads(text)
-    except ValueError as err:
-        raise SettingError(f"not JSON ({err})") from None
-    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
-        raise SettingError('it has no "cluster" object')
-    cluster = config["cluster"]
-    unsupported = sorted(set(cluster) - {"chief", "worker"})
-    if unsupported:
-        raise SettingError(
-            f'it has a "{unsupported[0]}" job; MultiWorkerMirroredStrategy takes only '
-            '"chief" and "worker" tasks'
-        )
-    for job, addresses in cluster.items():
-        if not isinstance(addresses, list) or not addresses:
-            raise SettingError(f'cluster "{job}" must be a non-empty list of "host:port"')
-        try:
-            parse_worker_hosts(",".join(str(a) for a in addresses))
-        except SettingError as err:
-            raise SettingError(f'cluster "{job}": {err}') from None
-    if len(cluster.get("chief", [])) > 1:
-        raise SettingError('cluster "chief" can have only one address')
-    task = config.get("task")
-    if not isinstance(task, dict) or "type" not in task or "index" not in task:
-        raise SettingError('it has no "task": {"type": ..., "index": ...}')
-    task_type, index = task["type"], task["index"]
-    if task_type not in cluster:
-        raise SettingError(f'task type "{task_type}" is not a job of the cluster')
-    if not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
-        raise SettingError(
-            f'task index {index!r} is not 0..{len(cluster[task_type]) - 1} for "{task_type}"'
-        )
-    return text.strip()
 
 
 # ------------------------------------------------------------------------ declarations
