@@ -203,3 +203,19 @@ def test_report_cli_prints_markdown(
     assert "| EPOCHS | 2 | env |" in out
     assert "| 0 | " in out and "NCCL: 2.21.5" in out
     assert "TF_API_KEY=****" in out
+
+
+def test_lock_lines_for_other_platforms_are_not_expected_here(tmp_path: Path) -> None:
+    # The locks are universal: a Windows-only pin is not "missing" on Linux.
+    from mgpu_env.doctor.report import read_lock
+
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(
+        "# a comment\n"
+        "colorama==0.4.6 ; sys_platform == 'win32' \\\n"
+        "    --hash=sha256:0000\n"
+        "numpy==2.4.6 \\\n"
+        "    --hash=sha256:1111\n"
+        "tzdata==2026.6 ; sys_platform != 'win32'\n"
+    )
+    assert read_lock(lock) == {"numpy": "2.4.6", "tzdata": "2026.6"}

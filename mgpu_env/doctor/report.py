@@ -145,12 +145,20 @@ def probe_nccl() -> str:
 
 
 def read_lock(path: Path) -> dict[str, str]:
-    """`name==version` lines of a requirements lock, by normalised name."""
+    """`name==version` lines of a requirements lock that apply to this platform (the locks
+    are universal: `colorama==0.4.6 ; sys_platform == 'win32'` is not for Linux), by
+    normalised name."""
+    from packaging.markers import Marker
+
     pins = {}
     for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].split(";", 1)[0].strip()
-        name, sep, version = line.partition("==")
-        if sep and name and not line.startswith("-"):
+        requirement, _, marker = line.split("#", 1)[0].partition(";")
+        requirement = requirement.strip()
+        marker = marker.strip().rstrip("\\").strip()
+        if marker and not Marker(marker).evaluate():
+            continue
+        name, sep, version = requirement.partition("==")
+        if sep and name and not requirement.startswith("-"):
             pins[_normalise(name)] = version.strip().split()[0]
     return pins
 
