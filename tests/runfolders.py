@@ -1,4 +1,4 @@
-"""What the slow tests read from a run folder, the way a user would."""
+"""What the slow tests read from a run folder and a run's log, the way a user would."""
 
 from __future__ import annotations
 
@@ -14,3 +14,10 @@ def completed_epochs(run: Path) -> int:
         return 0
     found = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', index, re.M)
     return int(found.group(1)) if found else 0
+
+
+def epoch_losses(log: str) -> list[str]:
+    """The loss at the end of each epoch, from the plain line per epoch a log gets (its
+    output is a file or a pipe, so no progress bar); a line may carry a prefix such as
+    compose's `worker0_1  | `."""
+    return re.findall(r"Epoch \d+/\d+: loss ([0-9.]+),", log)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs
+from tests.runfolders import completed_epochs, epoch_losses
 from tests.test_container import docker_engine_missing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,10 +117,6 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
     finally:
         project.run("down", "--volumes", "--remove-orphans", check=False, timeout=120)
 
-
-def epoch_losses(log: str) -> list[str]:
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", log)  # Keras colours the bar on a terminal
-    return [loss for _, loss in re.findall(r"(\d+)/\1 .*? - loss: ([0-9.]+)", plain)]
 
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs
+from tests.runfolders import completed_epochs, epoch_losses
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -112,13 +111,6 @@ def wait_all(tmp_path: Path, processes: list[subprocess.Popen[str]]) -> list[int
     return [p.returncode for p in processes]
 
 
-
-def epoch_losses(log: str) -> list[str]:
-    """The loss at the end of each epoch, from the plain line per epoch a log gets (QUIET=0;
-    the output is a file, so no progress bar)."""
-    losses = re.findall(r"^Epoch \d+/\d+: loss ([0-9.]+),", log, flags=re.MULTILINE)
-    assert losses, log[-3000:]
-    return losses
 
 
 def test_two_workers_train_together_and_only_the_chief_writes(tmp_path: Path) -> None:
