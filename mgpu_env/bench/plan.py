@@ -178,7 +178,8 @@ def plan_points(
     """Every point of the sweep: each variant (precision, XLA, data) at each replica count.
 
     MIXED_PRECISION=1 is resolved here, with the training module's rule for these devices
-    (fp16 on GPUs with tensor cores, bf16 on the CPU), so the table says which one ran.
+    (fp16 on GPUs with tensor cores, bf16 on CPUs with bf16 instructions, else float32), so
+    the table says which one ran.
     """
     from mgpu_env.training.precision import choose_precision
 

@@ -116,7 +116,7 @@ class Settings:
     mixed_precision: MixedPrecision = setting(
         "MIXED_PRECISION", "0",
         "Mixed precision: 0 off, 1 the best for the device (fp16 on GPUs with tensor cores, "
-        "bf16 on CPU), fp16, bf16.",
+        "bf16 on CPUs with bf16 instructions, else float32), fp16, bf16.",
         parse_choice("0", "1", "fp16", "bf16"), "0, 1, fp16, bf16", metavar="MODE",
     )
     epochs: int = setting(
