@@ -183,7 +183,9 @@ def test_a_whole_run_in_process_on_four_replicas(
     assert (tmp_path / "run" / "logs").is_dir()
 
 
-def _losses_per_call(strategy: Any, feed_kind: str, calls: int = 3) -> list[float]:
+def _losses_per_call(
+    strategy: Any, feed_kind: str, calls: int = 3, steps_per_call: int | None = None
+) -> list[float]:
     """Train the seed's MLP a few calls of 5 steps from a feed; the mean loss of each call."""
     from mgpu_env.training.build import build_trainer
     from mgpu_env.training.data import Arrays
@@ -204,6 +206,8 @@ def _losses_per_call(strategy: Any, feed_kind: str, calls: int = 3) -> list[floa
         ResidentFeed.place(strategy, arrays, global_batch, seed=3) if feed_kind == "resident"
         else StreamFeed(strategy, in_memory_rows(arrays), arrays.train_size, global_batch, 3)
     )
+    if steps_per_call is not None:
+        assert feed.steps_per_call == steps_per_call
     run = feed.runner(trainer.steps, first_epoch=1, epochs=2)  # calls cross the epochs
     losses = []
     for _ in range(calls):
@@ -223,6 +227,19 @@ def test_every_replica_count_trains_on_the_same_global_batches(
         many = _losses_per_call(mirrored(logical_cpus[:replicas]), feed_kind)
         # Only the order of the sums differs: other batches would change the losses at once.
         np.testing.assert_allclose(many, one, rtol=1e-5)
+
+
+def test_a_resident_feed_splits_calls_to_bound_the_rows_it_gathers(
+    logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.training import feed
+
+    whole = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
+    # Room for two steps' rows per call (32 rows of 784 float32 + an int32 label per replica).
+    monkeypatch.setattr(feed, "CALL_ROWS_BYTES", 2 * 32 * (784 * 4 + 4) + 1)
+    split = _losses_per_call(mirrored(logical_cpus[:2]), "resident", steps_per_call=2)
+    # Calls of 2, 2 and 1 steps run the same steps on the same rows: the same bits.
+    assert split == whole
 
 
 def test_the_epoch_order_is_a_seeded_permutation_cut_to_whole_batches() -> None:

@@ -1,9 +1,10 @@
 """How training batches reach the step: rows kept on every device, or a tf.data stream.
 
 Data that fits (every built-in data set: MNIST's 60,000 rows are 188 MB) is `ResidentFeed`:
-the rows are copied once onto each local replica's device, and the compiled step cuts its
-batch from them by index (`tf.gather`), following one permutation per epoch drawn from
-(SEED, epoch) on the host. No host work, no host-to-device copy and no tf.data per step:
+the rows are copied once onto each local replica's device, and each compiled call gathers
+its steps' batches from them by index (`tf.gather`), following one permutation per epoch
+drawn from (SEED, epoch) on the host. No host work, no host-to-device copy and no tf.data
+per step:
 `mgpu bench` measured the element-wise tf.data pipeline (from_tensor_slices -> shuffle ->
 batch -> experimental_distribute_dataset) at 67-73% of the CPU's training throughput.
 
@@ -36,6 +37,10 @@ RESIDENT_LIMIT_BYTES = 2 * 1024**3
 STREAM_SHUFFLE_BUFFER = 10_000
 # Per-replica batches each replica's device holds ready (InputOptions' default is 1).
 PREFETCH_PER_REPLICA = 2
+# The most bytes of rows one `train_indexed` call gathers on each device for its steps (the
+# only memory a resident feed adds beyond the rows): 64 MiB is 320 of the MLP's 64-row
+# batches, more than a training call's 200 steps; rows of large images get fewer per call.
+CALL_ROWS_BYTES = 64 * 1024**2
 
 
 def epoch_order(seed: int, epoch: int, size: int, global_batch: int) -> np.ndarray:
@@ -66,16 +71,25 @@ class ResidentFeed:
     size: int
     global_batch: int
     seed: int
+    row_bytes: int  # one training row, x and y
 
     @classmethod
     def place(cls, strategy: Any, arrays: Arrays, global_batch: int, seed: int) -> ResidentFeed:
         """Copy the training rows onto every local replica's device (one copy each)."""
         rows = _on_each_device(strategy, lambda: (arrays.x_train, arrays.y_train))
-        return cls(strategy, rows, arrays.train_size, global_batch, seed)
+        row_bytes = (arrays.x_train.nbytes + arrays.y_train.nbytes) // max(arrays.train_size, 1)
+        return cls(strategy, rows, arrays.train_size, global_batch, seed, row_bytes)
 
     @property
     def steps_per_epoch(self) -> int:
         return self.size // self.global_batch
+
+    @property
+    def steps_per_call(self) -> int:
+        """The most steps one compiled call runs: their rows, gathered at its start, stay
+        within CALL_ROWS_BYTES on each device."""
+        per_replica = self.global_batch // self.strategy.num_replicas_in_sync
+        return max(1, CALL_ROWS_BYTES // max(per_replica * self.row_bytes, 1))
 
     def order(self, first_epoch: int, epochs: int = 1) -> Any:
         """The orders of `epochs` epochs from `first_epoch`, one after the other, on every
@@ -95,9 +109,12 @@ class ResidentFeed:
 
         def run(count: int) -> None:
             nonlocal position
-            steps.train_indexed(self.rows, order, tf.constant(position, tf.int64),
-                                tf.constant(count, tf.int32))
-            position += count
+            while count > 0:
+                calls = min(count, self.steps_per_call)
+                steps.train_indexed(self.rows, order, tf.constant(position, tf.int64),
+                                    tf.constant(calls, tf.int32))
+                position += calls
+                count -= calls
 
         return run
 

@@ -10,8 +10,9 @@ GPUs and many workers: the Keras model, optimizer, loss and metrics, driven by o
 Speed: `train_steps(iterator, n)` runs n steps in one `tf.function` call (a `tf.range`
 loop, like Keras' `steps_per_execution`), so Python runs once per n steps, and the metrics
 are read once per call. `train_indexed(rows, order, first, n)` does the same with the rows
-already on each device (`training.feed.ResidentFeed`): each replica cuts its part of the
-global batch by index inside the loop, so no input pipeline runs per step.
+already on each device (`training.feed.ResidentFeed`): each replica gathers its part of the
+call's n global batches by index once, then slices one batch per step, so no input
+pipeline runs per step.
 
 With XLA on, only the forward and backward pass of each replica is jit-compiled: the
 gradient all-reduce and the optimizer update stay outside XLA, because they use the
@@ -102,26 +103,36 @@ def make_step_functions(
     replicas = strategy.num_replicas_in_sync
     per_replica = global_batch_size // replicas
 
-    def replica_indexed_step(x_all: Any, y_all: Any, order: Any, step: Any) -> None:
-        # Replica r of R takes rows [s*G + r*G/R, s*G + (r+1)*G/R) of the order: global
-        # batch s is the same rows whatever R (its id counts every worker's replicas).
+    def replica_rows(x_all: Any, y_all: Any, order: Any, first_step: Any, count: Any) -> Any:
+        # This replica's rows of the call's `count` steps, gathered at once: replica r of R
+        # takes rows [s*G + r*G/R, s*G + (r+1)*G/R) of the order for step s, so global batch
+        # s is the same rows whatever R (the id counts every worker's replicas).
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-        start = step * global_batch_size + tf.cast(replica * per_replica, tf.int64)
-        rows = order[start : start + per_replica]
-        x = tf.gather(x_all, rows)
+        start = first_step * global_batch_size
+        call = order[start : start + tf.cast(count, tf.int64) * global_batch_size]
+        mine = tf.reshape(call, [count, replicas, per_replica])[:, replica]
+        return tf.gather(x_all, mine), tf.gather(y_all, mine)
+
+    def replica_chunk_step(x_chunk: Any, y_chunk: Any, i: Any) -> None:
+        # Slicing whole rows of the first axis shares the chunk's memory: no copy per step.
+        x = x_chunk[i]
         if prepare_input is not None:
             x = prepare_input(x)
-        replica_step(x, tf.gather(y_all, rows))
+        replica_step(x, y_chunk[i])
 
+    # One gather per call, not one per step: a gather and the index arithmetic in every step
+    # cost 11% of the seed's MLP step on a CPU (benchmarks/input_cost.py), one per call ~3%.
     # An explicit while_loop and no AutoGraph: converting the step's whole call tree (Keras
     # included) roughly doubled the first call's tracing time, which is paid in epoch 1.
     @tf.function(autograph=False)
     def train_indexed(rows: Any, order: Any, first_step: Any, count: Any) -> None:
         x_all, y_all = rows
+        x_chunk, y_chunk = strategy.run(
+            replica_rows, args=(x_all, y_all, order, first_step, count)
+        )
 
         def body(i: Any) -> Any:
-            step = first_step + tf.cast(i, tf.int64)
-            strategy.run(replica_indexed_step, args=(x_all, y_all, order, step))
+            strategy.run(replica_chunk_step, args=(x_chunk, y_chunk, i))
             return (i + 1,)
 
         tf.while_loop(lambda i: i < count, body, (tf.constant(0),))
