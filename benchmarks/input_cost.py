@@ -14,6 +14,8 @@ turns interval by interval, so a change of load hits each alike:
 - real: the rows kept on each device, batches cut by index in the step (`ResidentFeed`,
   what `mgpu train` uses for data that fits);
 - stream (with `--stream`): the tf.data path for data that does not fit (`StreamFeed`).
+  Its pipeline's threads keep working ahead between its own intervals, so on a machine of
+  few cores they slow the other feeds too: compare `mgpu bench BENCH_DATA=stream`.
 
 Prints each feed's median samples/s and the median over rounds of the per-round ratio to
 synthetic, with its range.
@@ -58,7 +60,7 @@ def main() -> None:
     from mgpu_env.bench.worker import SameBatch
     from mgpu_env.training.build import build_trainer
     from mgpu_env.training.data import FEATURES, load_arrays, resolve_dataset
-    from mgpu_env.training.feed import ResidentFeed, StreamFeed, in_memory_rows
+    from mgpu_env.training.feed import ResidentFeed, StreamFeed
     from mgpu_env.training.model import build_model
     from mgpu_env.training.precision import FLOAT32, PrecisionChoice
     from mgpu_env.training.strategy import make_strategy, plan_strategy
@@ -89,8 +91,7 @@ def main() -> None:
     feeds["real"] = (real, resident.runner(real.steps, 0, -(-total // resident.steps_per_epoch)))
     if args.stream:
         streamed = trainer()
-        stream = StreamFeed(strategy, in_memory_rows(arrays), arrays.train_size,
-                            global_batch, SEED)
+        stream = StreamFeed(strategy, arrays, global_batch, SEED)
         feeds["stream"] = (streamed, stream.runner(
             streamed.steps, 0, -(-total // stream.steps_per_epoch)))
 

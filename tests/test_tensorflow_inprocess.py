@@ -189,7 +189,7 @@ def _losses_per_call(
     """Train the seed's MLP a few calls of 5 steps from a feed; the mean loss of each call."""
     from mgpu_env.training.build import build_trainer
     from mgpu_env.training.data import Arrays
-    from mgpu_env.training.feed import ResidentFeed, StreamFeed, in_memory_rows
+    from mgpu_env.training.feed import ResidentFeed, StreamFeed
     from mgpu_env.training.model import build_model
 
     rng = np.random.default_rng(0)
@@ -204,7 +204,7 @@ def _losses_per_call(
     )
     feed: Any = (
         ResidentFeed.place(strategy, arrays, global_batch, seed=3) if feed_kind == "resident"
-        else StreamFeed(strategy, in_memory_rows(arrays), arrays.train_size, global_batch, 3)
+        else StreamFeed(strategy, arrays, global_batch, seed=3)
     )
     if steps_per_call is not None:
         assert feed.steps_per_call == steps_per_call
@@ -240,6 +240,33 @@ def test_a_resident_feed_splits_calls_to_bound_the_rows_it_gathers(
     split = _losses_per_call(mirrored(logical_cpus[:2]), "resident", steps_per_call=2)
     # Calls of 2, 2 and 1 steps run the same steps on the same rows: the same bits.
     assert split == whole
+
+
+def test_streamed_and_kept_rows_train_on_the_same_batches(
+    logical_cpus: tuple[str, ...], float32_policy: None
+) -> None:
+    # Data over the device limit streams from the host: its run must not differ from one
+    # whose data fits, so both follow one epoch order.
+    for replicas in (1, 2):
+        kept = _losses_per_call(mirrored(logical_cpus[:replicas]), "resident")
+        streamed = _losses_per_call(mirrored(logical_cpus[:replicas]), "stream")
+        np.testing.assert_allclose(streamed, kept, rtol=1e-6)
+
+
+def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, ...]) -> None:
+    from mgpu_env.training.data import Arrays
+    from mgpu_env.training.feed import StreamFeed, epoch_order
+
+    x = np.zeros((100, 784), np.float32)
+    arrays = Arrays("test", x, np.zeros(100, np.int32), x[:1], np.zeros(1, np.int32))
+    # 4 replicas in sync as 2 workers of 2: global batch 8, 2 rows per replica batch.
+    feed = StreamFeed(mirrored(logical_cpus[:4]), arrays, global_batch=8, seed=1)
+    order = epoch_order(1, 0, 100, 8).reshape(-1, 2)  # 48 replica batches, 12 steps
+    first, second = (feed.worker_batches(0, 1, workers=2, worker=w) for w in (0, 1))
+    # Step s: replicas 0 and 1 (worker 0) take batches 4s and 4s+1, worker 1 4s+2 and 4s+3.
+    np.testing.assert_array_equal(first, order.reshape(12, 4, 2)[:, :2].reshape(-1, 2))
+    np.testing.assert_array_equal(second, order.reshape(12, 4, 2)[:, 2:].reshape(-1, 2))
+    np.testing.assert_array_equal(feed.worker_batches(0, 1, workers=1, worker=0), order)
 
 
 def test_the_epoch_order_is_a_seeded_permutation_cut_to_whole_batches() -> None:

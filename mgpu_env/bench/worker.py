@@ -80,14 +80,14 @@ def real_feed(spec: PointSpec, strategy: Any) -> tuple[Any, str]:
     """The training module's feed over DATASET: the rows kept on every device (`real`), or
     streamed through tf.data (`stream`, the path for data that does not fit)."""
     from mgpu_env.training.data import load_arrays, resolve_dataset
-    from mgpu_env.training.feed import ResidentFeed, StreamFeed, in_memory_rows
+    from mgpu_env.training.feed import ResidentFeed, StreamFeed
 
     choice = resolve_dataset(spec.dataset, Path(spec.data_dir) if spec.data_dir else None)
     arrays = load_arrays(choice, spec.seed)
     if spec.data == "stream":
-        feed: Any = StreamFeed(strategy, in_memory_rows(arrays), arrays.train_size,
-                               spec.global_batch, spec.seed, spec.deterministic)
-        return feed, f"{choice.describe()}, streamed by tf.data"
+        feed: Any = StreamFeed(strategy, arrays, spec.global_batch, spec.seed,
+                               spec.deterministic)
+        return feed, f"{choice.describe()}, streamed from host memory by tf.data"
     feed = ResidentFeed.place(strategy, arrays, spec.global_batch, spec.seed)
     return feed, f"{choice.describe()}, kept on each device"
 

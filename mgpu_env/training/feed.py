@@ -4,15 +4,16 @@ Data that fits (every built-in data set: MNIST's 60,000 rows are 188 MB) is `Res
 the rows are copied once onto each local replica's device, and each compiled call gathers
 its steps' batches from them by index (`tf.gather`), following one permutation per epoch
 drawn from (SEED, epoch) on the host. No host work, no host-to-device copy and no tf.data
-per step:
-`mgpu bench` measured the element-wise tf.data pipeline (from_tensor_slices -> shuffle ->
-batch -> experimental_distribute_dataset) at 67-73% of the CPU's training throughput.
+per step: `mgpu bench` measured the element-wise tf.data pipeline (from_tensor_slices ->
+shuffle -> batch -> experimental_distribute_dataset) at 67-73% of the CPU's training
+throughput.
 
-Data that does not fit (a user's `tf.data.Dataset`) is `StreamFeed`: one pipeline per
-worker through `distribute_datasets_from_function`, batched per replica, prefetched to each
-replica's device, with the tf.data options that matter.
+Data that does not fit on the device (over RESIDENT_LIMIT_BYTES) is `StreamFeed`: kept in
+host memory, gathered per replica batch by one tf.data pipeline per worker through
+`distribute_datasets_from_function`, prefetched to each replica's device, with the tf.data
+options that matter.
 
-Both give global batch b of an epoch the same rows whatever the replica or worker count:
+Both follow the same order and give global batch b of an epoch the same rows whatever the replica or worker count:
 replica r (its id across all workers) of R takes rows [b*G + r*G/R, b*G + (r+1)*G/R) of the
 epoch's order. The last partial global batch is dropped (a different one each epoch, as the
 order changes), so every step has exactly the global batch G.
@@ -32,9 +33,6 @@ from mgpu_env.training.data import Arrays
 # device: MNIST-sized sets are 0.2 GB, a GPU this image targets has 8 GB or more, and the
 # model, its activations and the optimizer need the rest.
 RESIDENT_LIMIT_BYTES = 2 * 1024**3
-# Rows a stream shuffles among (tf.data's shuffle buffer): a user's stream may not fit in
-# memory, so it cannot be permuted whole.
-STREAM_SHUFFLE_BUFFER = 10_000
 # Per-replica batches each replica's device holds ready (InputOptions' default is 1).
 PREFETCH_PER_REPLICA = 2
 # The most bytes of rows one `train_indexed` call gathers on each device for its steps (the
@@ -136,23 +134,39 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
 
 @dataclass
 class StreamFeed:
-    """Training rows from a `tf.data.Dataset` of (x, y) rows, streamed to every replica.
+    """Training rows kept in host memory, streamed to every replica's device by tf.data.
 
-    `make_rows()` builds the rows' dataset (called once per worker and runner). Each worker's
-    pipeline shuffles (seed + epoch), batches per replica and keeps only its own replicas'
-    batches, so global batch b is the same rows on every replica and worker count.
+    Batches, not rows, are the stream's elements: each is one replica's part of a global
+    batch, gathered by index from the host arrays in one op (in parallel, `map`), following
+    the same epoch order as `ResidentFeed`, so a run's batches (and losses) do not depend on
+    whether its data fits on the device. An element-wise pipeline (from_tensor_slices ->
+    shuffle -> batch) cost 71-79% of the CPU's training throughput in `mgpu bench`.
     """
 
     strategy: Any
-    make_rows: Callable[[], Any]
-    size: int
+    arrays: Arrays
     global_batch: int
     seed: int
     deterministic: bool = True
 
     @property
+    def size(self) -> int:
+        return self.arrays.train_size
+
+    @property
     def steps_per_epoch(self) -> int:
         return self.size // self.global_batch
+
+    def worker_batches(self, first_epoch: int, epochs: int, workers: int, worker: int) -> Any:
+        """The row indices of this worker's per-replica batches, in the order its replicas
+        take them: (batches, G/R). Per-replica batch k of the run belongs to replica k % R."""
+        replicas = self.strategy.num_replicas_in_sync
+        order = np.concatenate([
+            epoch_order(self.seed, epoch, self.size, self.global_batch)
+            for epoch in range(first_epoch, first_epoch + epochs)
+        ]).reshape(-1, self.global_batch // replicas)
+        owner = (np.arange(len(order)) % replicas) // (replicas // workers)
+        return order[owner == worker]
 
     def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
         """`epochs` epochs from `first_epoch`, one after the other, distributed: per-replica
@@ -160,31 +174,18 @@ class StreamFeed:
         a distributed iterator costs far more than a step."""
         import tensorflow as tf
 
-        replicas = self.strategy.num_replicas_in_sync
-        per_replica = self.global_batch // replicas
+        with tf.device("/device:CPU:0"):
+            x, y = tf.convert_to_tensor(self.arrays.x_train), tf.convert_to_tensor(
+                self.arrays.y_train)
 
         def per_worker(context: Any) -> Any:
-            workers, worker = context.num_input_pipelines, context.input_pipeline_id
-            local = replicas // workers
-
-            def one_epoch(epoch: Any) -> Any:
-                # The seed as a tensor gives the order a Python int seed + epoch gives.
-                data = self.make_rows().shuffle(
-                    STREAM_SHUFFLE_BUFFER, seed=self.seed + epoch, reshuffle_each_iteration=False
-                )
-                data = data.batch(per_replica, drop_remainder=True)
-                data = data.take(self.steps_per_epoch * replicas)  # whole global batches
-                if workers > 1:
-                    # Per-replica batch k belongs to replica k % R: this worker keeps its own.
-                    data = data.enumerate().filter(
-                        lambda k, _: (k % replicas) // local == worker
-                    ).map(lambda _, batch: batch)
-                return data
-
-            # flat_map, not one concatenated dataset per epoch: the rows' dataset may hold
-            # the arrays as a constant, which would be copied into the graph once per epoch.
-            epochs_data = tf.data.Dataset.range(first_epoch, first_epoch + epochs)
-            data = epochs_data.flat_map(one_epoch)
+            batches = self.worker_batches(
+                first_epoch, epochs, context.num_input_pipelines, context.input_pipeline_id
+            )
+            data = tf.data.Dataset.from_tensor_slices(batches).map(
+                lambda rows: (tf.gather(x, rows), tf.gather(y, rows)),
+                num_parallel_calls=tf.data.AUTOTUNE,
+            )
             return data.prefetch(tf.data.AUTOTUNE).with_options(
                 stream_options(self.deterministic)
             )
@@ -230,22 +231,6 @@ def stream_options(deterministic: bool) -> Any:
     return options
 
 
-def in_memory_rows(arrays: Arrays) -> Callable[[], Any]:
-    """The training arrays as a stream's rows (what `mgpu bench` streams to measure it)."""
-
-    built: list[Any] = []
-
-    def make() -> Any:
-        import tensorflow as tf
-
-        # Built once: from_tensor_slices copies the arrays into a new constant each time.
-        if not built:
-            built.append(tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train)))
-        return built[0]
-
-    return make
-
-
 Feed = ResidentFeed | StreamFeed
 
 
@@ -255,6 +240,4 @@ def make_feed(
     """The feed for these arrays: kept on each device when they fit, else streamed."""
     if fits_on_device(arrays):
         return ResidentFeed.place(strategy, arrays, global_batch, seed)
-    return StreamFeed(
-        strategy, in_memory_rows(arrays), arrays.train_size, global_batch, seed, deterministic
-    )
+    return StreamFeed(strategy, arrays, global_batch, seed, deterministic)
