@@ -13,10 +13,11 @@ host memory, gathered per replica batch by one tf.data pipeline per worker throu
 `distribute_datasets_from_function`, prefetched to each replica's device, with the tf.data
 options that matter.
 
-Both follow the same order and give global batch b of an epoch the same rows whatever the replica or worker count:
-replica r (its id across all workers) of R takes rows [b*G + r*G/R, b*G + (r+1)*G/R) of the
-epoch's order. The last partial global batch is dropped (a different one each epoch, as the
-order changes), so every step has exactly the global batch G.
+Both follow the same order and give global batch b of an epoch the same rows whatever the
+replica or worker count: replica r (its id across all workers) of R takes rows
+[b*G + r*G/R, b*G + (r+1)*G/R) of the epoch's order. The last partial global batch is
+dropped (a different one each epoch, as the order changes), so every step has exactly the
+global batch G.
 """
 
 from __future__ import annotations
