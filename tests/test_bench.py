@@ -20,6 +20,7 @@ from mgpu_env.bench import sweep as bench
 from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import (
     PointSpec,
+    comparison_points,
     parse_child_output,
     plan_devices,
     plan_points,
@@ -253,6 +254,17 @@ def test_seed_comparison_runs_its_own_fp32_point_when_the_sweep_has_none() -> No
     assert data["seed_comparison"]["mgpu"]["precision"] == "fp32"
 
 
+def test_seed_comparison_leaves_a_dataset_loader_out() -> None:
+    # A loader's samples would give the mgpu twin their shape; the seed trains on MNIST rows.
+    chosen = settings(BENCH_COMPARE="1", DATASET="mydata:load", GPUS="none")
+    seed, mgpu = comparison_points(chosen, plan_devices(chosen, cpu_selection(), {}))
+    assert (seed.runner, seed.dataset, mgpu.dataset) == ("seed", "synthetic", "synthetic")
+    plain = settings(BENCH_COMPARE="1", DATASET="digits", GPUS="none")
+    assert comparison_points(plain, plan_devices(plain, cpu_selection(), {}))[1].dataset == (
+        "digits"
+    )
+
+
 def test_a_failed_point_is_recorded_and_the_sweep_goes_on() -> None:
     runner = fake_runner()
 
@@ -409,5 +421,5 @@ def test_real_sweep_feeds_kept_and_streamed_data_on_two_logical_cpus(tmp_path: P
     assert len(data["points"]) == 6 and not [p for p in data["points"] if p.get("error")]
     sources = {p["data"]: p["worker"].get("data_source", "") for p in data["points"]}
     assert "kept on each device" in sources["real"]
-    assert "streamed by tf.data" in sources["stream"]
+    assert "streamed from host memory by tf.data" in sources["stream"]
     assert len(data["input_pipeline_cost"]) == 4

@@ -371,6 +371,41 @@ def test_bench_measures_the_model_builder(tmp_path: Path) -> None:
     assert f"mgpu bench: {HOOKS['MODEL']}" in result.stdout
 
 
+def test_bench_measures_the_builder_on_the_loaders_samples(tmp_path: Path) -> None:
+    # The loader's 28x28x1 images give the model its shape on every point, synthetic too,
+    # so the input's cost is measured on the same model.
+    output = tmp_path / "bench"
+    result = mgpu(tmp_path, [], "bench", **HOOKS, BENCH_DATA="all", BENCH_REPLICAS="1",
+                  BATCH_SIZE="16", BENCH_WARMUP="2", BENCH_STEPS="3", BENCH_INTERVALS="2",
+                  OUTPUT_DIR=str(output))
+    assert result.returncode == 0, result.stderr
+    data = json.loads((output / "bench.json").read_text())
+    assert [p["data"] for p in data["points"]] == ["synthetic", "real", "stream"]
+    assert all(p["samples_per_s"]["median"] > 0 for p in data["points"])
+    sources = [p["worker"].get("data_source", "") for p in data["points"][1:]]
+    assert all(f"{HOOKS['DATASET']} (your loader)" in source for source in sources)
+    assert len(data["input_pipeline_cost"]) == 2
+
+
+def test_bench_says_the_resnet_needs_images_when_the_loader_gives_rows(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "row_data.py").write_text(
+        "import numpy as np\n"
+        "def load():\n"
+        "    x = np.random.default_rng(0).random((256, 30), dtype=np.float32)\n"
+        "    y = np.arange(256) % 3\n"
+        "    return (x[:200], y[:200]), (x[200:], y[200:])\n"
+    )
+    result = mgpu(tmp_path, [], "bench", DATASET="row_data:load", BENCH_MODEL="resnet",
+                  BENCH_REPLICAS="1", BENCH_WARMUP="1", BENCH_STEPS="1", BENCH_INTERVALS="2",
+                  OUTPUT_DIR=str(tmp_path / "bench"))
+    assert result.returncode == 1, result.stderr
+    assert "BENCH_MODEL=resnet takes images (height, width, channels)" in result.stderr
+    assert "DATASET=row_data:load gives samples of shape (30,)" in result.stderr
+    assert "Fix: BENCH_MODEL=mlp" in result.stderr and "Traceback" not in result.stderr
+
+
 # -------------------------------------------------------------------------- the examples
 
 

@@ -1,5 +1,6 @@
 """Models `mgpu bench` can measure, by name: the seed's MLP and a small ResNet, or the
-user's builder (`MODEL=package.module:function`, given MNIST-shaped samples).
+user's builder (`MODEL=package.module:function`), built for the samples they are fed:
+MNIST-shaped ones, or the shape a DATASET loader's samples have.
 
 The MLP alone is too small for scaling to mean much: its step is dominated by fixed
 per-step costs, so more replicas mostly add all-reduce time. The ResNet (3 stages of
@@ -30,7 +31,7 @@ SHAPES: dict[str, ModelShape] = {
     "resnet": ModelShape((32, 32, 3), 10),
 }
 # A MODEL builder is measured on what `mgpu train` feeds it from the built-in data sets:
-# rows of 784 values, 10 classes (synthetic, or DATASET's with BENCH_DATA=real).
+# rows of 784 values, 10 classes (a DATASET loader's samples give their own shape).
 HOOK_SHAPE = ModelShape((784,), 10)
 
 
@@ -43,29 +44,30 @@ def model_shape(name: str) -> ModelShape:
     return HOOK_SHAPE if ":" in name else SHAPES[name]
 
 
-def build_model(name: str, seed: int) -> Any:
-    """A fresh Keras model by name or builder; softmax outputs in float32 under mixed
-    precision (the builder's contract asks for it too)."""
+def build_model(name: str, seed: int, shape: ModelShape) -> Any:
+    """A fresh Keras model by name or builder, taking samples of `shape`; softmax outputs in
+    float32 under mixed precision (the builder's contract asks for it too)."""
     if ":" in name:
         import keras
 
         from mgpu_env.training import hooks
 
         keras.utils.set_random_seed(seed)
-        return hooks.build_model(name, HOOK_SHAPE.input_shape, HOOK_SHAPE.classes)
+        return hooks.build_model(name, shape.input_shape, shape.classes)
     if name == "mlp":
         from mgpu_env.training.model import build_model as build_seed_mlp
 
-        return build_seed_mlp(seed)
+        return build_seed_mlp(seed, shape.input_shape, shape.classes)
     if name == "resnet":
         import keras
 
         keras.utils.set_random_seed(seed)
-        return build_small_resnet()
+        return build_small_resnet(shape.input_shape, classes=shape.classes)
     raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
 
 
 def build_small_resnet(
+    input_shape: tuple[int, ...] = SHAPES["resnet"].input_shape,
     widths: tuple[int, ...] = (32, 64, 128), blocks_per_stage: int = 2, classes: int = 10
 ) -> Any:
     """A CIFAR-style ResNet: stem, stages of basic residual blocks, global pooling, softmax."""
@@ -84,7 +86,7 @@ def build_small_resnet(
             shortcut = layers.BatchNormalization()(shortcut)
         return layers.ReLU()(layers.Add()([y, shortcut]))
 
-    inputs = keras.Input(shape=SHAPES["resnet"].input_shape)
+    inputs = keras.Input(shape=input_shape)
     x = layers.Conv2D(widths[0] // 2, 3, padding="same", use_bias=False)(inputs)
     x = layers.BatchNormalization()(x)
     x = layers.ReLU()(x)

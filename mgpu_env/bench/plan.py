@@ -225,13 +225,15 @@ def comparison_points(settings: Settings, devices: DevicePlan) -> tuple[PointSpe
     """The seed's plain `model.fit` and the packaged step, on one replica, same data and batch.
 
     The seed has neither mixed precision nor XLA, so both run fp32 without XLA, on the MLP
-    (the seed's model) and synthetic MNIST-shaped data.
+    (the seed's model) and synthetic MNIST-shaped data: a DATASET loader, whose samples
+    would give the model their shape, is left out (the sweep's point is then not reused).
     """
     split, visible = devices.child_devices(1)
+    loader = ":" in settings.dataset
     mgpu = PointSpec(
         model="mlp", replicas=1, per_replica_batch=settings.batch_size, mixed_precision="0",
-        xla=False, data="synthetic", dataset=settings.dataset,
-        data_dir=str(settings.data_dir) if settings.data_dir else None,
+        xla=False, data="synthetic", dataset="synthetic" if loader else settings.dataset,
+        data_dir=str(settings.data_dir) if settings.data_dir and not loader else None,
         warmup_steps=settings.bench_warmup, steps_per_interval=settings.bench_steps,
         intervals=settings.bench_intervals, seed=settings.seed,
         learning_rate=settings.learning_rate, cross_device_ops=settings.cross_device_ops,

@@ -17,12 +17,15 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mgpu_env.bench.models import ModelShape
 from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
-from mgpu_env.config.errors import MgpuError
+from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
+from mgpu_env.training.data import Arrays, DatasetChoice
 
 
 def time_intervals(
@@ -63,33 +66,65 @@ class SameBatch:
         return self.batch
 
 
-def _synthetic_batch(spec: PointSpec, strategy: Any, input_shape: tuple[int, ...]) -> Any:
+def _synthetic_batch(spec: PointSpec, strategy: Any, shape: ModelShape) -> Any:
     """One batch per replica, made on that replica's device, reused every step."""
     import tensorflow as tf
 
     def make(context: Any) -> tuple[Any, Any]:
         generator = tf.random.Generator.from_seed(spec.seed + context.replica_id_in_sync_group)
-        x = generator.uniform((spec.per_replica_batch, *input_shape))
-        y = generator.uniform((spec.per_replica_batch,), maxval=10, dtype=tf.int32)
+        x = generator.uniform((spec.per_replica_batch, *shape.input_shape))
+        y = generator.uniform((spec.per_replica_batch,), maxval=shape.classes, dtype=tf.int32)
         return x, y
 
     return strategy.experimental_distribute_values_from_function(make)
 
 
-def real_feed(spec: PointSpec, strategy: Any) -> tuple[Any, str]:
-    """The training module's feed over DATASET: the rows kept on every device (`real`), or
-    streamed through tf.data (`stream`, the path for data that does not fit)."""
+@dataclass
+class PointData:
+    """What a point trains on: the model's sample shape, and DATASET's arrays when the
+    point feeds them (`real`, `stream`) or they set that shape (a DATASET loader)."""
+
+    choice: DatasetChoice
+    arrays: Arrays | None
+    shape: ModelShape
+
+
+def point_data(spec: PointSpec) -> PointData:
+    """Load DATASET when this point needs it. Built-in data sets are rows of 784 values,
+    which the model's own shape takes (the ResNet's images are made of them in the step);
+    a loader's samples give the model their shape, on synthetic points too, so real and
+    synthetic data are measured on the same model."""
+    from mgpu_env.bench.models import model_shape
     from mgpu_env.training.data import load_arrays, resolve_dataset
-    from mgpu_env.training.feed import ResidentFeed, StreamFeed
 
     choice = resolve_dataset(spec.dataset, Path(spec.data_dir) if spec.data_dir else None)
-    arrays = load_arrays(choice, spec.seed)
+    if choice.origin == "hook":
+        arrays = load_arrays(choice, spec.seed)
+        shape = ModelShape(arrays.sample_shape, arrays.num_classes)
+        if spec.model == "resnet" and len(shape.input_shape) != 3:
+            raise ConfigError(
+                f"BENCH_MODEL=resnet takes images (height, width, channels), but "
+                f"DATASET={spec.dataset} gives samples of shape {shape.input_shape}.\n"
+                "  Fix: BENCH_MODEL=mlp, or MODEL=package.module:function for a model of "
+                "your own."
+            )
+        return PointData(choice, arrays, shape)
+    kept = None if spec.data == "synthetic" else load_arrays(choice, spec.seed)
+    return PointData(choice, kept, model_shape(spec.model))
+
+
+def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str]:
+    """The training module's feed over DATASET: the rows kept on every device (`real`), or
+    streamed through tf.data (`stream`, the path for data that does not fit)."""
+    from mgpu_env.training.feed import ResidentFeed, StreamFeed
+
+    assert data.arrays is not None  # point_data loads them for every non-synthetic point
     if spec.data == "stream":
-        feed: Any = StreamFeed(strategy, arrays, spec.global_batch, spec.seed,
+        feed: Any = StreamFeed(strategy, data.arrays, spec.global_batch, spec.seed,
                                spec.deterministic)
-        return feed, f"{choice.describe()}, streamed from host memory by tf.data"
-    feed = ResidentFeed.place(strategy, arrays, spec.global_batch, spec.seed)
-    return feed, f"{choice.describe()}, kept on each device"
+        return feed, f"{data.choice.describe()}, streamed from host memory by tf.data"
+    feed = ResidentFeed.place(strategy, data.arrays, spec.global_batch, spec.seed)
+    return feed, f"{data.choice.describe()}, kept on each device"
 
 
 def image_maker(input_shape: tuple[int, ...]) -> Any:
@@ -113,7 +148,7 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     """Measure the packaged training step (several steps per tf.function call)."""
     import tensorflow as tf
 
-    from mgpu_env.bench.models import build_model, model_shape
+    from mgpu_env.bench.models import build_model
     from mgpu_env.training.build import build_trainer
     from mgpu_env.training.data import FEATURES
 
@@ -121,25 +156,27 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     execution = Execution.from_json(spec.execution)
     execution.prepare_tensorflow()
     strategy = execution.make_strategy()
-    shape = model_shape(spec.model)
+    data = point_data(spec)
+    rows = data.arrays.sample_shape if data.arrays is not None else data.shape.input_shape
     # The training module's step: n steps per tf.function call, XLA on the per-replica
-    # forward and backward pass only, loss scaling agreed between replicas.
-    rows = (FEATURES,)
+    # forward and backward pass only, loss scaling agreed between replicas. Built-in rows
+    # become the ResNet's images in the step, so that counts as input cost too.
     trainer = build_trainer(
-        strategy, lambda: build_model(spec.model, spec.seed),
+        strategy, lambda: build_model(spec.model, spec.seed, data.shape),
         learning_rate=spec.learning_rate, precision=execution.precision,
         global_batch_size=spec.global_batch, jit_compile=spec.xla,
-        prepare_input=None if shape.input_shape == rows else image_maker(shape.input_shape),
+        prepare_input=image_maker(data.shape.input_shape)
+        if rows == (FEATURES,) and data.shape.input_shape != rows else None,
     )
 
     if spec.data == "synthetic":
-        batches = SameBatch(_synthetic_batch(spec, strategy, shape.input_shape))
+        batches = SameBatch(_synthetic_batch(spec, strategy, data.shape))
 
         def feed_steps(n: int) -> None:
             trainer.steps.train_steps(batches, tf.constant(n))
     else:
         warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
-        feed, data_source = real_feed(spec, strategy)
+        feed, data_source = real_feed(spec, strategy, data)
         total = spec.warmup_steps + spec.steps_per_interval * spec.intervals
         # As many epochs as the warm-up and the intervals take: they follow one another
         # as in training, each in its own order.

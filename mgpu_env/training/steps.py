@@ -61,8 +61,8 @@ def make_step_functions(
     (`tf.nn.compute_average_loss`), so the all-reduced SUM of gradients is the gradient of
     the mean loss over the global batch, whatever the replica count. Training batches are
     always full (the data pipeline drops the partial last batch). `prepare_input`, if
-    given, turns each gathered batch of rows into the model's input (`mgpu bench` makes
-    images of them for its ResNet).
+    given, turns each training batch into the model's input inside the step (`mgpu bench`
+    makes images of MNIST rows for its ResNet).
     """
     import keras
     import tensorflow as tf
@@ -95,10 +95,15 @@ def make_step_functions(
         train_loss.update_state(per_example)
         train_accuracy.update_state(y, probabilities)
 
+    def replica_input_step(x: Any, y: Any) -> None:
+        if prepare_input is not None:
+            x = prepare_input(x)
+        replica_step(x, y)
+
     @tf.function
     def train_steps(iterator: Any, count: Any) -> None:
         for _ in tf.range(count):
-            strategy.run(replica_step, args=next(iterator))
+            strategy.run(replica_input_step, args=next(iterator))
 
     replicas = strategy.num_replicas_in_sync
     per_replica = global_batch_size // replicas
@@ -115,10 +120,7 @@ def make_step_functions(
 
     def replica_chunk_step(x_chunk: Any, y_chunk: Any, i: Any) -> None:
         # Slicing whole rows of the first axis shares the chunk's memory: no copy per step.
-        x = x_chunk[i]
-        if prepare_input is not None:
-            x = prepare_input(x)
-        replica_step(x, y_chunk[i])
+        replica_input_step(x_chunk[i], y_chunk[i])
 
     # One gather per call, not one per step: a gather and the index arithmetic in every step
     # cost 11% of the seed's MLP step on a CPU (benchmarks/input_cost.py), one per call ~3%.
