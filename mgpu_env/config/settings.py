@@ -190,8 +190,8 @@ class Settings:
     data_deterministic: bool = setting(
         "DATA_DETERMINISTIC", "1",
         "Data streamed through tf.data (data too big to keep on each device) keeps its order, "
-        "so runs repeat; 0 lets parallel stages hand out rows as they finish (faster when "
-        "rows take uneven time to read, but the order and the losses vary).",
+        "so runs repeat; 0 lets parallel stages hand out batches as they finish (faster when "
+        "batches take uneven time to read, but the order and the losses vary).",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch",
     )
     bench_model: str = setting(
