@@ -11,7 +11,7 @@ turns interval by interval, so a change of load hits each alike:
 
 - synthetic: one batch already on each device, reused every step (`mgpu bench`'s
   `SameBatch`): the step with no input at all;
-- real: the rows kept on each device, batches cut by index in the step (`ResidentFeed`,
+- real: the rows kept on each device, batches gathered by index in the step (`ResidentFeed`,
   what `mgpu train` uses for data that fits);
 - stream (with `--stream`): the tf.data path for data that does not fit (`StreamFeed`).
   Its pipeline's threads keep working ahead between its own intervals, so on a machine of

@@ -63,7 +63,8 @@ StepRunner = Callable[[int], None]
 
 @dataclass
 class ResidentFeed:
-    """The training rows, once on each local replica's device; batches are cut in the step."""
+    """The training rows, once on each local replica's device; batches are gathered by index
+    in the compiled call (`StepFunctions.train_indexed`)."""
 
     strategy: Any
     rows: Any  # (x, y), each a PerReplica of the whole training set on that replica's device
