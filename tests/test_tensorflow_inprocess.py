@@ -8,6 +8,7 @@ no subprocess, so these stay in the fast tier.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,9 +188,11 @@ def _losses_per_call(
     strategy: Any, feed_kind: str, calls: int = 3, steps_per_call: int | None = None
 ) -> list[float]:
     """Train the seed's MLP a few calls of 5 steps from a feed; the mean loss of each call."""
+    import tensorflow as tf
+
     from mgpu_env.training.build import build_trainer
     from mgpu_env.training.data import Arrays
-    from mgpu_env.training.feed import ResidentFeed, StreamFeed
+    from mgpu_env.training.feed import ResidentFeed, RowStreamFeed, StreamFeed
     from mgpu_env.training.model import build_model
 
     rng = np.random.default_rng(0)
@@ -204,7 +207,9 @@ def _losses_per_call(
     )
     feed: Any = (
         ResidentFeed.place(strategy, arrays, global_batch, seed=3) if feed_kind == "resident"
-        else StreamFeed(strategy, arrays, global_batch, seed=3)
+        else StreamFeed(strategy, arrays, global_batch, seed=3) if feed_kind == "stream"
+        else RowStreamFeed(strategy, tf.data.Dataset.from_tensor_slices((x, y)), len(x),
+                           global_batch, seed=3)
     )
     if steps_per_call is not None:
         assert feed.steps_per_call == steps_per_call
@@ -218,7 +223,7 @@ def _losses_per_call(
     return losses
 
 
-@pytest.mark.parametrize("feed_kind", ["resident", "stream"])
+@pytest.mark.parametrize("feed_kind", ["resident", "stream", "rows"])
 def test_every_replica_count_trains_on_the_same_global_batches(
     logical_cpus: tuple[str, ...], float32_policy: None, feed_kind: str
 ) -> None:
@@ -267,6 +272,90 @@ def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, .
     np.testing.assert_array_equal(first, order.reshape(12, 4, 2)[:, :2].reshape(-1, 2))
     np.testing.assert_array_equal(second, order.reshape(12, 4, 2)[:, 2:].reshape(-1, 2))
     np.testing.assert_array_equal(feed.worker_batches(0, 1, workers=1, worker=0), order)
+
+
+STREAMING_LOADER = """
+import numpy as np
+import tensorflow as tf
+
+def load():
+    rng = np.random.default_rng(0)
+    x = rng.random((900, 8, 8, 1), dtype=np.float32)
+    y = (x.reshape(900, -1)[:, :3].argmax(axis=1)).astype(np.int64)
+    rows = tf.data.Dataset.from_tensor_slices((x, y))
+    # filter: a size tf.data does not know, as for a pipeline over files
+    return rows.take(700).filter(lambda x, y: True), rows.skip(700)
+"""
+
+
+@pytest.fixture
+def streaming_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logical_cpus: tuple[str, ...]
+) -> str:
+    """A loader of tf.data.Datasets over the (lowered) read limit: they stream."""
+    from mgpu_env.training import hooks
+
+    (tmp_path / "big_rows.py").write_text(STREAMING_LOADER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(hooks, "READ_LIMIT_BYTES", 100 * (8 * 8 * 4 + 4))
+    yield "big_rows:load"
+    sys.modules.pop("big_rows", None)
+
+
+def test_a_loaders_stream_over_the_read_limit_is_not_read_into_memory(
+    streaming_loader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.training import hooks
+    from mgpu_env.training.data import Arrays, Streamed, load_data, resolve_dataset
+
+    data = load_data(resolve_dataset(streaming_loader, None, {}), seed=0)
+    assert isinstance(data, Streamed)
+    # One counting pass found what the plan needs: sizes, sample shape, classes.
+    assert (data.train_size, data.test_size) == (700, 200)
+    assert (data.sample_shape, data.num_classes) == ((8, 8, 1), 3)
+    monkeypatch.setattr(hooks, "READ_LIMIT_BYTES", 2 * 1024**3)
+    assert isinstance(load_data(resolve_dataset(streaming_loader, None, {}), seed=0), Arrays)
+
+
+def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
+    streaming_loader: str, tmp_path: Path, float32_policy: None
+) -> None:
+    from mgpu_env.training.loop import run_training
+    from mgpu_env.training.plan import plan_training
+
+    # The whole test: its global batch on 1, 2 and 4 replicas is
+    # test_every_replica_count_trains_on_the_same_global_batches["rows"].
+    resolved = resolve_settings(
+        {"GPUS": "none", "VIRTUAL_DEVICES": str(LOGICAL_CPUS), "DATASET": streaming_loader,
+         "EPOCHS": "2", "BATCH_SIZE": "16", "OUTPUT_DIR": str(tmp_path / "run")}, {},
+    )
+    plan = plan_training(runtime_of(resolved))
+    assert (plan.train_size, plan.test_size, plan.steps_per_epoch) == (700, 200, 10)
+    assert plan.input_shape == (8, 8, 1) and plan.num_classes == 3
+    metrics = run_training(plan).metrics
+    assert metrics["epochs_completed"] == 2 and metrics["test_samples"] == 200
+    assert [e["epoch"] for e in metrics["history"]] == [1, 2]
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0
+    assert (tmp_path / "run" / "model.keras").is_file()
+
+
+def test_bench_streams_a_loaders_rows_on_its_real_and_stream_points(
+    streaming_loader: str, logical_cpus: tuple[str, ...]
+) -> None:
+    from mgpu_env.bench.sweep import plan_devices, plan_points
+    from mgpu_env.bench.worker import point_data, real_feed
+    from mgpu_env.training.feed import RowStreamFeed
+
+    settings = resolve_settings({"GPUS": "none", "DATASET": streaming_loader,
+                                 "BENCH_DATA": "all"}, {}).settings
+    specs = plan_points(settings, plan_devices(settings, runtime_of(settings).selection, {}))
+    for spec in specs:
+        data = point_data(spec)
+        assert data.shape.input_shape == (8, 8, 1) and data.shape.classes == 3
+        if spec.data != "synthetic":
+            feed, source = real_feed(spec, mirrored(logical_cpus[:1]), data)
+            assert isinstance(feed, RowStreamFeed) and feed.steps_per_epoch == 700 // 64
+            assert source.endswith("streamed from its pipeline by tf.data")
 
 
 def test_the_epoch_order_is_a_seeded_permutation_cut_to_whole_batches() -> None:

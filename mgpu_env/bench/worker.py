@@ -25,7 +25,7 @@ from mgpu_env.bench.models import ModelShape
 from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
 from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
-from mgpu_env.training.data import Arrays, DatasetChoice
+from mgpu_env.training.data import Data, DatasetChoice, Streamed
 
 
 def time_intervals(
@@ -85,7 +85,7 @@ class PointData:
     point feeds them (`real`, `stream`) or they set that shape (a DATASET loader)."""
 
     choice: DatasetChoice
-    arrays: Arrays | None
+    arrays: Data | None
     shape: ModelShape
 
 
@@ -95,11 +95,11 @@ def point_data(spec: PointSpec) -> PointData:
     a loader's samples give the model their shape, on synthetic points too, so real and
     synthetic data are measured on the same model."""
     from mgpu_env.bench.models import model_shape
-    from mgpu_env.training.data import load_arrays, resolve_dataset
+    from mgpu_env.training.data import load_arrays, load_data, resolve_dataset
 
     choice = resolve_dataset(spec.dataset, Path(spec.data_dir) if spec.data_dir else None)
     if choice.origin == "hook":
-        arrays = load_arrays(choice, spec.seed)
+        arrays = load_data(choice, spec.seed)
         shape = ModelShape(arrays.sample_shape, arrays.num_classes)
         if spec.model == "resnet" and len(shape.input_shape) != 3:
             raise ConfigError(
@@ -116,12 +116,17 @@ def point_data(spec: PointSpec) -> PointData:
 def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str]:
     """The training module's feed over DATASET: the rows kept on every device (`real`), or
     streamed through tf.data (`stream`, the path for data that does not fit)."""
-    from mgpu_env.training.feed import ResidentFeed, StreamFeed
+    from mgpu_env.training.feed import ResidentFeed, RowStreamFeed, StreamFeed
 
     assert data.arrays is not None  # point_data loads them for every non-synthetic point
+    if isinstance(data.arrays, Streamed):  # a loader's data too big to read: one path
+        rows = data.arrays.train
+        feed: Any = RowStreamFeed(strategy, rows.rows, rows.size, spec.global_batch,
+                                  spec.seed, spec.deterministic)
+        return feed, f"{data.choice.describe()}, streamed from its pipeline by tf.data"
     if spec.data == "stream":
-        feed: Any = StreamFeed(strategy, data.arrays, spec.global_batch, spec.seed,
-                               spec.deterministic)
+        feed = StreamFeed(strategy, data.arrays, spec.global_batch, spec.seed,
+                          spec.deterministic)
         return feed, f"{data.choice.describe()}, streamed from host memory by tf.data"
     feed = ResidentFeed.place(strategy, data.arrays, spec.global_batch, spec.seed)
     return feed, f"{data.choice.describe()}, kept on each device"

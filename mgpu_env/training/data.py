@@ -22,11 +22,14 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mgpu_env.training.hooks import Part, RowStream
 
 MNIST_FILE = "mnist.npz"
 MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
@@ -61,7 +64,7 @@ class DatasetChoice:
     location: Path | None = None  # the file or folder read, or where a download goes
     note: str | None = None  # why auto chose this one, for the start summary
     # A hook's data, loaded once when the run is planned (its size is known only then).
-    loaded: Arrays | None = field(default=None, compare=False, repr=False)
+    loaded: Data | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
         if self.origin == "hook":
@@ -98,6 +101,36 @@ class Arrays:
     @property
     def test_size(self) -> int:
         return int(self.x_test.shape[0])
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A DATASET loader's data too big to read into memory (`hooks.RowStream`): the
+    training rows stream from its pipeline every epoch (`training.feed.RowStreamFeed`), the
+    test rows once per evaluation."""
+
+    name: str
+    train: RowStream
+    test: Part  # a RowStream, or (x, y) arrays when the test part was small
+    num_classes: int
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.train.sample_shape
+
+    @property
+    def train_size(self) -> int:
+        return self.train.size
+
+    @property
+    def test_size(self) -> int:
+        from mgpu_env.training.hooks import part_size
+
+        return part_size(self.test)
+
+
+# What a run trains on: arrays in memory, or a loader's streams.
+Data = Arrays | Streamed
 
 
 def keras_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -174,16 +207,34 @@ def resolve_dataset(
 # ------------------------------------------------------------------------------ loading
 
 
-def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
-    """Read (or download, or generate) the chosen data set. Raises ConfigError, never exits."""
+def load_data(choice: DatasetChoice, seed: int) -> Data:
+    """The chosen data set: arrays, or a loader's data too big to read (streams)."""
     if choice.loaded is not None:
         return choice.loaded
     if choice.origin == "hook":
         from mgpu_env.training import hooks
 
-        x_train, y_train, x_test, y_test = hooks.load_data(choice.name)
-        return Arrays(choice.name, x_train, y_train, x_test, y_test,
-                      hooks.num_classes(y_train, y_test))
+        train, test = hooks.load_data(choice.name)
+        classes = hooks.num_classes(train, test)
+        if isinstance(train, hooks.RowStream):
+            return Streamed(choice.name, train, test, classes)
+        if isinstance(test, hooks.RowStream):  # small training rows, a test set too big
+            return Streamed(choice.name, hooks.as_stream(train), test, classes)
+        return Arrays(choice.name, *train, *test, classes)
+    return load_arrays(choice, seed)
+
+
+def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
+    """Read (or download, or generate) the chosen data set. Raises ConfigError, never exits."""
+    if choice.loaded is not None or choice.origin == "hook":
+        data = load_data(choice, seed)
+        if isinstance(data, Streamed):
+            raise ConfigError(
+                f"DATASET={choice.name} gives more than 2 GiB of rows as a tf.data stream, "
+                "which this command cannot stream.\n"
+                "  Fix: use mgpu train, or a smaller data set."
+            )
+        return data
     if choice.name == "mnist":
         path = choice.location
         assert path is not None
@@ -392,11 +443,16 @@ def _distribute_options() -> Any:
     return options
 
 
-def test_dataset(arrays: Arrays, global_batch_size: int) -> Any:
+def test_dataset(data: Data, global_batch_size: int) -> Any:
     """The whole test set in global batches; the last, partial batch is kept."""
     import tensorflow as tf
 
-    data = tf.data.Dataset.from_tensor_slices((arrays.x_test, arrays.y_test)).cache()
-    data = data.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
-    return data.with_options(_distribute_options())
+    if isinstance(data, Streamed):
+        from mgpu_env.training.hooks import as_stream
+
+        rows = as_stream(data.test).rows  # too big to cache
+    else:
+        rows = tf.data.Dataset.from_tensor_slices((data.x_test, data.y_test)).cache()
+    rows = rows.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
+    return rows.with_options(_distribute_options())
 

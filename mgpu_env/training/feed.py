@@ -13,11 +13,14 @@ host memory, gathered per replica batch by one tf.data pipeline per worker throu
 `distribute_datasets_from_function`, prefetched to each replica's device, with the tf.data
 options that matter.
 
-Both follow the same order and give global batch b of an epoch the same rows whatever the
-replica or worker count: replica r (its id across all workers) of R takes rows
-[b*G + r*G/R, b*G + (r+1)*G/R) of the epoch's order. The last partial global batch is
-dropped (a different one each epoch, as the order changes), so every step has exactly the
-global batch G.
+A `DATASET` loader's tf.data set too big to read into memory (`data.Streamed`) is
+`RowStreamFeed`: its rows stream from the loader's pipeline, shuffled in a buffer.
+
+All three follow one order per epoch (the first two the same one) and give global batch b
+of an epoch the same rows whatever the replica or worker count: replica r (its id across
+all workers) of R takes rows [b*G + r*G/R, b*G + (r+1)*G/R) of the epoch's order. The last
+partial global batch is dropped (a different one each epoch, as the order changes), so
+every step has exactly the global batch G.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.data import Arrays
+from mgpu_env.training.data import Arrays, Data, Streamed
 
 # Above this, a data set's training rows stream from the host instead of being kept on each
 # device: MNIST-sized sets are 0.2 GB, a GPU this image targets has 8 GB or more, and the
 # model, its activations and the optimizer need the rest.
 RESIDENT_LIMIT_BYTES = 2 * 1024**3
+# Rows a loader's stream shuffles among (tf.data's shuffle buffer): a stream too big for
+# memory cannot be permuted whole.
+STREAM_SHUFFLE_BUFFER = 10_000
 # Per-replica batches each replica's device holds ready (InputOptions' default is 1).
 PREFETCH_PER_REPLICA = 2
 # The most bytes of rows one `train_indexed` call gathers on each device for its steps (the
@@ -172,8 +178,7 @@ class StreamFeed:
 
     def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
         """`epochs` epochs from `first_epoch`, one after the other, distributed: per-replica
-        batches prefetched to each replica's device. One iterator serves them all: making
-        a distributed iterator costs far more than a step."""
+        batches prefetched to each replica's device."""
         import tensorflow as tf
 
         x_host, y_host = self.arrays.x_train, self.arrays.y_train
@@ -203,26 +208,98 @@ class StreamFeed:
                 stream_options(self.deterministic)
             )
 
-        return self.strategy.distribute_datasets_from_function(
-            per_worker,
-            # Prefetch each replica's batches into its device's memory, off the step's
-            # critical path: https://www.tensorflow.org/api_docs/python/tf/distribute/InputOptions
-            options=tf.distribute.InputOptions(
-                experimental_fetch_to_device=True,
-                experimental_per_replica_buffer_size=PREFETCH_PER_REPLICA,
-            ),
-        )
+        return _distribute(self.strategy, per_worker)
 
     def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
+        return _iterator_runner(steps, self.dataset(first_epoch, epochs))
+
+
+@dataclass
+class RowStreamFeed:
+    """A DATASET loader's rows too big to read into memory (`data.Streamed`), streamed from
+    its pipeline every epoch to every replica.
+
+    Each worker's pipeline shuffles the rows in a buffer (seeded by SEED + epoch), batches
+    them per replica and keeps only its own replicas' batches, so global batch b is the
+    same rows on every replica and worker count. Costlier per step than `StreamFeed`, which
+    cuts whole batches from arrays: here every row passes through the shuffle buffer.
+    """
+
+    strategy: Any
+    rows: Any  # tf.data.Dataset of (x, y) rows
+    size: int
+    global_batch: int
+    seed: int
+    deterministic: bool = True
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.size // self.global_batch
+
+    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
+        """`epochs` epochs from `first_epoch`, one after the other, distributed."""
         import tensorflow as tf
 
-        iterator = iter(self.dataset(first_epoch, epochs))
+        replicas = self.strategy.num_replicas_in_sync
+        per_replica = self.global_batch // replicas
 
-        def run(count: int) -> None:
-            steps.train_steps(iterator, tf.constant(count, tf.int32))
+        def per_worker(context: Any) -> Any:
+            workers, worker = context.num_input_pipelines, context.input_pipeline_id
+            local = replicas // workers
 
-        return run
+            def one_epoch(epoch: Any) -> Any:
+                # The seed as a tensor gives the order a Python int seed + epoch gives.
+                data = self.rows.shuffle(
+                    STREAM_SHUFFLE_BUFFER, seed=self.seed + epoch, reshuffle_each_iteration=False
+                )
+                data = data.batch(per_replica, drop_remainder=True)
+                data = data.take(self.steps_per_epoch * replicas)  # whole global batches
+                if workers > 1:
+                    # Per-replica batch k belongs to replica k % R: this worker keeps its own.
+                    data = data.enumerate().filter(
+                        lambda k, _: (k % replicas) // local == worker
+                    ).map(lambda _, batch: batch)
+                return data
+
+            epochs_data = tf.data.Dataset.range(first_epoch, first_epoch + epochs)
+            return epochs_data.flat_map(one_epoch).prefetch(tf.data.AUTOTUNE).with_options(
+                stream_options(self.deterministic)
+            )
+
+        return _distribute(self.strategy, per_worker)
+
+    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
+        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
+        return _iterator_runner(steps, self.dataset(first_epoch, epochs))
+
+
+def _distribute(strategy: Any, per_worker: Callable[[Any], Any]) -> Any:
+    """One pipeline per worker, each replica's batches prefetched into its device's memory,
+    off the step's critical path:
+    https://www.tensorflow.org/api_docs/python/tf/distribute/InputOptions"""
+    import tensorflow as tf
+
+    return strategy.distribute_datasets_from_function(
+        per_worker,
+        options=tf.distribute.InputOptions(
+            experimental_fetch_to_device=True,
+            experimental_per_replica_buffer_size=PREFETCH_PER_REPLICA,
+        ),
+    )
+
+
+def _iterator_runner(steps: Any, dataset: Any) -> StepRunner:
+    import tensorflow as tf
+
+    # One iterator serves every epoch: making a distributed iterator costs far more than a
+    # step.
+    iterator = iter(dataset)
+
+    def run(count: int) -> None:
+        steps.train_steps(iterator, tf.constant(count, tf.int32))
+
+    return run
 
 
 def stream_options(deterministic: bool) -> Any:
@@ -244,13 +321,17 @@ def stream_options(deterministic: bool) -> Any:
     return options
 
 
-Feed = ResidentFeed | StreamFeed
+Feed = ResidentFeed | StreamFeed | RowStreamFeed
 
 
 def make_feed(
-    strategy: Any, arrays: Arrays, global_batch: int, seed: int, *, deterministic: bool = True
+    strategy: Any, data: Data, global_batch: int, seed: int, *, deterministic: bool = True
 ) -> Feed:
-    """The feed for these arrays: kept on each device when they fit, else streamed."""
-    if fits_on_device(arrays):
-        return ResidentFeed.place(strategy, arrays, global_batch, seed)
-    return StreamFeed(strategy, arrays, global_batch, seed, deterministic)
+    """The feed for this data: kept on each device when it fits, else streamed from host
+    memory, or from a loader's pipeline when it was too big to read."""
+    if isinstance(data, Streamed):
+        return RowStreamFeed(strategy, data.train.rows, data.train.size, global_batch, seed,
+                             deterministic)
+    if fits_on_device(data):
+        return ResidentFeed.place(strategy, data, global_batch, seed)
+    return StreamFeed(strategy, data, global_batch, seed, deterministic)

@@ -25,7 +25,7 @@ from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.hardware.tfimport import import_tensorflow
 from mgpu_env.training import rundir
 from mgpu_env.training.build import Trainer, build_trainer
-from mgpu_env.training.data import Arrays, load_arrays
+from mgpu_env.training.data import Data, load_data
 from mgpu_env.training.feed import make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.plan import RUN_SETTINGS, TRAIN_SETTINGS, TrainPlan
@@ -120,7 +120,7 @@ class _Checkpoints:
     directory: Path
 
 
-def _start(plan: TrainPlan, session: WorkerSession, arrays: Arrays) -> Trainer:
+def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
     """TensorFlow's devices and precision, the strategy, then model, optimizer and steps."""
     import keras
 
@@ -190,7 +190,7 @@ def _train(
 
     settings = plan.settings
     is_chief = plan.strategy.role.is_chief
-    arrays = load_arrays(plan.dataset, settings.seed)
+    arrays = load_data(plan.dataset, settings.seed)
     _check_sizes(plan, arrays)
     trainer = _start(plan, session, arrays)
     saved, start_epoch = _restore_checkpoints(plan, trainer, session)
@@ -242,7 +242,7 @@ def _train(
 def _train_epochs(
     plan: TrainPlan, trainer: Trainer, saved: _Checkpoints, session: WorkerSession,
     reporter: Reporter, stop: StopRequest, writer: Any, start_epoch: int,
-    history: list[dict[str, Any]], arrays: Arrays,
+    history: list[dict[str, Any]], arrays: Data,
 ) -> tuple[list[dict[str, Any]], int, float]:
     """The epochs left; each ends with its history entry, checkpoint and TensorBoard
     scalars. Returns the history and this process's trained samples and seconds."""
@@ -301,7 +301,7 @@ def _train_epochs(
 
 
 def _evaluate(
-    plan: TrainPlan, trainer: Trainer, session: WorkerSession, arrays: Arrays
+    plan: TrainPlan, trainer: Trainer, session: WorkerSession, arrays: Data
 ) -> tuple[float, float]:
     """Loss and accuracy on the whole test set (the partial last batch included)."""
     from mgpu_env.training.data import test_dataset
@@ -325,7 +325,7 @@ def _samples_per_sec(samples: int, seconds: float, history: list[dict[str, Any]]
     return sum(rates) / len(rates) if rates else 0.0
 
 
-def _check_sizes(plan: TrainPlan, arrays: Arrays) -> None:
+def _check_sizes(plan: TrainPlan, arrays: Data) -> None:
     # The plan (and the run's identity, and the dry run) use the official sizes; a file of
     # another size is some other data set under a known name, so it is refused.
     if (arrays.train_size, arrays.test_size) != (plan.train_size, plan.test_size):
@@ -378,7 +378,7 @@ def _metrics(
     trained_samples: int,
     trained_seconds: float,
     wall_time_s: float,
-    arrays: Arrays,
+    arrays: Data,
 ) -> dict[str, Any]:
     described = plan.describe()
     return {

@@ -24,7 +24,7 @@ from mgpu_env.training.data import (
     CLASSES,
     FEATURES,
     DatasetChoice,
-    load_arrays,
+    load_data,
     resolve_dataset,
 )
 from mgpu_env.training.precision import PrecisionChoice
@@ -231,7 +231,7 @@ def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) ->
         # Its size and shape are known only by calling it, once: the loop reuses the data.
         # The loader may use TensorFlow, so TensorFlow gets its devices and policy first.
         runtime.execution.prepare_tensorflow()
-        arrays = load_arrays(dataset, settings.seed)
+        arrays = load_data(dataset, settings.seed)
         dataset = dataclasses.replace(dataset, loaded=arrays)
         train_size, test_size = arrays.train_size, arrays.test_size
         input_shape, num_classes = arrays.sample_shape, arrays.num_classes
