@@ -159,7 +159,7 @@ def resolve_dataset(
     system_fashion_dir: Path = SYSTEM_FASHION_DIR,
 ) -> DatasetChoice:
     """Decide which data set to use and from where. Filesystem only: no TF, no network
-    (a loader, `package.module:function`, is only named here; `load_arrays` calls it)."""
+    (a loader, `package.module:function`, is only named here; `load_data` calls it)."""
     if ":" in name:
         return DatasetChoice(name, "hook")
     cache = keras_cache_dir(environ)
@@ -221,20 +221,23 @@ def load_data(choice: DatasetChoice, seed: int) -> Data:
         if isinstance(test, hooks.RowStream):  # small training rows, a test set too big
             return Streamed(choice.name, hooks.as_stream(train), test, classes)
         return Arrays(choice.name, *train, *test, classes)
-    return load_arrays(choice, seed)
+    return _read_built_in(choice, seed)
 
 
 def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
-    """Read (or download, or generate) the chosen data set. Raises ConfigError, never exits."""
-    if choice.loaded is not None or choice.origin == "hook":
-        data = load_data(choice, seed)
-        if isinstance(data, Streamed):
-            raise ConfigError(
-                f"DATASET={choice.name} gives more than 2 GiB of rows as a tf.data stream, "
-                "which this command cannot stream.\n"
-                "  Fix: use mgpu train, or a smaller data set."
-            )
-        return data
+    """The chosen data set, which must be arrays (a loader's stream is refused)."""
+    data = load_data(choice, seed)
+    if isinstance(data, Streamed):
+        raise ConfigError(
+            f"DATASET={choice.name} gives a tf.data set over 2 GiB, which streams; only "
+            "mgpu train and mgpu bench take a stream.\n"
+            "  Fix: use one of them, or have the loader return a smaller data set."
+        )
+    return data
+
+
+def _read_built_in(choice: DatasetChoice, seed: int) -> Arrays:
+    """Read (or download, or generate) a built-in data set. Raises ConfigError, never exits."""
     if choice.name == "mnist":
         path = choice.location
         assert path is not None
