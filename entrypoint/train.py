@@ -38,6 +38,7 @@ def plan_lines(plan: TrainPlan) -> list[str]:
         f"  devices        {plan.strategy.local_replicas} x {plan.device_type} ({physical})",
         f"                 {devices}",
         f"  replicas       {plan.replicas} ({plan.strategy.kind})",
+        *([f"  cluster        {line}"] if (line := plan.runtime.cluster_line()) else []),
         f"  batch          {plan.per_replica_batch_size} per replica, "
         f"{plan.global_batch_size} global, {plan.steps_per_epoch} steps per epoch",
         f"  precision      {plan.precision.policy} ({plan.precision.reason})",

@@ -272,6 +272,12 @@ class Settings:
         parse_optional_index, "empty, or a whole number from 0 to the number of hosts - 1",
         metavar="N",
     )
+    worker_port: int = setting(
+        "WORKER_PORT", "2222",
+        "Multi-worker under Slurm or a Kubernetes Indexed Job: the port each worker listens "
+        "on (Slurm: plus the task's local id, so tasks on one node never collide).",
+        parse_int(1024, 65535), "a whole number from 1024 to 65535", metavar="PORT",
+    )
     worker_timeout: float = setting(
         "WORKER_TIMEOUT", "300",
         "Multi-worker: seconds a worker waits for the others (to join, or to finish a "

@@ -46,6 +46,7 @@ from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime, build_runtime
+from mgpu_env.runtime.cluster import peers
 
 __all__ = [
     "Check",
@@ -125,6 +126,7 @@ class Report:
                 "warnings": len(self.warnings),
                 "bad_settings": len(self.bad_settings),
             },
+            "cluster": self.facts.cluster.cluster,
             "checks": [dataclasses.asdict(c) for c in self.checks],
             "facts": _plain(self.facts),
             **({"smoke": _plain(self.smoke)} if self.smoke is not None else {}),
@@ -145,6 +147,7 @@ def unusable_settings(errors: list[str]) -> dict[str, Any]:
         "verdict": f"not ready: {_count(len(errors), 'bad setting')}",
         "summary": {"errors": len(errors), "warnings": 0, "bad_settings": len(errors)},
         "settings_errors": list(errors),
+        "cluster": None,
         "checks": [],
         "facts": None,
     }
@@ -223,6 +226,7 @@ def gather(
         cuda=cuda,
         xla=settings.xla,
         cross_device_ops=settings.cross_device_ops,
+        cluster=probes.probe_cluster(settings, environ),
     )
 
 
@@ -292,8 +296,9 @@ def preflight(
     here (`cudalibs`: where TensorFlow will look, NCCL included) unless `cuda` is passed.
     `strict`: warnings fail too.
     """
+    failing = _unresolved_peers(runtime)
     if runtime.settings.gpus.kind == "none":
-        return []
+        return failing
     checks: tuple[CheckFunction, ...]
     if not runtime.selection.gpus:
         checks = (check_nvml, check_request)
@@ -320,4 +325,30 @@ def preflight(
         cross_device_ops=runtime.settings.cross_device_ops,
     )
     results = run_checks(facts, checks)
-    return [c for c in results if c.status == "error" or (strict and c.status == "warn")]
+    return failing + [
+        c for c in results if c.status == "error" or (strict and c.status == "warn")
+    ]
+
+
+def _unresolved_peers(runtime: Runtime) -> list[Check]:
+    """In a cluster, every peer's host must resolve before TensorFlow waits on it: the
+    pre-flight waits for that (peers start at different times) up to WORKER_TIMEOUT, then
+    names the ones that never did. A port with nothing on it yet is normal here (the peer
+    is starting too): TensorFlow waits for that itself."""
+    cluster = runtime.cluster
+    if cluster is None:
+        return []
+    missing = peers.wait_until_resolved(
+        cluster.workers, cluster.address, runtime.settings.worker_timeout)
+    if not missing:
+        return []
+    statuses = [peers.PeerStatus(a, "unresolved", f"{a.rpartition(':')[0]} does not resolve")
+                for a in cluster.workers if a.rpartition(":")[0] in missing]
+    return [Check(
+        "cluster.peers", "Cluster peers", "error",
+        f"{cluster.engine_name}: after {runtime.settings.worker_timeout:g} s "
+        f"(WORKER_TIMEOUT) these peers still do not resolve: "
+        f"{', '.join(s.address for s in statuses)}",
+        "every peer's host name resolves",
+        " | ".join(peers.explain(statuses, cluster.engine, "WORKER_PORT")),
+    )]

@@ -19,6 +19,8 @@ from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.runtime import Runtime
+from mgpu_env.runtime.precision import PrecisionChoice
+from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training import rundir
 from mgpu_env.training.data import (
     CLASSES,
@@ -27,8 +29,6 @@ from mgpu_env.training.data import (
     load_data,
     resolve_dataset,
 )
-from mgpu_env.training.precision import PrecisionChoice
-from mgpu_env.training.strategy import StrategyPlan
 
 # The settings `mgpu train` reads (the others belong to other commands, or to the
 # cluster), for the "settings" lines of the summary and the settings in metrics.json.
@@ -40,7 +40,8 @@ TRAIN_SETTINGS = (
 )
 # What settings.json records: every setting a training run reads, the cluster's included.
 RUN_SETTINGS = (
-    *TRAIN_SETTINGS, "TF_CONFIG", "WORKER_HOSTS", "WORKER_INDEX", "WORKER_TIMEOUT", "ENV_FILE",
+    *TRAIN_SETTINGS, "TF_CONFIG", "WORKER_HOSTS", "WORKER_INDEX", "WORKER_PORT", "WORKER_TIMEOUT",
+    "ENV_FILE",
 )
 # Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
 # 20% held out by a stratified split.
@@ -148,6 +149,7 @@ class TrainPlan:
             "cross_device_ops": self.strategy.cross_device_ops,
             "cross_device_ops_reason": self.strategy.reason,
             "strategy": self.strategy.kind,
+            "cluster": self.runtime.cluster_description(),
             "xla": self.xla,
             "dataset": self.dataset.name,
             "dataset_source": self.dataset.describe(),
