@@ -19,12 +19,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from mgpu_env.config.errors import MgpuError
-from mgpu_env.config.settings import (
-    DECLARATIONS,
-    Declaration,
-    ResolvedSettings,
-    resolve_settings,
-)
+from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
+from mgpu_env.config.settings import DECLARATIONS, Declaration
 
 # Exit codes, documented in the README.
 EXIT_OK = 0
@@ -102,7 +98,7 @@ def with_settings(
     `only` limits the flags to those settings; `scope` adds the settings declared for one
     command (e.g. "bench") to the common ones. The options carry no envvar of their own:
     precedence (flag > environment > env file > default) and validation belong to
-    `mgpu_env.config.settings.resolve_settings`.
+    `mgpu_env.config.resolve.resolve_settings`.
     """
     wanted = set(only) if only is not None else None
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import Settings, SettingsErrors, resolve_settings
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.config.settings import Settings, SettingsErrors
 from mgpu_env.runtime.cluster import Cluster, resolve_cluster
 from mgpu_env.training.multiworker import (
     Watchdog,

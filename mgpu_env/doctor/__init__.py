@@ -20,7 +20,8 @@ from typing import Any
 
 from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import GpuRequest, ResolvedSettings, SettingError, SettingsErrors
+from mgpu_env.config.resolve import ResolvedSettings
+from mgpu_env.config.settings import GpuRequest, SettingError, SettingsErrors
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import (
     ALL_CHECKS,

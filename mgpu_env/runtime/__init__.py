@@ -24,14 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpu_env.config.errors import RunFailed
-from mgpu_env.config.settings import (
-    BY_ENV,
-    ResolvedSettings,
-    SettingError,
-    Settings,
-    SettingsErrors,
-    setting_error_message,
-)
+from mgpu_env.config.resolve import ResolvedSettings, setting_error_message
+from mgpu_env.config.settings import BY_ENV, SettingError, Settings, SettingsErrors
 from mgpu_env.hardware import cpu, cudalibs, nvml
 from mgpu_env.hardware.devices import (
     TF_DEVICE_TYPES,
