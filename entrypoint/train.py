@@ -111,7 +111,7 @@ def command(
     from mgpu_env.training.plan import plan_training
     from mgpu_env.training.report import EpochLineReporter, ProgbarReporter, Reporter
 
-    plan = plan_training(runtime)
+    plan = plan_training(runtime, dry_run=dry_run)
     if dry_run and as_json:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return

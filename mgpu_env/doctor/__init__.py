@@ -287,6 +287,7 @@ def preflight(
     tensorflow: TfFacts | None = None,
     cuda: CudaStack | None = None,
     strict: bool = False,
+    peers_wait_s: float | None = None,
 ) -> list[Check]:
     """The checks that decide whether training can start; returns only the failing ones.
 
@@ -295,9 +296,10 @@ def preflight(
     NVML's answer is judged (milliseconds). With GPUs it imports TensorFlow in this process
     (training does anyway) unless `tensorflow` facts are passed, and loads the CUDA libraries
     here (`cudalibs`: where TensorFlow will look, NCCL included) unless `cuda` is passed.
-    `strict`: warnings fail too.
+    `strict`: warnings fail too. In a cluster every peer's host must resolve within
+    `peers_wait_s` seconds (None: not checked).
     """
-    failing = _unresolved_peers(runtime)
+    failing = [] if peers_wait_s is None else _unresolved_peers(runtime, peers_wait_s)
     if runtime.settings.gpus.kind == "none":
         return failing
     checks: tuple[CheckFunction, ...]
@@ -331,7 +333,7 @@ def preflight(
     ]
 
 
-def _unresolved_peers(runtime: Runtime) -> list[Check]:
+def _unresolved_peers(runtime: Runtime, wait_s: float) -> list[Check]:
     """In a cluster, every peer's host must resolve before TensorFlow waits on it: the
     pre-flight waits for that (peers start at different times) up to WORKER_TIMEOUT, then
     names the ones that never did. A port with nothing on it yet is normal here (the peer
@@ -339,16 +341,14 @@ def _unresolved_peers(runtime: Runtime) -> list[Check]:
     cluster = runtime.cluster
     if cluster is None:
         return []
-    missing = peers.wait_until_resolved(
-        cluster.workers, cluster.address, runtime.settings.worker_timeout)
+    missing = peers.wait_until_resolved(cluster.workers, cluster.address, wait_s)
     if not missing:
         return []
     statuses = [peers.PeerStatus(a, "unresolved", f"{a.rpartition(':')[0]} does not resolve")
                 for a in cluster.workers if a.rpartition(":")[0] in missing]
     return [Check(
         "cluster.peers", "Cluster peers", "error",
-        f"{cluster.engine_name}: after {runtime.settings.worker_timeout:g} s "
-        f"(WORKER_TIMEOUT) these peers still do not resolve: "
+        f"{cluster.engine_name}: after {wait_s:g} s these peers still do not resolve: "
         f"{', '.join(s.address for s in statuses)}",
         "every peer's host name resolves",
         " | ".join(peers.explain(statuses, cluster.engine, "WORKER_PORT")),

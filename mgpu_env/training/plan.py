@@ -19,6 +19,7 @@ from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.runtime import Runtime
+from mgpu_env.runtime.cluster import peers
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training import rundir
@@ -183,16 +184,19 @@ def run_identity(
     return identity
 
 
-def preflight(runtime: Runtime) -> None:
+def preflight(runtime: Runtime, *, wait_for_peers: bool = True) -> None:
     """The doctor's checks that decide whether training can start (driver, CUDA, cuDNN,
     visible devices); stops the run with their findings and fixes when one fails.
 
     A bad setting (a GPU the machine does not have) is a ConfigError (exit 2), anything
-    else a RunFailed (exit 1). With GPUS=none or no GPU it costs milliseconds.
+    else a RunFailed (exit 1). With GPUS=none or no GPU it costs milliseconds. In a cluster
+    it waits (up to WORKER_TIMEOUT) for every peer's host to resolve, unless
+    `wait_for_peers` is false (a dry run, which only notes the missing).
     """
     from mgpu_env.doctor import preflight as doctor_preflight
 
-    failing = doctor_preflight(runtime)
+    failing = doctor_preflight(
+        runtime, peers_wait_s=runtime.settings.worker_timeout if wait_for_peers else None)
     if not failing:
         return
     lines = []
@@ -206,16 +210,23 @@ def preflight(runtime: Runtime) -> None:
     raise error("\n".join(lines))
 
 
-def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) -> TrainPlan:
+def plan_training(
+    runtime: Runtime, environ: Mapping[str, str] | None = None, *, dry_run: bool = False
+) -> TrainPlan:
     """Resolve the whole run on an applied runtime; writes no file.
 
     Raises ConfigError for settings that cannot work together on these devices, RunFailed
-    when a pre-flight check fails.
+    when a pre-flight check fails. `dry_run`: peers are looked up once, not waited for.
     """
     environ = os.environ if environ is None else environ
     settings = runtime.settings
-    preflight(runtime)
+    preflight(runtime, wait_for_peers=not dry_run)
     notes = list(runtime.notes)
+    if dry_run and runtime.cluster is not None:
+        missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
+        if missing:
+            notes.append(f"peers that do not resolve yet: {', '.join(missing)} (a real run "
+                         "waits up to WORKER_TIMEOUT for them)")
     if runtime.strategy_plan.note:
         notes.append(runtime.strategy_plan.note)
     dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)
