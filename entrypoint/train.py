@@ -107,10 +107,12 @@ def command(
     runtime.apply()
 
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
+    from mgpu_env.doctor import require_ready
     from mgpu_env.training.loop import run_training
     from mgpu_env.training.plan import plan_training
     from mgpu_env.training.report import EpochLineReporter, ProgbarReporter, Reporter
 
+    require_ready(runtime, wait_for_peers=not dry_run)  # the doctor's pre-flight
     plan = plan_training(runtime, dry_run=dry_run)
     if dry_run and as_json:
         typer.echo(json.dumps(plan.to_dict(), indent=2))

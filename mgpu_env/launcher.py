@@ -131,9 +131,9 @@ def prepare(runtime: Runtime) -> None:
 
     Imports TensorFlow (the script would at once anyway); `runtime.apply()` must be done.
     """
-    from mgpu_env.training.plan import preflight
+    from mgpu_env.doctor import require_ready
 
-    preflight(runtime)
+    require_ready(runtime)
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
     api.adopt(runtime, tensorflow_prepared=True)

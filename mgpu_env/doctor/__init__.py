@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env import __version__
-from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import GpuRequest, SettingError, SettingsErrors
 from mgpu_env.doctor import facts as probes
@@ -331,6 +331,30 @@ def preflight(
     return failing + [
         c for c in results if c.status == "error" or (strict and c.status == "warn")
     ]
+
+
+def require_ready(runtime: Runtime, *, wait_for_peers: bool = True) -> None:
+    """The doctor's checks that decide whether training can start (driver, CUDA, cuDNN,
+    visible devices); stops the run with their findings and fixes when one fails.
+
+    A bad setting (a GPU the machine does not have) is a ConfigError (exit 2), anything
+    else a RunFailed (exit 1). With GPUS=none or no GPU it costs milliseconds. In a cluster
+    it waits (up to WORKER_TIMEOUT) for every peer's host to resolve, unless
+    `wait_for_peers` is false (a dry run, which only notes the missing).
+    """
+    failing = preflight(
+        runtime, peers_wait_s=runtime.settings.worker_timeout if wait_for_peers else None)
+    if not failing:
+        return
+    lines = []
+    for check in failing:
+        expected = f" (expected {check.expected})" if check.expected else ""
+        lines.append(f"pre-flight check failed: {check.title}: {check.found}{expected}")
+        if check.fix:
+            lines.append(f"  Fix: {check.fix}")
+    lines.append("  `mgpu doctor` shows the whole report.")
+    error = ConfigError if any(check.bad_setting for check in failing) else RunFailed
+    raise error("\n".join(lines))
 
 
 def _unresolved_peers(runtime: Runtime, wait_s: float) -> list[Check]:

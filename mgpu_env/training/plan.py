@@ -1,8 +1,9 @@
 """`mgpu train`'s plan: what a run will do, resolved from the runtime before anything trains.
 
 `plan_training(runtime)` adds to the runtime's decisions (devices, precision, all-reduce,
-cluster) what only training needs: the pre-flight verdict, the data set, the batches, the
-run folder and whether it resumes. It writes nothing; `--dry-run` prints it and stops.
+cluster) what only training needs: the data set, the batches, the run folder and whether
+it resumes (the doctor's pre-flight has passed before: the command runs it). It writes
+nothing; `--dry-run` prints it and stops.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env import __version__
-from mgpu_env.config.errors import ConfigError, RunFailed
+from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.runtime import Runtime
@@ -184,43 +185,17 @@ def run_identity(
     return identity
 
 
-def preflight(runtime: Runtime, *, wait_for_peers: bool = True) -> None:
-    """The doctor's checks that decide whether training can start (driver, CUDA, cuDNN,
-    visible devices); stops the run with their findings and fixes when one fails.
-
-    A bad setting (a GPU the machine does not have) is a ConfigError (exit 2), anything
-    else a RunFailed (exit 1). With GPUS=none or no GPU it costs milliseconds. In a cluster
-    it waits (up to WORKER_TIMEOUT) for every peer's host to resolve, unless
-    `wait_for_peers` is false (a dry run, which only notes the missing).
-    """
-    from mgpu_env.doctor import preflight as doctor_preflight
-
-    failing = doctor_preflight(
-        runtime, peers_wait_s=runtime.settings.worker_timeout if wait_for_peers else None)
-    if not failing:
-        return
-    lines = []
-    for check in failing:
-        expected = f" (expected {check.expected})" if check.expected else ""
-        lines.append(f"pre-flight check failed: {check.title}: {check.found}{expected}")
-        if check.fix:
-            lines.append(f"  Fix: {check.fix}")
-    lines.append("  `mgpu doctor` shows the whole report.")
-    error = ConfigError if any(check.bad_setting for check in failing) else RunFailed
-    raise error("\n".join(lines))
-
-
 def plan_training(
     runtime: Runtime, environ: Mapping[str, str] | None = None, *, dry_run: bool = False
 ) -> TrainPlan:
     """Resolve the whole run on an applied runtime; writes no file.
 
-    Raises ConfigError for settings that cannot work together on these devices, RunFailed
-    when a pre-flight check fails. `dry_run`: peers are looked up once, not waited for.
+    The command runs the doctor's pre-flight (`mgpu_env.doctor.require_ready`) first.
+    Raises ConfigError for settings that cannot work together on these devices.
+    `dry_run`: the peers of a cluster are looked up once and noted, not waited for.
     """
     environ = os.environ if environ is None else environ
     settings = runtime.settings
-    preflight(runtime, wait_for_peers=not dry_run)
     notes = list(runtime.notes)
     if dry_run and runtime.cluster is not None:
         missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
