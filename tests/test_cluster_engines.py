@@ -305,3 +305,16 @@ def test_mgpu_train_reports_the_cluster_of_a_tfjob_pod(tmp_path: Path) -> None:
 
 def test_one_process_has_no_cluster_in_the_json(tmp_path: Path) -> None:
     assert dry_run_json(tmp_path, {})["cluster"] is None
+
+
+def test_every_line_of_a_worker_says_which_worker_wrote_it(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "train", "--dry-run"],
+        env=clean_env(tmp_path, DATASET="digits", GPUS="none",
+                      **slurm_step(1, 2, "localhost", "2", 1)),
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) > 5 and all(line.startswith("[worker 1] ") for line in lines)
+    assert "[worker 1]   cluster        Slurm: worker 1 of 2 (localhost:2223" in done.stdout
