@@ -208,6 +208,12 @@ def test_one_task_per_node_uses_every_gpu_and_one_task_per_gpu_gets_its_local_id
     assert one_each.selection.cuda_visible_devices == "2"
     assert one_each.environment["CUDA_VISIBLE_DEVICES"] == "2"
     assert "task 2 of 4 on this machine uses GPU(s) 2" in " ".join(one_each.notes)
+    assert one_each.cluster_line() == (
+        "Slurm: worker 6 of 8 (n2:2224; writes nothing); 4 tasks on this node, this one "
+        "with 1 GPU(s)")
+    assert whole.cluster_line() == (
+        "Slurm: worker 0 of 2 (n1:2222; the chief, writes the run); one task on this node, "
+        "with 4 GPU(s)")
     pairs = runtime_of({}, gpus(8), slurm_step(1, 4, "n1", "4", 1))
     assert pairs.selection.cuda_visible_devices == "2,3"
 
@@ -317,4 +323,5 @@ def test_every_line_of_a_worker_says_which_worker_wrote_it(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) > 5 and all(line.startswith("[worker 1] ") for line in lines)
-    assert "[worker 1]   cluster        Slurm: worker 1 of 2 (localhost:2223" in done.stdout
+    assert ("[worker 1]   cluster        Slurm: worker 1 of 2 (localhost:2223; writes nothing); "
+            "2 tasks on this node, this one with the CPU") in done.stdout

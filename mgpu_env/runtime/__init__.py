@@ -165,8 +165,14 @@ class Runtime:
         if cluster is None:
             return None
         chief = "the chief, writes the run" if self.role.is_chief else "writes nothing"
-        return (f"{cluster.engine_name}: worker {cluster.index} of {cluster.num_workers} "
+        line = (f"{cluster.engine_name}: worker {cluster.index} of {cluster.num_workers} "
                 f"({cluster.address}; {chief})")
+        if cluster.node is not None:
+            tasks = cluster.node.tasks_on_node
+            devices = f"{len(self.selection.gpus)} GPU(s)" if self.selection.gpus else "the CPU"
+            line += (f"; one task on this node, with {devices}" if tasks == 1 else
+                     f"; {tasks} tasks on this node, this one with {devices}")
+        return line
 
     def compute_capabilities(self) -> list[tuple[int, int] | None]:
         return [gpu.compute_capability.value for gpu in self.selection.gpus]
