@@ -12,7 +12,7 @@ import functools
 import inspect
 import os
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
@@ -173,12 +173,16 @@ def exit_codes() -> Iterator[None]:
         )
 
 
-def resolve(flags: SettingFlags) -> ResolvedSettings:
+Resolver = Callable[[SettingFlags, Mapping[str, str]], ResolvedSettings]
+
+
+def resolve(flags: SettingFlags, resolver: Resolver = resolve_settings) -> ResolvedSettings:
     """The settings: flag > environment > settings file > default. Raises SettingsErrors.
 
-    Names that look like a mistyped setting are warned about on stderr.
+    Names that look like a mistyped setting are warned about on stderr. `mgpu train` passes
+    its own `resolver`, which lets a resumed run's folder stand in for the defaults.
     """
-    resolved = resolve_settings(flags, os.environ)
+    resolved = resolver(flags, os.environ)
     for warning in resolved.warnings:
         typer.echo(f"warning: {warning}", err=True)
     return resolved

@@ -12,6 +12,7 @@ import typer
 
 from entrypoint.options import EXIT_BAD_CONFIG, SettingFlags, fail, resolve, with_settings
 from mgpu_env.runtime import build_runtime
+from mgpu_env.training.resume import resolve_run_settings
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
     from mgpu_env.training.plan import TrainPlan
@@ -102,7 +103,7 @@ def command(
     if as_json and not dry_run:
         fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
              EXIT_BAD_CONFIG)
-    resolved = resolve(flags)
+    resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
     runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
     runtime.apply()
 

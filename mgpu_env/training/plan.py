@@ -22,6 +22,7 @@ from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training import rundir
+from mgpu_env.training.resume import resume_note
 from mgpu_env.training.data import (
     CLASSES,
     FEATURES,
@@ -216,6 +217,8 @@ def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) ->
     settings = runtime.settings
     preflight(runtime)
     notes = list(runtime.notes)
+    if (resumed := resume_note(runtime.resolved)) is not None:
+        notes.insert(0, resumed)
     if runtime.strategy_plan.note:
         notes.append(runtime.strategy_plan.note)
     dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)

@@ -5,7 +5,8 @@ Layout:
                     a second start with other values is refused rather than mixed in
     checkpoints/    tf.train.CheckpointManager's files, one per completed epoch
     history.json    per-epoch loss, accuracy and samples/s, rewritten after every epoch
-    settings.json   the settings of the latest start, each with where it came from
+    settings.json   the settings of the latest start, each with where it came from (a
+                    resume takes them where the user sets none: training/resume.py)
     logs/           TensorBoard event files (per-epoch scalars)
     model.keras     the trained model, written once training has finished
     metrics.json    the run's results, written only by a run that finished
