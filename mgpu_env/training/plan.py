@@ -18,6 +18,7 @@ from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import DeviceSplit
+from mgpu_env.hardware.folders import folder_access
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
@@ -184,6 +185,11 @@ def run_identity(
     return identity
 
 
+def is_chief(runtime: Runtime) -> bool:
+    """Only the chief writes the run folder; the other workers write to scratch folders."""
+    return runtime.strategy_plan.role.is_chief
+
+
 def preflight(runtime: Runtime) -> None:
     """The doctor's checks that decide whether training can start (driver, CUDA, cuDNN,
     visible devices); stops the run with their findings and fixes when one fails.
@@ -215,6 +221,11 @@ def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) ->
     """
     environ = os.environ if environ is None else environ
     settings = runtime.settings
+    output_dir = settings.output_dir or rundir.default_output_dir(settings.run_name)
+    # Before anything slow (the pre-flight, a loader, TensorFlow): a folder this user
+    # cannot write would otherwise fail at the first checkpoint.
+    if is_chief(runtime) and (problem := (access := folder_access(output_dir)).problem()):
+        raise ConfigError(f"{problem}.\n  Fix: {access.fix()}.")
     preflight(runtime)
     notes = list(runtime.notes)
     if (resumed := resume_note(runtime.resolved)) is not None:
@@ -251,7 +262,6 @@ def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) ->
             f"is larger than the {train_size} training samples of {dataset.name}.\n"
             f"  Fix: set BATCH_SIZE to at most {train_size // replicas}."
         )
-    output_dir = settings.output_dir or rundir.default_output_dir(settings.run_name)
     identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
     folder = rundir.inspect_run_folder(output_dir, identity)
     resume_epoch = rundir.completed_epochs(folder)

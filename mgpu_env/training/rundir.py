@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.hardware.folders import RUNS_ROOT
 
-RUNS_ROOT = Path("runs")
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.json"
 HISTORY_FILE = "history.json"
