@@ -18,10 +18,10 @@ import pytest
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import parse_gpus
-from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.hardware.nvml import GpuListing, NvmlSnapshot
 from mgpu_env.doctor.checks import check_run_folder
+from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware.folders import FolderAccess, folder_access
+from mgpu_env.hardware.nvml import GpuListing, NvmlSnapshot
 from tests.runtimes import runtime_of
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,8 +1,8 @@
 """Where each setting's value comes from, and the checks on all of them together.
 
 `resolve_settings` applies the precedence (flag > environment > the settings file > the
-run folder's record, when a run is resumed > default) to every declaration in `settings.py`, validates each value with its parser and
-reports every bad one at once; names that look like a mistyped setting become warnings.
+run folder's record, when a run is resumed > default) to every declaration in
+`settings.py`, validates each value with its parser and reports every bad one at once; names that look like a mistyped setting become warnings.
 """
 
 from __future__ import annotations

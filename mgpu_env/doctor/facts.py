@@ -18,10 +18,10 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
 from mgpu_env.hardware import nvml
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
+from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime.cluster import decide_cluster

@@ -23,7 +23,6 @@ from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training import rundir
-from mgpu_env.training.resume import resume_note
 from mgpu_env.training.data import (
     CLASSES,
     FEATURES,
@@ -31,6 +30,7 @@ from mgpu_env.training.data import (
     load_data,
     resolve_dataset,
 )
+from mgpu_env.training.resume import resume_note
 
 # The settings `mgpu train` reads (the others belong to other commands, or to the
 # cluster), for the "settings" lines of the summary and the settings in metrics.json.

@@ -42,7 +42,8 @@ def recorded_settings(output_dir: Path) -> dict[str, str]:
         if name in RESUMED_SETTINGS and isinstance(entry, dict) and "value" in entry
     }
     run = rundir.read_json(output_dir / rundir.RUN_FILE) or {}
-    identity = run.get("identity") if isinstance(run.get("identity"), dict) else {}
+    found = run.get("identity")
+    identity: dict[str, Any] = found if isinstance(found, dict) else {}
     for key, name in _FROM_IDENTITY.items():
         if key not in identity:
             continue
