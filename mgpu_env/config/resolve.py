@@ -2,7 +2,8 @@
 
 `resolve_settings` applies the precedence (flag > environment > the settings file > the
 run folder's record, when a run is resumed > default) to every declaration in
-`settings.py`, validates each value with its parser and reports every bad one at once; names that look like a mistyped setting become warnings.
+`settings.py`, validates each value with its parser and reports every bad one at once;
+names that look like a mistyped setting become warnings.
 """
 
 from __future__ import annotations
