@@ -89,7 +89,7 @@ def _model_line(plan: TrainPlan) -> str:
     return f"{plan.model} (your builder), {shape}"
 
 
-@with_settings()
+@with_settings(scope="train")
 def command(
     flags: SettingFlags,
     dry_run: Annotated[
