@@ -58,7 +58,8 @@ def test_help_shows_no_bool_metavar(command: str) -> None:
 
 def test_switches_are_flag_pairs() -> None:
     result = CliRunner().invoke(app, ["train", "--help"], env=WIDE)
-    switches = [d for d in DECLARATIONS if d.kind == "switch" and (d.scope == ("common",) or "train" in d.scope)]
+    switches = [d for d in DECLARATIONS
+                if d.kind == "switch" and (d.scope == ("common",) or "train" in d.scope)]
     assert {d.env for d in switches} >= {"XLA", "QUIET"}
     for declaration in switches:
         assert declaration.off_flag in result.stdout

@@ -153,7 +153,8 @@ def setting_error_message(declaration: Declaration, text: str, source: str, reas
     else:
         where = f"set {declaration.env}"
     return (
-        f"Bad setting {declaration.env}={text!r} (from {source}): {reason}.\n"
+        f"Bad setting {declaration.env}={text!r} (from {source}): {reason}"
+        f"{'' if reason.endswith('?') else '.'}\n"
         f"  Valid: {declaration.valid}. Fix: {where}."
     )
 
