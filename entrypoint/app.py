@@ -17,6 +17,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    # Click's plain help: rich's panels cut option names to fit 80 columns
+    # (`--data-determinist…`) and pad lines with spaces; plain help wraps whole words.
+    rich_markup_mode=None,
 )
 app.command("train")(train.command)
 app.command("doctor")(doctor.command)

@@ -12,7 +12,7 @@ import functools
 import inspect
 import os
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
@@ -32,7 +32,7 @@ SettingFlags = dict[str, str | None]
 
 
 def _hide_flag_types() -> None:
-    """typer 0.29's rich help prints a type after every option, flags too (`--help <bool>`,
+    """typer 0.29's help prints a type after every option, flags too (`--help <bool>`,
     `--xla/--no-xla <bool>`), although a flag takes no value: show none for flags."""
     option = typer.core.TyperOption
     shown = option.display_type_rich
@@ -41,6 +41,16 @@ def _hide_flag_types() -> None:
         return None if self.is_flag else shown(self, ctx)
 
     setattr(option, "display_type_rich", display_type_rich)  # noqa: B010
+
+    # An argument with its own metavar (`SCRIPT [ARGS]...`) says what it takes already;
+    # typer would add the Python type after it (`<list[str]>`).
+    argument = typer.core.TyperArgument
+    argument_shown = argument.display_type_rich
+
+    def argument_type(self: Any, ctx: Any) -> str | None:
+        return None if self.metavar else argument_shown(self, ctx)
+
+    setattr(argument, "display_type_rich", argument_type)  # noqa: B010
 
 
 _hide_flag_types()
@@ -92,22 +102,24 @@ def _as_text(value: str | bool | None) -> str | None:
 
 
 def with_settings(
-    only: Iterable[str] | None = None, scope: str = "common"
+    only: Iterable[str] | None = None, scope: str = "train"
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command one option per setting; it receives them as `flags` (env name -> text).
 
-    `only` limits the flags to those settings; `scope` adds the settings declared for one
-    command (e.g. "bench") to the common ones. The options carry no envvar of their own:
-    precedence (flag > environment > env file > default) and validation belong to
-    `mgpu_env.config.resolve.resolve_settings`.
+    `only` limits the flags to those settings; else the command (`scope`: "train", "run",
+    "bench") gets the common settings and those declared for it. The options carry
+    no envvar of their own: precedence (flag > environment > env file > default) and
+    validation belong to `mgpu_env.config.resolve.resolve_settings`.
     """
     wanted = set(only) if only is not None else None
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        # A command offers only the flags it uses: `only` names them, else the scopes do.
         declarations = [
             d
             for d in DECLARATIONS
-            if (wanted is None or d.env in wanted) and d.scope in ("common", scope)
+            if (d.env in wanted if wanted is not None else d.scope in (("common",), (scope,))
+                or scope in d.scope)
         ]
         # Resolve string annotations (from __future__ import annotations) to the real
         # Annotated[...] objects, or typer would not see the commands' own typer.Option()s.
@@ -196,12 +208,16 @@ def exit_codes() -> Iterator[None]:
         )
 
 
-def resolve(flags: SettingFlags) -> ResolvedSettings:
+Resolver = Callable[[SettingFlags, Mapping[str, str]], ResolvedSettings]
+
+
+def resolve(flags: SettingFlags, resolver: Resolver = resolve_settings) -> ResolvedSettings:
     """The settings: flag > environment > settings file > default. Raises SettingsErrors.
 
-    Names that look like a mistyped setting are warned about on stderr.
+    Names that look like a mistyped setting are warned about on stderr. `mgpu train` passes
+    its own `resolver`, which lets a resumed run's folder stand in for the defaults.
     """
-    resolved = resolve_settings(flags, os.environ)
+    resolved = resolver(flags, os.environ)
     for warning in resolved.warnings:
         say(f"warning: {warning}", err=True)
     return resolved

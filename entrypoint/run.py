@@ -20,7 +20,7 @@ CONTEXT_SETTINGS = {
 }
 
 
-@with_settings()
+@with_settings(scope="run")
 def command(
     flags: SettingFlags,
     target: Annotated[
@@ -39,6 +39,13 @@ def command(
     Inside it, `mgpu_env.strategy()` is the strategy the settings describe, and a plain
     `tf.distribute.MirroredStrategy()` takes the selected devices.
     """
+    if target and target[0].startswith("-"):
+        # Unknown options pass through to the script, so one before it lands here.
+        raise typer.BadParameter(
+            f"{target[0]} is not an option of mgpu run (`mgpu run --help` lists them); the "
+            "script's own options go after it: mgpu run SCRIPT --epochs 3",
+            param_hint="SCRIPT",
+        )
     resolved = resolve(flags)  # bad settings: exit 2, before the script starts
     run_target = launcher.resolve_target(target or [], module=module)
     runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2

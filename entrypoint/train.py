@@ -20,6 +20,7 @@ from entrypoint.options import (
     with_settings,
 )
 from mgpu_env.runtime import build_runtime
+from mgpu_env.training.resume import resolve_run_settings
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
     from mgpu_env.training.plan import TrainPlan
@@ -104,7 +105,7 @@ def _model_line(plan: TrainPlan) -> str:
     return f"{plan.model} (your builder), {shape}"
 
 
-@with_settings()
+@with_settings(scope="train")
 def command(
     flags: SettingFlags,
     dry_run: Annotated[
@@ -122,7 +123,7 @@ def command(
     if as_json and not dry_run:
         fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
              EXIT_BAD_CONFIG)
-    resolved = resolve(flags)
+    resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
     runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
     runtime.apply()
     TAG.set_for(runtime)
@@ -130,9 +131,10 @@ def command(
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
     from mgpu_env.doctor import require_ready
     from mgpu_env.training.loop import run_training
-    from mgpu_env.training.plan import plan_training
+    from mgpu_env.training.plan import check_output_dir, plan_training
     from mgpu_env.training.report import EpochLineReporter, ProgbarReporter, Reporter
 
+    check_output_dir(runtime)  # an unwritable run folder: exit 2 before anything slow
     require_ready(runtime, wait_for_peers=not dry_run)  # the doctor's pre-flight
     plan = plan_training(runtime, dry_run=dry_run)
     if dry_run and as_json:

@@ -8,7 +8,7 @@
         model = build()
     ...
     if mgpu_env.is_chief():
-        model.save(mgpu_env.run_dir() / "model.keras")
+        model.save(mgpu_env.run_dir() / "model.keras")   # run_dir() exists on the chief
 
 Under `mgpu run script.py` these reflect the run: the launcher has resolved the settings,
 applied them (GPUS, VIRTUAL_DEVICES, MIXED_PRECISION, WORKER_HOSTS -> TF_CONFIG) and hands
@@ -125,14 +125,19 @@ def is_chief() -> bool:
 
 def run_dir() -> Path:
     """The run folder: OUTPUT_DIR, else `runs/<RUN_NAME>`, else `runs/<UTC timestamp>`
-    (decided once per process). Not created here; set RUN_NAME or OUTPUT_DIR so a restarted
-    script finds its checkpoints again."""
+    (decided once per process). The chief creates it on the first call, so
+    `model.save(run_dir() / "model.keras")` works at once; the other workers of a
+    multi-worker run write nothing there and get its path only. Set RUN_NAME or OUTPUT_DIR
+    so a restarted script finds its checkpoints again."""
     with _LOCK:
         if _STATE.run_dir is None:
             from mgpu_env.training.rundir import default_output_dir
 
             settings = runtime().settings
-            _STATE.run_dir = settings.output_dir or default_output_dir(settings.run_name)
+            folder = settings.output_dir or default_output_dir(settings.run_name)
+            if is_chief():
+                folder.mkdir(parents=True, exist_ok=True)
+            _STATE.run_dir = folder
         return _STATE.run_dir
 
 

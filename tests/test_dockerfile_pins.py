@@ -204,3 +204,15 @@ def test_compose_passes_every_setting_through() -> None:
     passed = set(re.findall(r"^\s+- ([A-Z][A-Z0-9_]+)$", compose, re.M))
     missing = [d.env for d in DECLARATIONS if d.env != "ENV_FILE" and d.env not in passed]
     assert not missing, f"docker-compose.yml does not pass {missing} to the container"
+
+
+def test_the_env_example_compose_files_start_on_a_machine_without_gpus() -> None:
+    # `cp .env.example .env && docker compose run --rm doctor` must start anywhere: the GPU
+    # file's nvidia device reservation is opt-in, on a commented line that says why.
+    from dotenv import dotenv_values
+
+    files = (dotenv_values(ROOT / ".env.example").get("COMPOSE_FILE") or "").split(":")
+    assert files == ["docker-compose.yml"]
+    assert "driver: nvidia" not in (ROOT / "docker-compose.yml").read_text()
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    assert "#COMPOSE_FILE=docker-compose.yml:docker-compose.gpu.yml" in lines

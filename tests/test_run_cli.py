@@ -51,7 +51,7 @@ def test_help_shows_script_args_and_the_settings() -> None:
     result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     for text in ("SCRIPT [ARGS]...", "-m", "--gpus", "--virtual-devices", "--mixed-precision",
-                 "--worker-hosts", "--model"):
+                 "--worker-hosts"):
         assert text in result.stdout
 
 
@@ -101,9 +101,9 @@ def test_settings_flags_go_before_the_script_and_the_rest_is_the_scripts(
     monkeypatch.setattr(launcher, "run_target", fake_run)
     path = script(tmp_path, "")
     result = CliRunner().invoke(app, [
-        "run", "--epochs", "3", "--virtual-devices", "2", str(path),
+        "run", "--virtual-devices", "2", str(path),
         "--epochs", "9", "-m", "x", "--", "--gpus", "0",
-    ], env={"GPUS": "none"})
+    ], env={"GPUS": "none", "EPOCHS": "3"})
     assert result.exit_code == 7, result.output
     target = seen["target"]
     assert isinstance(target, launcher.Target)

@@ -171,10 +171,10 @@ def test_debug_shows_traceback_for_unexpected_errors(monkeypatch: pytest.MonkeyP
 def test_help_lists_every_setting_with_its_env_var(command: str) -> None:
     result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
-    shown = [d for d in DECLARATIONS if d.scope in ("common", command)]
+    shown = [d for d in DECLARATIONS if d.scope == ("common",) or command in d.scope]
     for declaration in shown:
         assert declaration.flag in result.output
-        assert f"env {declaration.env}" in result.output
+        assert f"env {declaration.env}" in " ".join(result.output.split())
     hidden = [d for d in DECLARATIONS if d not in shown]
     for declaration in hidden:
         assert declaration.flag not in result.output
@@ -205,3 +205,17 @@ def test_env_file_extras_reach_the_run_through_the_cli(
     runtime_of(options.resolve({}), environ=os.environ).apply()
     assert os.environ["NCCL_DEBUG"] == "INFO"
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "meant"),
+    [("DATASET", "mnsit", "mnist"), ("MIXED_PRECISION", "bf61", "bf16"),
+     ("BENCH_SWEEP", "precison", "precision"), ("CROSS_DEVICE_OPS", "ncll", "nccl")],
+)
+def test_a_near_miss_of_a_fixed_choice_says_did_you_mean(name: str, text: str, meant: str) -> None:
+    from mgpu_env.config.resolve import resolve_settings
+    from mgpu_env.config.settings import SettingsErrors
+
+    with pytest.raises(SettingsErrors) as caught:
+        resolve_settings({}, {name: text})
+    assert f"did you mean {meant}?\n" in caught.value.user_message()

@@ -4,6 +4,7 @@ it came from and what is valid. Pure functions, tested on their own."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -62,11 +63,17 @@ def parse_bool(text: str) -> bool:
     raise SettingError("not a yes/no value")
 
 
+def did_you_mean(text: str, choices: tuple[str, ...]) -> str:
+    """`; did you mean mnist?` for a near miss (`mnsit`), else nothing."""
+    close = difflib.get_close_matches(text, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def parse_choice(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         lowered = text.strip().lower()
         if lowered not in choices:
-            raise SettingError("not one of the choices")
+            raise SettingError("not one of the choices" + did_you_mean(lowered, choices))
         return lowered
 
     return parse
@@ -191,7 +198,9 @@ def parse_name_or_hook(*names: str) -> Callable[[str], str]:
             return stripped
         lowered = stripped.lower()
         if lowered not in names:
-            raise SettingError("not one of the choices, nor package.module:function")
+            raise SettingError(
+                "not one of the choices, nor package.module:function" + did_you_mean(lowered, names)
+            )
         return lowered
 
     return parse
@@ -215,7 +224,9 @@ def parse_choice_list(*choices: str) -> Callable[[str], tuple[str, ...]]:
         items = [item.strip().lower() for item in text.split(",") if item.strip()]
         bad = [item for item in items if item not in choices]
         if bad:
-            raise SettingError(f"{bad[0]!r} is not one of the choices")
+            raise SettingError(
+                f"{bad[0]!r} is not one of the choices" + did_you_mean(bad[0], choices)
+            )
         return tuple(dict.fromkeys(items))
 
     return parse

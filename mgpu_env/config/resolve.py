@@ -1,8 +1,9 @@
 """Where each setting's value comes from, and the checks on all of them together.
 
-`resolve_settings` applies the precedence (flag > environment > the settings file >
-default) to every declaration in `settings.py`, validates each value with its parser and
-reports every bad one at once; names that look like a mistyped setting become warnings.
+`resolve_settings` applies the precedence (flag > environment > the settings file > the
+run folder's record, when a run is resumed > default) to every declaration in
+`settings.py`, validates each value with its parser and reports every bad one at once;
+names that look like a mistyped setting become warnings.
 """
 
 from __future__ import annotations
@@ -54,7 +55,13 @@ class ResolvedSettings:
             return "env"
         if source.startswith("file "):
             return source.removeprefix("file ")
+        if source.startswith("run folder "):
+            return "run folder"
         return "default"
+
+    def from_run_folder(self) -> list[str]:
+        """The settings taken from the run folder's record (a resumed run's own)."""
+        return [env for env, source in self.sources.items() if source.startswith("run folder ")]
 
     def provenance(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
         """Each setting's value (as text) and origin, in declaration order: what the start
@@ -119,13 +126,17 @@ def typo_warnings(
     return tuple(lines)
 
 
-def _source_label(kind: str, declaration: Declaration, env_file: Path | None) -> str:
+def _source_label(
+    kind: str, declaration: Declaration, env_file: Path | None, record_from: Path | None = None
+) -> str:
     if kind == "flag":
         return f"flag {declaration.flag}"
     if kind == "environment":
         return "the environment"
     if kind == "file":
         return f"file {env_file}"
+    if kind == "record":
+        return f"run folder {record_from}"
     return "default"
 
 
@@ -137,10 +148,13 @@ def setting_error_message(declaration: Declaration, text: str, source: str, reas
         where = f"export {declaration.env}=<valid value>, or unset it"
     elif source.startswith("file"):
         where = f"edit {declaration.env} in {source.removeprefix('file ')}, or remove the line"
+    elif source.startswith("run folder"):
+        where = f"set {declaration.env} (the run folder's recorded value no longer works)"
     else:
         where = f"set {declaration.env}"
     return (
-        f"Bad setting {declaration.env}={text!r} (from {source}): {reason}.\n"
+        f"Bad setting {declaration.env}={text!r} (from {source}): {reason}"
+        f"{'' if reason.endswith('?') else '.'}\n"
         f"  Valid: {declaration.valid}. Fix: {where}."
     )
 
@@ -158,16 +172,20 @@ def _read_env_file(path: Path) -> dict[str, str]:
 def resolve_settings(
     flags: Mapping[str, str | None],
     environ: Mapping[str, str],
+    recorded: Mapping[str, str] | None = None,
+    recorded_from: Path | None = None,
 ) -> ResolvedSettings:
-    """Resolve every setting: flag > environment > env file > default, then validate.
+    """Resolve every setting: flag > environment > env file > record > default, then validate.
 
     `flags` maps env-var names to the text given on the command line (None: not given).
+    `recorded` holds what a resumed run's folder (`recorded_from`) says it ran with: it
+    stands in for the defaults, so the folder's resume command needs no settings repeated.
     Raises SettingsErrors listing every bad value, so the user fixes them in one go.
     """
     errors: list[str] = []
     env_decl = BY_ENV["ENV_FILE"]
     env_file: Path | None = None
-    env_file_text, env_file_source = _pick(env_decl, flags, environ, {}, None)
+    env_file_text, env_file_source = _pick(env_decl, flags, environ, {}, None, {}, None)
     try:
         env_file = env_decl.parse(env_file_text)
     except SettingError as err:
@@ -180,7 +198,9 @@ def resolve_settings(
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for declaration in DECLARATIONS:
-        text, source = _pick(declaration, flags, environ, file_values, env_file)
+        text, source = _pick(
+            declaration, flags, environ, file_values, env_file, recorded or {}, recorded_from
+        )
         sources[declaration.env] = source
         try:
             values[declaration.field_name] = declaration.parse(text)
@@ -204,6 +224,8 @@ def _pick(
     environ: Mapping[str, str],
     file_values: Mapping[str, str],
     env_file: Path | None,
+    recorded: Mapping[str, str],
+    recorded_from: Path | None,
 ) -> tuple[str, str]:
     flag_value = flags.get(declaration.env)
     if flag_value is not None:
@@ -212,4 +234,8 @@ def _pick(
         return environ[declaration.env], _source_label("environment", declaration, env_file)
     if declaration.env in file_values:
         return file_values[declaration.env], _source_label("file", declaration, env_file)
+    if declaration.env in recorded:
+        return recorded[declaration.env], _source_label(
+            "record", declaration, env_file, recorded_from
+        )
     return declaration.default, "default"

@@ -66,15 +66,16 @@ def setting(
     valid: str,
     *,
     metavar: str = "TEXT",
-    scope: str = "common",
+    scope: str | tuple[str, ...] = "common",
     kind: SettingKind = "value",
     short: str = "",
     help_for: Mapping[str, str] | None = None,
 ) -> Any:
     """Declare one setting as a dataclass field: its env var, default text, help, parser.
 
-    `scope` names the one command whose flags show it ("bench"); "common" settings show on
-    every command that takes settings. Every command still validates every setting.
+    `scope` names the commands whose flags show it ("bench", or ("train", "bench")): a
+    command shows no flag it would ignore; "common" settings show on every command that
+    takes settings. Every command still validates every setting (and reads its env var).
     `kind` "switch" makes an on/off flag pair (`--xla/--no-xla`) instead of `--xla VALUE`;
     its text in the environment or a file is still parsed by `parse` (0/1, true/false, ...).
     `short` is a one-letter flag (`-q`); `help_for` replaces the help on one command's flags.
@@ -88,7 +89,7 @@ def setting(
             "parse": parse,
             "valid": valid,
             "metavar": metavar,
-            "scope": scope,
+            "scope": (scope,) if isinstance(scope, str) else scope,
             "kind": kind,
             "short": short,
             "help_for": dict(help_for or {}),
@@ -99,6 +100,10 @@ def setting(
 SettingKind = Literal["value", "switch"]
 MixedPrecision = Literal["0", "1", "fp16", "bf16"]
 CrossDeviceOps = Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one"]
+# Scopes: settings of mgpu train's own loop (a script under `mgpu run` decides these
+# itself), and of that loop and mgpu bench, which trains the same model on the same data.
+TRAIN = ("train",)
+LOOP = ("train", "bench")
 DATASETS: tuple[str, ...] = ("auto", "mnist", "digits", "synthetic", "fashion_mnist")
 
 
@@ -120,17 +125,17 @@ class Settings:
     )
     epochs: int = setting(
         "EPOCHS", "5", "Epochs to train (the seed trains 5).",
-        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N",
+        parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope=TRAIN,
     )
     batch_size: int = setting(
         "BATCH_SIZE", "64",
         "Batch size per replica; the global batch is BATCH_SIZE x replicas.",
-        parse_int(1, 1_048_576), "a whole number from 1 to 1048576", metavar="N",
+        parse_int(1, 1_048_576), "a whole number from 1 to 1048576", metavar="N", scope=LOOP,
     )
     learning_rate: float = setting(
         "LEARNING_RATE", "0.001", "Adam's learning rate.",
         parse_positive_float(10.0), "a number above 0 and at most 10, e.g. 0.001",
-        metavar="RATE",
+        metavar="RATE", scope=TRAIN,
     )
     dataset: str = setting(
         "DATASET", "auto",
@@ -138,18 +143,19 @@ class Settings:
         "mnist when it can be had, else digits; or your loader, package.module:function.",
         parse_name_or_hook(*DATASETS),
         ", ".join(DATASETS) + ", or package.module:function (your loader)", metavar="NAME",
+        scope=LOOP,
     )
     model: str = setting(
         "MODEL", "mlp",
         "Model mgpu train (and mgpu bench) trains: mlp (the seed's 784-64-64-10), or your "
         "builder, package.module:function, called as build(input_shape, num_classes).",
         parse_name_or_hook("mlp"), "mlp, or package.module:function (your builder)",
-        metavar="NAME",
+        metavar="NAME", scope=LOOP,
     )
     data_dir: Path | None = setting(
         "DATA_DIR", "",
         "Folder with data files (mnist.npz, Fashion-MNIST IDX files); empty: Keras' cache.",
-        parse_optional_dir_must_exist, "an existing folder, or empty", metavar="DIR",
+        parse_optional_dir_must_exist, "an existing folder, or empty", metavar="DIR", scope=LOOP,
     )
     output_dir: Path | None = setting(
         "OUTPUT_DIR", "",
@@ -174,7 +180,7 @@ class Settings:
     )
     xla: bool = setting(
         "XLA", "0", "Compile the training step with XLA (jit_compile).",
-        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope=LOOP,
     )
     cross_device_ops: CrossDeviceOps = setting(
         "CROSS_DEVICE_OPS", "auto",
@@ -184,14 +190,14 @@ class Settings:
     )
     seed: int = setting(
         "SEED", "42", "Random seed for weights and shuffling.",
-        parse_int(0, 2**31 - 1), "a whole number from 0 to 2147483647", metavar="N",
+        parse_int(0, 2**31 - 1), "a whole number from 0 to 2147483647", metavar="N", scope=LOOP,
     )
     data_deterministic: bool = setting(
         "DATA_DETERMINISTIC", "1",
         "Data streamed through tf.data (data too big to keep on each device) keeps its order, "
         "so runs repeat; 0 lets parallel stages hand out batches as they finish (faster when "
         "batches take uneven time to read, but the order and the losses vary).",
-        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope=LOOP,
     )
     bench_model: str = setting(
         "BENCH_MODEL", "mlp",
@@ -282,7 +288,7 @@ class Settings:
         "Multi-worker: seconds a worker waits for the others (to join, or to finish a "
         "step) before it stops; a dead worker is noticed in about 10 s anyway.",
         parse_positive_float(86_400.0), "a number of seconds above 0, at most 86400",
-        metavar="SECONDS",
+        metavar="SECONDS", scope=TRAIN,
     )
     quiet: bool = setting(
         "QUIET", "0", "Print no per-epoch progress, only the start and end summaries.",
@@ -332,7 +338,7 @@ class Declaration:
     help: str
     valid: str
     metavar: str
-    scope: str
+    scope: tuple[str, ...]  # ("common",) or the commands that use it
     parse: Callable[[str], Any]
     kind: SettingKind = "value"
     short: str = ""

@@ -228,6 +228,7 @@ def gather(
         xla=settings.xla,
         cross_device_ops=settings.cross_device_ops,
         cluster=probes.probe_cluster(settings, environ),
+        run_folder=probes.probe_run_folder(settings),
     )
 
 

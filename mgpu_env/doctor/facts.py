@@ -21,6 +21,7 @@ from mgpu_env.config.settings import GpuRequest, Settings
 from mgpu_env.hardware import nvml
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
+from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime.cluster import decide_cluster
@@ -99,6 +100,7 @@ class Facts:
     xla: bool = False
     cross_device_ops: str = "auto"
     cluster: ClusterFacts = field(default_factory=ClusterFacts)
+    run_folder: FolderAccess | None = None  # None: not probed (the pre-flight)
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -207,6 +209,11 @@ def probe_cluster(settings: Settings, environ: Mapping[str, str]) -> ClusterFact
         cluster.describe(), cluster.engine_name, cluster.address, decision.notes,
         peers=tuple(probe_peers(cluster.workers, cluster.address)),
     )
+
+
+def probe_run_folder(settings: Settings) -> FolderAccess:
+    """Whether the folder a run would write (OUTPUT_DIR, runs/<RUN_NAME>, runs/) can be."""
+    return folder_access(run_folder_root(settings.output_dir, settings.run_name))
 
 
 def reported_environ(environ: Mapping[str, str]) -> dict[str, str]:

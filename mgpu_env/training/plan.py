@@ -19,6 +19,7 @@ from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import DeviceSplit
+from mgpu_env.hardware.folders import folder_access
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
 from mgpu_env.runtime.precision import PrecisionChoice
@@ -31,6 +32,7 @@ from mgpu_env.training.data import (
     load_data,
     resolve_dataset,
 )
+from mgpu_env.training.resume import resume_note
 
 # The settings `mgpu train` reads (the others belong to other commands, or to the
 # cluster), for the "settings" lines of the summary and the settings in metrics.json.
@@ -185,6 +187,27 @@ def run_identity(
     return identity
 
 
+def is_chief(runtime: Runtime) -> bool:
+    """Only the chief writes the run folder; the other workers write to scratch folders."""
+    return runtime.strategy_plan.role.is_chief
+
+
+def output_dir_of(runtime: Runtime) -> Path:
+    settings = runtime.settings
+    return settings.output_dir or rundir.default_output_dir(settings.run_name)
+
+
+def check_output_dir(runtime: Runtime) -> None:
+    """Refuse a run folder this user cannot write (ConfigError, exit 2). The command calls
+    it before anything slow (the pre-flight, a loader, TensorFlow): it would otherwise
+    fail at the first checkpoint."""
+    if not is_chief(runtime):
+        return
+    access = folder_access(output_dir_of(runtime))
+    if (problem := access.problem()) is not None:
+        raise ConfigError(f"{problem}.\n  Fix: {access.fix()}.")
+
+
 def plan_training(
     runtime: Runtime, environ: Mapping[str, str] | None = None, *, dry_run: bool = False
 ) -> TrainPlan:
@@ -196,7 +219,11 @@ def plan_training(
     """
     environ = os.environ if environ is None else environ
     settings = runtime.settings
+    output_dir = output_dir_of(runtime)
+    check_output_dir(runtime)
     notes = list(runtime.notes)
+    if (resumed := resume_note(runtime.resolved)) is not None:
+        notes.insert(0, resumed)
     if dry_run and runtime.cluster is not None:
         missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
         if missing:
@@ -234,7 +261,6 @@ def plan_training(
             f"is larger than the {train_size} training samples of {dataset.name}.\n"
             f"  Fix: set BATCH_SIZE to at most {train_size // replicas}."
         )
-    output_dir = settings.output_dir or rundir.default_output_dir(settings.run_name)
     identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
     folder = rundir.inspect_run_folder(output_dir, identity)
     resume_epoch = rundir.completed_epochs(folder)

@@ -5,7 +5,8 @@ Layout:
                     a second start with other values is refused rather than mixed in
     checkpoints/    tf.train.CheckpointManager's files, one per completed epoch
     history.json    per-epoch loss, accuracy and samples/s, rewritten after every epoch
-    settings.json   the settings of the latest start, each with where it came from
+    settings.json   the settings of the latest start, each with where it came from (a
+                    resume takes them where the user sets none: training/resume.py)
     logs/           TensorBoard event files (per-epoch scalars)
     model.keras     the trained model, written once training has finished
     metrics.json    the run's results, written only by a run that finished
@@ -27,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.hardware.folders import RUNS_ROOT
 
-RUNS_ROOT = Path("runs")
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.json"
 HISTORY_FILE = "history.json"

@@ -33,6 +33,7 @@ from mgpu_env.doctor.checks.container import (
     DOCKER_DEFAULT_SHM,
     check_device_files,
     check_memlock,
+    check_run_folder,
     check_shm,
     check_stack,
     check_user,
@@ -85,6 +86,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_memlock,
     check_stack,
     check_user,
+    check_run_folder,
     check_cluster,
 )
 
@@ -114,6 +116,7 @@ __all__ = [
     "check_nvml",
     "check_ptxas",
     "check_request",
+    "check_run_folder",
     "check_shm",
     "check_stack",
     "check_tf_build",

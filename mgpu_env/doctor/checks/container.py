@@ -1,4 +1,5 @@
-"""The machine or container around the GPUs: device files, /dev/shm, ulimits, the user.
+"""The machine or container around the GPUs: device files, /dev/shm, ulimits, the user,
+whether the run folder can be written.
 
 NVIDIA's containers ask for `--ipc=host` (or a large /dev/shm), `--ulimit memlock=-1` and
 `--ulimit stack=67108864` (the NGC containers' start-up banner and their user guide).
@@ -125,3 +126,16 @@ def check_user(facts: Facts) -> Check:
         if in_container else "training needs no root: run as your own user"
     )
     return Check("container.user", title, "warn", "root (uid 0)", expected, fix)
+
+
+def check_run_folder(facts: Facts) -> Check:
+    title = "Run folder"
+    expected = "writable by this user (checkpoints, logs, model.keras, metrics.json)"
+    access = facts.run_folder
+    if access is None:
+        return Check("container.run_folder", title, "skip", "not checked", expected)
+    problem = access.problem()
+    if problem is None:
+        found = f"{access.path} writable (uid {access.process_uid})"
+        return Check("container.run_folder", title, "ok", found, expected)
+    return Check("container.run_folder", title, "error", problem, expected, access.fix())

@@ -1,0 +1,84 @@
+"""A resumed run takes its settings from its own folder, so `OUTPUT_DIR=<folder> mgpu train`
+(the command an interrupted run prints) resumes it as it was started.
+
+The folder's record (settings.json, written when a run starts, and run.json's identity)
+stands in for the defaults: a flag, the environment or the settings file still wins, so
+`EPOCHS=300 OUTPUT_DIR=runs/x mgpu train` trains the same run longer. Nothing here imports
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
+from mgpu_env.config.settings import BY_ENV
+from mgpu_env.training import rundir
+
+# What defines a run and how it trains: a resume without them would be refused (the
+# identity differs) or would train another run (EPOCHS). Where the output goes, how much
+# is printed and the cluster belong to this start, not to the run.
+RESUMED_SETTINGS = (
+    "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "MODEL",
+    "DATA_DIR", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "DATA_DETERMINISTIC",
+)
+# run.json's identity, for a run stopped before it wrote settings.json.
+_FROM_IDENTITY = {
+    "dataset": "DATASET", "per_replica_batch_size": "BATCH_SIZE",
+    "learning_rate": "LEARNING_RATE", "seed": "SEED", "model": "MODEL",
+}
+
+
+def recorded_settings(output_dir: Path) -> dict[str, str]:
+    """The settings the run in `output_dir` was started with, as text keyed by env name;
+    empty for a folder that holds no run. Raises ConfigError for an unreadable record."""
+    record = rundir.read_json(output_dir / rundir.SETTINGS_FILE) or {}
+    entries: Mapping[str, Any] = record.get("settings") or {}
+    recorded = {
+        name: str(entry["value"])
+        for name, entry in entries.items()
+        if name in RESUMED_SETTINGS and isinstance(entry, dict) and "value" in entry
+    }
+    run = rundir.read_json(output_dir / rundir.RUN_FILE) or {}
+    found = run.get("identity")
+    identity: dict[str, Any] = found if isinstance(found, dict) else {}
+    for key, name in _FROM_IDENTITY.items():
+        if key not in identity:
+            continue
+        # The identity names the data set `auto` chose: resume on that one, whatever
+        # `auto` would take on this machine today.
+        if name not in recorded or (name == "DATASET" and recorded[name] == "auto"):
+            recorded[name] = str(identity[key])
+    # A default needs no record: the summary then names only what the run chose itself.
+    return {name: text for name, text in recorded.items() if text != BY_ENV[name].default}
+
+
+def resolve_run_settings(
+    flags: Mapping[str, str | None], environ: Mapping[str, str]
+) -> ResolvedSettings:
+    """`mgpu train`'s settings: the usual precedence, and for a folder that holds a run,
+    that run's recorded settings in place of the defaults."""
+    resolved = resolve_settings(flags, environ)
+    settings = resolved.settings
+    output_dir = settings.output_dir or rundir.default_output_dir(settings.run_name)
+    if not output_dir.is_dir():
+        return resolved
+    recorded = recorded_settings(output_dir)
+    if not recorded:
+        return resolved
+    return resolve_settings(flags, environ, recorded, output_dir)
+
+
+def resume_note(resolved: ResolvedSettings) -> str | None:
+    """The start summary's line naming the settings a resumed run took from its folder."""
+    taken = resolved.from_run_folder()
+    if not taken:
+        return None
+    values = resolved.settings.as_text()
+    listed = ", ".join(f"{name}={values[name] or '(empty)'}" for name in taken)
+    return (
+        f"resuming with the run folder's recorded settings: {listed} "
+        "(a flag or the environment overrides them)"
+    )

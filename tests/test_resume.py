@@ -1,0 +1,40 @@
+"""A resumed run's settings come from its folder's record unless the user sets them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mgpu_env.training.resume import recorded_settings, resolve_run_settings, resume_note
+
+
+def run_folder(path: Path, settings: dict[str, str], identity: dict[str, object]) -> Path:
+    path.mkdir(parents=True)
+    record = {name: {"value": value, "source": "env"} for name, value in settings.items()}
+    (path / "settings.json").write_text(json.dumps({"settings": record}))
+    (path / "run.json").write_text(json.dumps({"identity": identity}))
+    return path
+
+
+def test_the_record_stands_in_for_the_defaults_and_the_user_still_wins(tmp_path: Path) -> None:
+    folder = run_folder(tmp_path / "run", {"EPOCHS": "200", "DATASET": "auto", "QUIET": "1"},
+                        {"dataset": "digits", "per_replica_batch_size": 64, "seed": 42})
+    # QUIET belongs to the start, not the run; `auto` resumes on the data set it chose.
+    assert recorded_settings(folder) == {"EPOCHS": "200", "DATASET": "digits"}
+
+    resolved = resolve_run_settings({}, {"OUTPUT_DIR": str(folder)})
+    assert resolved.settings.epochs == 200 and resolved.settings.dataset == "digits"
+    assert resolved.origin("EPOCHS") == "run folder"
+    assert resume_note(resolved) == (
+        "resuming with the run folder's recorded settings: EPOCHS=200, DATASET=digits "
+        "(a flag or the environment overrides them)"
+    )
+
+    resolved = resolve_run_settings({"EPOCHS": "300"}, {"OUTPUT_DIR": str(folder)})
+    assert resolved.settings.epochs == 300 and resolved.from_run_folder() == ["DATASET"]
+
+
+def test_a_fresh_folder_takes_nothing(tmp_path: Path) -> None:
+    resolved = resolve_run_settings({}, {"OUTPUT_DIR": str(tmp_path / "new")})
+    assert resolved.from_run_folder() == [] and resume_note(resolved) is None
+    assert resolved.settings.epochs == 5
