@@ -76,18 +76,25 @@ UNWRITABLE = FolderAccess(Path("/data/runs/x"), Path("/data/runs"), False, 1000,
 def test_training_stops_before_the_preflight_with_the_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from typer.testing import CliRunner
+
+    from entrypoint.app import app
+    from mgpu_env import doctor
     from mgpu_env.training import plan
 
-    def no_preflight(runtime: object) -> None:
+    def no_preflight(runtime: object, **kwargs: object) -> None:
         raise AssertionError("the folder is checked first")
 
     monkeypatch.setattr(plan, "folder_access", lambda path: UNWRITABLE)
-    monkeypatch.setattr(plan, "preflight", no_preflight)
-    with pytest.raises(ConfigError) as caught:
+    monkeypatch.setattr(doctor, "require_ready", no_preflight)
+    result = CliRunner().invoke(app, ["train", "--dry-run"],
+                                env={"GPUS": "none", "OUTPUT_DIR": "/data/runs/x"})
+    assert result.exit_code == 2, result.output
+    assert "belongs to uid 1000 and this process runs as uid 0" in result.stderr
+    assert "HOST_UID=$(id -u) HOST_GID=$(id -g)" in result.stderr
+    assert "make docker-train" in result.stderr
+    with pytest.raises(ConfigError) as caught:  # the plan checks it too (library callers)
         plan.plan_training(runtime_of({"GPUS": "none", "OUTPUT_DIR": "/data/runs/x"}))
-    message = caught.value.user_message()
-    assert "belongs to uid 1000 and this process runs as uid 0" in message
-    assert "HOST_UID=$(id -u) HOST_GID=$(id -g)" in message and "make docker-train" in message
     assert caught.value.exit_code == 2
 
 
