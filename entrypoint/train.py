@@ -103,7 +103,7 @@ def command(
         fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
              EXIT_BAD_CONFIG)
     resolved = resolve(flags)
-    runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
+    runtime = build_runtime(resolved, command="train")  # a GPU the machine lacks: exit 2
     runtime.apply()
 
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
