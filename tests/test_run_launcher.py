@@ -49,7 +49,8 @@ print("SEEN " + json.dumps(first_line), flush=True)
 
 def run_env(tmp_path: Path, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CONFIG", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES")}
+           if k not in ("TF_CONFIG", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES",
+                        "TF_USE_LEGACY_KERAS", "KERAS_HOME")}
     env.update(
         PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none", QUIET="1",
         HOME=str(tmp_path / "home"),
