@@ -24,7 +24,7 @@ def command(flags: SettingFlags) -> None:
     Each point runs in its own process: warm-up steps, then BENCH_INTERVALS timed intervals
     of BENCH_STEPS steps. Writes bench.json and bench.png under OUTPUT_DIR.
     """
-    runtime = build_runtime(resolve(flags))  # a GPU the machine lacks: exit 2
+    runtime = build_runtime(resolve(flags), command="bench")  # a GPU the machine lacks: exit 2
     runtime.apply()
     settings = runtime.settings
     output_dir = default_output_dir(settings)

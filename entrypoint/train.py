@@ -124,7 +124,7 @@ def command(
         fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
              EXIT_BAD_CONFIG)
     resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
-    runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
+    runtime = build_runtime(resolved, command="train")  # a GPU the machine lacks: exit 2
     runtime.apply()
     TAG.set_for(runtime)
 

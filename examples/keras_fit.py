@@ -7,8 +7,10 @@
 `keras.callbacks.BackupAndRestore` saves the training state every epoch in the run folder;
 killed and started again with the same RUN_NAME (or OUTPUT_DIR), it goes on from the last
 completed epoch. Data: scikit-learn's 8x8 digits (built in, offline).
-Under MultiWorkerMirroredStrategy (WORKER_HOSTS) use a custom loop instead
-(examples/custom_loop.py): Keras 3's fit fails there (keras-team/keras#20585).
+Between workers (WORKER_HOSTS) this script's `import keras` (Keras 3) cannot train
+(keras-team/keras#20585): there use `tf.keras`, which `mgpu run` makes Keras 2 (KERAS=auto),
+as TensorFlow's multi-worker `model.fit` tutorial does (tests/test_tutorials.py), or a
+custom loop (examples/custom_loop.py).
 """
 
 from __future__ import annotations

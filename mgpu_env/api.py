@@ -75,7 +75,8 @@ def runtime() -> Runtime:
             from mgpu_env.config.resolve import resolve_settings
             from mgpu_env.runtime import build_runtime
 
-            built = build_runtime(resolve_settings({}, os.environ))
+            # A script of the user's, as under `mgpu run`.
+            built = build_runtime(resolve_settings({}, os.environ), command="run")
             built.apply()
             _STATE.runtime = built
         return _STATE.runtime

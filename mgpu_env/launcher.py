@@ -15,9 +15,11 @@ again. The cost: mgpu's own modules (typer, the settings) stay loaded under the 
 How the decisions reach a script that knows nothing of mgpu:
 - GPUS, WORKER_HOSTS/WORKER_INDEX: `Runtime.apply()` has written CUDA_VISIBLE_DEVICES and
   TF_CONFIG before TensorFlow is imported;
+- KERAS: `Runtime.apply()` has written TF_USE_LEGACY_KERAS=1 when `tf.keras` is to be Keras 2
+  (tf_keras: between workers, where Keras 3 cannot train);
 - VIRTUAL_DEVICES and MIXED_PRECISION: `Execution.prepare_tensorflow()` splits the devices
-  and sets the Keras global policy before the script's first line, so its first layer
-  takes the policy;
+  and sets the global policy of the Keras `tf.keras` is before the script's first line, so
+  its first layer takes the policy;
 - the strategy: `tf.distribute.MirroredStrategy()` with no arguments takes TensorFlow's
   default devices (every GPU, or only CPU:0: never logical CPUs) and all-reduce; here its
   defaults become the planned devices and all-reduce (`_plan_mirrored_defaults`), so the
@@ -32,7 +34,7 @@ import os
 import runpy
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +43,7 @@ from typing import Any
 from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime import Runtime
+from mgpu_env.runtime.keras import MULTI_WORKER_ISSUE, KerasChoice, keras_3_loaded
 from mgpu_env.runtime.strategy import StrategyPlan
 
 # Settings of the packaged loop that `mgpu run` does not apply: the script has its own
@@ -147,10 +150,12 @@ def summary(runtime: Runtime, target: Target) -> list[str]:
     lines = [
         f"mgpu run {target.describe()}: {plan.local_replicas} x{logical} {runtime.device_type}"
         f", {runtime.replicas} replica(s) ({plan.kind}), precision {runtime.precision.policy}"
-        f", all-reduce {plan.cross_device_ops}"
+        f", all-reduce {plan.cross_device_ops}, tf.keras {runtime.keras.label}"
     ]
     if (cluster := runtime.cluster_line()) is not None:
         lines.append(f"  cluster: {cluster}")
+    if runtime.keras.version == "2" or runtime.settings.keras != "auto":
+        lines.append(f"  keras: {runtime.keras.reason}")
     lines.extend(f"  note: {note}" for note in runtime.notes)
     not_applied = [
         f"{env}={runtime.settings.describe()[env]}" for env in SCRIPT_DECIDES
@@ -191,12 +196,14 @@ def _plan_mirrored_defaults(plan: StrategyPlan) -> None:
     tf.distribute.MirroredStrategy = MirroredStrategy
 
 
-def run_target(target: Target) -> int:
+def run_target(target: Target, *, cluster_keras: KerasChoice | None = None) -> int:
     """Run the target as `__main__` with `sys.argv` = [SCRIPT, *ARGS]; its exit code.
 
     `sys.exit(n)` gives n (None: 0; a message: printed, 1). An exception prints the
     script's traceback (from its own first frame, through `sys.excepthook` as Python
     would) and gives 1; Ctrl-C gives 130. Everything else the script does is its own.
+    `cluster_keras`: the run's Keras when it is a cluster (None: one process); an
+    exception there, with Keras 3 loaded, is followed by a note on why and how to fix it.
     """
     sys.argv = target.argv
     if target.is_module:
@@ -216,8 +223,45 @@ def run_target(target: Target) -> int:
         return EXIT_INTERRUPTED
     except BaseException as err:  # the script's own error: its traceback, as Python shows it
         _print_user_traceback(err)
+        if cluster_keras is not None and (
+            note := keras_3_note(err, sys.modules, cluster_keras)
+        ) is not None:
+            print(note, file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def keras_3_note(
+    err: BaseException, modules: Mapping[str, Any], keras: KerasChoice
+) -> str | None:
+    """After a script failed between workers in Keras 3: the likely cause, which its
+    traceback (deep in Keras, "unsupported type PerReplica") does not say. `modules`:
+    sys.modules. None unless Keras 3 is loaded and the error came from it: raised in its
+    code, or a missing attribute of one of its objects (`metric.reset_states()`)."""
+    if not keras_3_loaded(modules) or not _raised_by_keras_3(err, modules["keras"]):
+        return None
+    if keras.version == "2":
+        return (
+            f"mgpu run: note: the script imported Keras 3 (`import keras`): "
+            f"{MULTI_WORKER_ISSUE}.\n  Fix: use `tf.keras` (Keras 2 here: KERAS=auto chooses "
+            "it between workers), or `import tf_keras as keras`."
+        )
+    return (
+        f"mgpu run: note: tf.keras is Keras 3 here ({keras.reason}): {MULTI_WORKER_ISSUE}."
+        "\n  Fix: KERAS=auto (or 2) with tf-keras installed, and `tf.keras` or "
+        "`import tf_keras as keras` in the script."
+    )
+
+
+def _raised_by_keras_3(err: BaseException, keras: Any) -> bool:
+    package = os.path.dirname(os.path.abspath(getattr(keras, "__file__", None) or "/-"))
+    tb: TracebackType | None = err.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(package + os.sep):
+            return True
+        tb = tb.tb_next
+    owner = type(getattr(err, "obj", None)).__module__ if isinstance(err, AttributeError) else ""
+    return owner == "keras" or owner.startswith("keras.")
 
 
 def _exit_status(code: object) -> int:

@@ -8,6 +8,7 @@ from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.nvml import GpuInfo, GpuListing, NvmlSnapshot
 from mgpu_env.runtime import Runtime, build_runtime
+from mgpu_env.runtime.keras import Command
 
 # A CPU without bf16 instructions, so precision tests do not depend on this machine's CPU.
 PLAIN_CPU = frozenset({"avx2", "fma"})
@@ -19,6 +20,7 @@ def runtime_of(
     environ: Mapping[str, str] | None = None,
     *,
     nccl: bool = True,
+    command: Command = "train",
 ) -> Runtime:
     """`build_runtime` for these settings (a Settings, resolved settings, or env-var text)
     on a machine whose NVML reports `gpus`."""
@@ -29,7 +31,7 @@ def runtime_of(
     else:
         resolved = resolve_settings(dict(settings), {})
     return build_runtime(
-        resolved, {} if environ is None else environ,
+        resolved, {} if environ is None else environ, command=command,
         snapshot=NvmlSnapshot(GpuListing(tuple(gpus))), cpu_flags=PLAIN_CPU,
         nccl=nccl and bool(gpus),
     )
@@ -37,4 +39,5 @@ def runtime_of(
 
 def runtime_for(gpus: str, environ: Mapping[str, str]) -> Runtime:
     """The runtime `mgpu train` builds for GPUS=`gpus` on the fake NVML installed."""
-    return build_runtime(resolve_settings({"GPUS": gpus}, {}), environ, cpu_flags=PLAIN_CPU)
+    return build_runtime(resolve_settings({"GPUS": gpus}, {}), environ, command="train",
+                         cpu_flags=PLAIN_CPU)

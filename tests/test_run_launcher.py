@@ -49,7 +49,8 @@ print("SEEN " + json.dumps(first_line), flush=True)
 
 def run_env(tmp_path: Path, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CONFIG", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES")}
+           if k not in ("TF_CONFIG", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES",
+                        "TF_USE_LEGACY_KERAS", "KERAS_HOME")}
     env.update(
         PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none", QUIET="1",
         HOME=str(tmp_path / "home"),
@@ -437,3 +438,32 @@ def test_plain_python_runs_the_example_with_the_same_settings(tmp_path: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert "replicas: 2, global batch: 64" in result.stdout
+
+
+# -------------------------------------------------------------------------------- KERAS
+
+POLICY_PROBE = """\
+import json, sys
+import tensorflow as tf
+print("SEEN " + json.dumps({
+    "policy": tf.keras.mixed_precision.global_policy().name,
+    "tf_keras": tf.keras.__name__.startswith("tf_keras"),
+    "keras_3_loaded": "keras" in sys.modules}), flush=True)
+"""
+
+
+def test_keras_2_gets_the_precision_policy_in_tf_keras(tmp_path: Path) -> None:
+    write(tmp_path, "policy.py", POLICY_PROBE)
+    result = mgpu(tmp_path, ["policy.py"], KERAS="2", MIXED_PRECISION="bf16", QUIET="0")
+    assert result.returncode == 0, result.stderr
+    assert seen(result) == {"policy": "mixed_bfloat16", "tf_keras": True,
+                            "keras_3_loaded": False}
+    assert "tf.keras Keras 2 (tf_keras)" in result.stderr
+
+
+@pytest.mark.parametrize("keras", ["2", "3"])
+def test_mgpu_trains_own_loop_trains_under_either_keras(tmp_path: Path, keras: str) -> None:
+    result = mgpu(tmp_path, [], "train", KERAS=keras, DATASET="digits", EPOCHS="1",
+                  MIXED_PRECISION="fp16", OUTPUT_DIR=str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert metrics(tmp_path / "out")["epochs_completed"] == 1

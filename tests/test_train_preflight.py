@@ -46,6 +46,6 @@ def test_healthy_machine_passes_preflight(
     monkeypatch.setattr(tfprobe, "collect_in_process", lambda: tf_facts(gpus=2))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    runtime = build_runtime(resolve_settings({"GPUS": "0,1"}, {}))
+    runtime = build_runtime(resolve_settings({"GPUS": "0,1"}, {}), command="train")
     runtime.apply()
     assert preflight(runtime) == []

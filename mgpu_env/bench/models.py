@@ -47,21 +47,19 @@ def model_shape(name: str) -> ModelShape:
 def build_model(name: str, seed: int, shape: ModelShape) -> Any:
     """A fresh Keras model by name or builder, taking samples of `shape`; softmax outputs in
     float32 under mixed precision (the builder's contract asks for it too)."""
-    if ":" in name:
-        import keras
+    from mgpu_env.runtime.keras import tensorflow_keras
 
+    if ":" in name:
         from mgpu_env.training import hooks
 
-        keras.utils.set_random_seed(seed)
+        tensorflow_keras().utils.set_random_seed(seed)
         return hooks.build_model(name, shape.input_shape, shape.classes)
     if name == "mlp":
         from mgpu_env.training.model import build_model as build_seed_mlp
 
         return build_seed_mlp(seed, shape.input_shape, shape.classes)
     if name == "resnet":
-        import keras
-
-        keras.utils.set_random_seed(seed)
+        tensorflow_keras().utils.set_random_seed(seed)
         return build_small_resnet(shape.input_shape, classes=shape.classes)
     raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
 
@@ -71,8 +69,10 @@ def build_small_resnet(
     widths: tuple[int, ...] = (32, 64, 128), blocks_per_stage: int = 2, classes: int = 10
 ) -> Any:
     """A CIFAR-style ResNet: stem, stages of basic residual blocks, global pooling, softmax."""
-    import keras
-    from keras import layers
+    from mgpu_env.runtime.keras import tensorflow_keras
+
+    keras = tensorflow_keras()
+    layers = keras.layers
 
     def block(x: Any, filters: int, stride: int) -> Any:
         shortcut = x

@@ -215,14 +215,15 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
     The model is the seed's own (`mgpu_env.training.seed.seed_model`); `verbose=0` drops
     the seed's progress bar, which gives the seed its best case.
     """
-    import keras
     import numpy as np
     import tensorflow as tf
 
+    from mgpu_env.runtime.keras import tensorflow_keras
     from mgpu_env.training import seed
 
     execution = Execution.from_json(spec.execution)
     execution.prepare_tensorflow()
+    keras: Any = tensorflow_keras()
     keras.utils.set_random_seed(spec.seed)
     boundaries = [spec.warmup_steps + i * spec.steps_per_interval
                   for i in range(spec.intervals + 1)]
@@ -238,7 +239,7 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
     clock: list[float] = []
     wanted = set(boundaries)
 
-    class IntervalClock(keras.callbacks.Callback):
+    class IntervalClock(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             if batch in wanted:
                 model.optimizer.iterations.numpy()  # waits for the steps already queued

@@ -104,6 +104,7 @@ CrossDeviceOps = Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one"
 # itself), and of that loop and mgpu bench, which trains the same model on the same data.
 TRAIN = ("train",)
 LOOP = ("train", "bench")
+KerasRequest = Literal["auto", "3", "2"]
 DATASETS: tuple[str, ...] = ("auto", "mnist", "digits", "synthetic", "fashion_mnist")
 
 
@@ -122,6 +123,12 @@ class Settings:
         "Mixed precision: 0 off, 1 the best for the device (fp16 on GPUs with tensor cores, "
         "bf16 on CPUs with bf16 instructions, else float32), fp16, bf16.",
         parse_choice("0", "1", "fp16", "bf16"), "0, 1, fp16, bf16", metavar="MODE",
+    )
+    keras: KerasRequest = setting(
+        "KERAS", "auto",
+        "Which Keras tf.keras is: auto (Keras 2, tf_keras, for a script run between workers "
+        "by mgpu run, where Keras 3 cannot train; else Keras 3), 3, or 2 (needs tf-keras).",
+        parse_choice("auto", "3", "2"), "auto, 3, 2", metavar="VERSION",
     )
     epochs: int = setting(
         "EPOCHS", "5", "Epochs to train (the seed trains 5).",

@@ -128,6 +128,8 @@ class Report:
                 "bad_settings": len(self.bad_settings),
             },
             "cluster": self.facts.cluster.cluster,
+            # The Keras a script under `mgpu run` gets ({"version", "reason", "notes"}).
+            "keras": _plain(self.facts.keras.run),
             "checks": [dataclasses.asdict(c) for c in self.checks],
             "facts": _plain(self.facts),
             **({"smoke": _plain(self.smoke)} if self.smoke is not None else {}),
@@ -149,6 +151,7 @@ def unusable_settings(errors: list[str]) -> dict[str, Any]:
         "summary": {"errors": len(errors), "warnings": 0, "bad_settings": len(errors)},
         "settings_errors": list(errors),
         "cluster": None,
+        "keras": None,
         "checks": [],
         "facts": None,
     }
@@ -174,7 +177,7 @@ def _decide(
     """The runtime training would have; None when the settings cannot make one here (the
     checks then say why: GPUS against the machine, the precision request, ...)."""
     try:
-        return build_runtime(resolved, environ, snapshot=snapshot)
+        return build_runtime(resolved, environ, command="train", snapshot=snapshot)
     except (SettingsErrors, ConfigError):
         return None
 
@@ -227,8 +230,10 @@ def gather(
         cuda=cuda,
         xla=settings.xla,
         cross_device_ops=settings.cross_device_ops,
-        cluster=probes.probe_cluster(settings, environ),
+        cluster=(cluster := probes.probe_cluster(settings, environ)),
         run_folder=probes.probe_run_folder(settings),
+        keras=probes.probe_keras(settings, environ, resolved.env_file_values,
+                                 multi_worker=cluster.cluster is not None),
     )
 
 

@@ -26,6 +26,13 @@ from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime.cluster import decide_cluster
 from mgpu_env.runtime.cluster.peers import PeerStatus, probe_peers
+from mgpu_env.runtime.keras import (
+    LEGACY_VARIABLE,
+    Command,
+    KerasChoice,
+    choose_keras,
+    tf_keras_installed,
+)
 
 # Environment variables the report shows as they were before mgpu changed anything.
 REPORTED_VARIABLES = (
@@ -40,11 +47,13 @@ REPORTED_VARIABLES = (
     "NCCL_SOCKET_IFNAME",
     "NCCL_DEBUG",
     "TF_FORCE_GPU_ALLOW_GROWTH",
+    LEGACY_VARIABLE,
 )
 # Distributions whose versions the report lists, by display name.
 DISTRIBUTIONS = {
     "TensorFlow": "tensorflow",
     "Keras": "keras",
+    "tf_keras": "tf-keras",
     "NumPy": "numpy",
     "nvidia-ml-py": "nvidia-ml-py",
 }
@@ -82,6 +91,16 @@ class ClusterFacts:
 
 
 @dataclass(frozen=True)
+class KerasFacts:
+    """The Keras `tf.keras` would be for a script under `mgpu run` and for `mgpu train`'s
+    loop (they differ only between workers), or why KERAS cannot work here."""
+
+    run: KerasChoice | None = None
+    train: KerasChoice | None = None
+    error: str | None = None  # KERAS=2 (or TF_USE_LEGACY_KERAS=1) without tf_keras
+
+
+@dataclass(frozen=True)
 class Facts:
     """Everything the checks look at. `tensorflow` is None when its probe was skipped."""
 
@@ -101,6 +120,7 @@ class Facts:
     cross_device_ops: str = "auto"
     cluster: ClusterFacts = field(default_factory=ClusterFacts)
     run_folder: FolderAccess | None = None  # None: not probed (the pre-flight)
+    keras: KerasFacts = field(default_factory=KerasFacts)
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -214,6 +234,25 @@ def probe_cluster(settings: Settings, environ: Mapping[str, str]) -> ClusterFact
 def probe_run_folder(settings: Settings) -> FolderAccess:
     """Whether the folder a run would write (OUTPUT_DIR, runs/<RUN_NAME>, runs/) can be."""
     return folder_access(run_folder_root(settings.output_dir, settings.run_name))
+
+
+def probe_keras(
+    settings: Settings, environ: Mapping[str, str], env_file_values: Mapping[str, str],
+    *, multi_worker: bool,
+) -> KerasFacts:
+    """The Keras each command would get, by the rule `build_runtime` applies
+    (`choose_keras`); tf_keras is looked for, not imported."""
+    user_legacy = environ.get(LEGACY_VARIABLE, env_file_values.get(LEGACY_VARIABLE))
+    available = tf_keras_installed()
+
+    def choice(command: Command) -> KerasChoice:
+        return choose_keras(settings.keras, multi_worker=multi_worker, command=command,
+                            user_legacy=user_legacy, tf_keras_available=available)
+
+    try:
+        return KerasFacts(choice("run"), choice("train"))
+    except ConfigError as err:
+        return KerasFacts(error=str(err))
 
 
 def reported_environ(environ: Mapping[str, str]) -> dict[str, str]:

@@ -245,8 +245,9 @@ def run_in_process(execution: Execution) -> SmokeResult:
     job.step("xla", FIX_XLA_GPU if plan.device_type == "GPU" else FIX_XLA_CPU, xla)
 
     def matmul() -> tuple[bool, str]:
-        import keras
+        from mgpu_env.runtime.keras import tensorflow_keras
 
+        keras = tensorflow_keras()
         choice = execution.precision
         setup["policy"] = choice.policy
         dtype = keras.mixed_precision.Policy(choice.policy).compute_dtype

@@ -7,8 +7,9 @@
 
 `mgpu train`, `mgpu bench` (the parent, and each child through `Execution`), the doctor's
 pre-flight and `mgpu run` all take a `Runtime`; nothing downstream selects GPUs, splits
-devices, picks a precision or an all-reduce again. Building it imports no TensorFlow, so a
-bad combination of settings fails in milliseconds (ConfigError, exit 2).
+devices, picks a precision, an all-reduce or the Keras (`runtime/keras.py`) again.
+Building it imports no TensorFlow, so a bad combination of settings fails in milliseconds
+(ConfigError, exit 2).
 
 `Execution` is the part another process needs to start TensorFlow the decided way (the
 environment, the split, the precision, the strategy plan); it travels as JSON.
@@ -39,6 +40,13 @@ from mgpu_env.hardware.devices import (
 )
 from mgpu_env.hardware.nvml import GpuInfo
 from mgpu_env.runtime.cluster import Cluster, decide_cluster
+from mgpu_env.runtime.keras import (
+    LEGACY_VARIABLE,
+    Command,
+    KerasChoice,
+    choose_keras,
+    tf_keras_installed,
+)
 from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
 from mgpu_env.runtime.strategy import (
     StrategyPlan,
@@ -60,6 +68,7 @@ class Execution:
     split: DeviceSplit
     precision: PrecisionChoice
     strategy: StrategyPlan
+    keras: KerasChoice  # which Keras tf.keras is; its TF_USE_LEGACY_KERAS is in environment
 
     def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
         """Write the environment. Must run before TensorFlow is imported."""
@@ -70,9 +79,11 @@ class Execution:
 
         Imports TensorFlow (quietly: `hardware.tfimport`); call once per process, before its
         runtime starts (the split is fixed then). Raises RunFailed when TensorFlow sees other
-        devices than planned.
+        devices than planned, or when its `tf.keras` is not the Keras decided (TensorFlow
+        loaded its Keras before `apply()` wrote TF_USE_LEGACY_KERAS).
         """
         from mgpu_env.hardware.tfimport import import_tensorflow
+        from mgpu_env.runtime.keras import tensorflow_keras_version
         from mgpu_env.runtime.precision import apply_precision
 
         import_tensorflow()
@@ -80,6 +91,14 @@ class Execution:
             apply_split(self.split)
         except RuntimeError as err:
             raise RunFailed(f"TensorFlow could not set up the devices: {err}") from None
+        loaded = tensorflow_keras_version()
+        if loaded != self.keras.version:
+            raise RunFailed(
+                f"tf.keras is Keras {loaded}, but Keras {self.keras.version} was decided "
+                f"({self.keras.reason}): TensorFlow had loaded its Keras before "
+                f"{LEGACY_VARIABLE} was set.\n  Fix: call mgpu_env.strategy() before the "
+                f"script imports TensorFlow, or set KERAS={loaded}."
+            )
         apply_precision(self.precision)
 
     def make_strategy(self) -> Any:
@@ -104,8 +123,9 @@ class Execution:
         plan = data["strategy"]
         role = WorkerRole(**plan.pop("role"))
         strategy = StrategyPlan(**{**plan, "devices": tuple(plan["devices"]), "role": role})
+        keras = KerasChoice(**{**data["keras"], "notes": tuple(data["keras"]["notes"])})
         return cls(dict(data["environment"]), split, PrecisionChoice(**data["precision"]),
-                   strategy)
+                   strategy, keras)
 
 
 @dataclass(frozen=True)
@@ -151,6 +171,10 @@ class Runtime:
         return self.strategy_plan.local_replicas * self.role.num_workers
 
     @property
+    def keras(self) -> KerasChoice:
+        return self.execution.keras
+
+    @property
     def environment(self) -> dict[str, str]:
         return self.execution.environment
 
@@ -189,7 +213,7 @@ class Runtime:
             gpus, cuda_visible_devices, virtual_devices=virtual_devices,
             mixed_precision=mixed_precision,
             cross_device_ops=self.settings.cross_device_ops,
-            cpu_flags=self.cpu_flags, nccl=self.nccl and bool(gpus),
+            cpu_flags=self.cpu_flags, nccl=self.nccl and bool(gpus), keras=self.keras,
         )
 
     def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
@@ -233,15 +257,19 @@ def build_runtime(
     resolved: ResolvedSettings,
     environ: Mapping[str, str] | None = None,
     *,
+    command: Command,
     snapshot: nvml.NvmlSnapshot | None = None,
     cpu_flags: frozenset[str] | None = None,
     nccl: bool | None = None,
+    tf_keras: bool | None = None,
 ) -> Runtime:
     """Decide everything once. Asks NVML (unless GPUS=none); imports no TensorFlow.
 
-    Raises SettingsErrors (a GPU the machine lacks) or ConfigError (settings that cannot
-    work together here): both exit 2. `snapshot`, `cpu_flags` and `nccl` replace the
-    probes (tests, or a caller that already has them).
+    `command` says whose code uses Keras: "run" (a user's script: `mgpu run`, or the API
+    from plain python), "train" or "bench" (mgpu's own); it decides KERAS=auto between
+    workers. Raises SettingsErrors (a GPU the machine lacks) or ConfigError (settings that
+    cannot work together here): both exit 2. `snapshot`, `cpu_flags`, `nccl` and `tf_keras`
+    (tf_keras is installed) replace the probes (tests, or a caller that already has them).
     """
     environ = os.environ if environ is None else environ
     settings = resolved.settings
@@ -278,12 +306,21 @@ def build_runtime(
             environment[key] = value
     if "TF_CPP_MIN_LOG_LEVEL" not in environ and "TF_CPP_MIN_LOG_LEVEL" not in environment:
         environment["TF_CPP_MIN_LOG_LEVEL"] = DEFAULT_TF_LOG_LEVEL
+    # The user's own TF_USE_LEGACY_KERAS: the process environment, else the settings file.
+    user_legacy = environ.get(LEGACY_VARIABLE, resolved.env_file_values.get(LEGACY_VARIABLE))
+    keras = choose_keras(
+        settings.keras, multi_worker=cluster is not None, command=command,
+        user_legacy=user_legacy,
+        tf_keras_available=tf_keras_installed() if tf_keras is None else tf_keras,
+    )
+    notes.extend(keras.notes)
+    environment.update(keras.environment(user_legacy))
     execution = decide_execution(
         environment, selection.gpus, selection.cuda_visible_devices,
         virtual_devices=virtual_devices, mixed_precision=settings.mixed_precision,
         cross_device_ops=settings.cross_device_ops,
         role=cluster.role if cluster is not None else None,
-        cpu_flags=cpu_flags, nccl=nccl,
+        cpu_flags=cpu_flags, nccl=nccl, keras=keras,
     )
     return Runtime(
         resolved, snapshot, selection, cluster, execution, cpu_flags, nccl, tuple(notes)
@@ -301,6 +338,7 @@ def decide_execution(
     role: WorkerRole | None = None,
     cpu_flags: frozenset[str],
     nccl: bool,
+    keras: KerasChoice,
 ) -> Execution:
     """The device split, precision and strategy for these GPUs (none: the CPU), each by its
     one rule. `build_runtime` calls it for the run; `Runtime.execution_for` for a subset."""
@@ -316,4 +354,4 @@ def decide_execution(
     environment = {
         **base_environment, **cuda_environment(cuda_visible_devices, uses_gpu=bool(gpus))
     }
-    return Execution(environment, split, precision, strategy)
+    return Execution(environment, split, precision, strategy, keras)

@@ -1,8 +1,8 @@
 """Choosing the Keras mixed-precision policy from `MIXED_PRECISION` and the devices.
 
 `choose_precision` is pure (device facts in, a decision out) so every branch is tested
-without a GPU; `apply_precision` sets the Keras global policy and must run before the model
-is built.
+without a GPU; `apply_precision` sets the global policy of the Keras `tf.keras` is and must
+run before the model is built.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def choose_precision(
 
 
 def apply_precision(choice: PrecisionChoice) -> None:
-    """Set the Keras global dtype policy. Call before building the model."""
-    import keras
+    """Set the global dtype policy of the Keras `tf.keras` is (tf_keras under Keras 2, else
+    Keras 3): the one the script's layers read. Call before building the model."""
+    from mgpu_env.runtime.keras import tensorflow_keras
 
-    keras.mixed_precision.set_global_policy(choice.policy)
+    tensorflow_keras().mixed_precision.set_global_policy(choice.policy)

@@ -131,7 +131,9 @@ def build_model(
     Call inside the strategy's scope: a model that is not built yet is built here, on one
     zero sample, which also proves it takes `input_shape` and gives `num_classes` outputs.
     """
-    import keras
+    from mgpu_env.runtime.keras import tensorflow_keras
+
+    keras = tensorflow_keras()
 
     build = import_hook(spec, setting, MODEL_CONTRACT)
     where = f"{setting}={spec}"

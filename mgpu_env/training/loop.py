@@ -122,13 +122,12 @@ class _Checkpoints:
 
 def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
     """TensorFlow's devices and precision, the strategy, then model, optimizer and steps."""
-    import keras
-
+    from mgpu_env.runtime.keras import tensorflow_keras
     from mgpu_env.training.model import model_builder
 
     execution = plan.runtime.execution
     execution.prepare_tensorflow()
-    keras.utils.set_random_seed(plan.settings.seed)
+    tensorflow_keras().utils.set_random_seed(plan.settings.seed)
     session.join()
     strategy = execution.make_strategy()
     session.after_strategy(strategy, agreement_values(

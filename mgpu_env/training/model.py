@@ -23,7 +23,9 @@ def build_model(
     Other sample shapes (a DATASET loader's images) are flattened first; the seed's own
     (784,) rows give exactly the seed's layers, so its checkpoints stay compatible.
     """
-    import keras
+    from mgpu_env.runtime.keras import tensorflow_keras
+
+    keras = tensorflow_keras()
 
     def init(offset: int) -> Any:
         return keras.initializers.GlorotUniform(seed=seed + offset)
@@ -56,9 +58,11 @@ def model_builder(
 
 def build_optimizer(learning_rate: float, loss_scaling: bool) -> Any:
     """Adam, wrapped in a dynamic LossScaleOptimizer when fp16 needs loss scaling."""
-    import keras
+    from mgpu_env.runtime.keras import tensorflow_keras
 
+    keras = tensorflow_keras()
     optimizer = keras.optimizers.Adam(learning_rate=learning_rate)
     if loss_scaling:
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        # Where both Keras 2 and 3 export it.
+        optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer

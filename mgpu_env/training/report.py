@@ -61,7 +61,9 @@ class ProgbarReporter(Reporter):
         self._echo(message)
 
     def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None:
-        import keras
+        from mgpu_env.runtime.keras import tensorflow_keras
+
+        keras = tensorflow_keras()
 
         self._echo(f"Epoch {epoch}/{epochs}")
         self._bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy"])

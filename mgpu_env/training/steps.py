@@ -64,11 +64,17 @@ def make_step_functions(
     given, turns each training batch into the model's input inside the step (`mgpu bench`
     makes images of MNIST rows for its ResNet).
     """
-    import keras
     import tensorflow as tf
 
+    from mgpu_env.runtime.keras import tensorflow_keras
+
+    keras = tensorflow_keras()
+    # Keras 3's LossScaleOptimizer unscales in `apply`; Keras 2's (tf_keras) leaves it to
+    # the caller (`get_unscaled_gradients`), and names the scaling `get_scaled_loss`.
+    keras_2_scaling = loss_scaling and not hasattr(optimizer, "scale_loss")
     with strategy.scope():
-        loss_object = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+        # "none", not None: Keras 2 takes only the string.
+        loss_object = keras.losses.SparseCategoricalCrossentropy(reduction="none")
         train_loss = keras.metrics.Mean(name="loss")
         train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         test_loss = keras.metrics.Mean(name="test_loss")
@@ -79,9 +85,13 @@ def make_step_functions(
             probabilities = model(x, training=True)
             per_example = loss_object(y, probabilities)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-            if loss_scaling:
+            if keras_2_scaling:
+                loss = optimizer.get_scaled_loss(loss)
+            elif loss_scaling:
                 loss = optimizer.scale_loss(loss)
         gradients = tape.gradient(loss, model.trainable_variables)
+        if keras_2_scaling:
+            gradients = optimizer.get_unscaled_gradients(gradients)
         return per_example, probabilities, gradients
 
     compute = tf.function(forward_backward, jit_compile=True) if jit_compile else forward_backward
@@ -91,7 +101,8 @@ def make_step_functions(
         if loss_scaling:
             gradients = _agree_on_finite(gradients)
         # Keras' optimizer all-reduces (sums) the gradients across replicas itself.
-        optimizer.apply(gradients, model.trainable_variables)
+        # apply_gradients: the spelling Keras 2 and 3 share.
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         train_loss.update_state(per_example)
         train_accuracy.update_state(y, probabilities)
 

@@ -55,7 +55,7 @@ from mgpu_env.doctor.checks.gpus import (
     check_uniform,
     gpu_checks,
 )
-from mgpu_env.doctor.checks.versions import check_versions
+from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import (
     check_request,
     check_tf_devices,
@@ -75,6 +75,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_ptxas,
     check_libdevice,
     check_versions,
+    check_keras,
     gpu_checks,
     check_mixed_precision,
     check_uniform,
@@ -109,6 +110,7 @@ __all__ = [
     "check_driver_cuda",
     "check_driver_version",
     "check_gpu",
+    "check_keras",
     "check_libdevice",
     "check_memlock",
     "check_mixed_precision",

@@ -1,4 +1,5 @@
-"""Python, TensorFlow, Keras and the rest against the compatibility table and the lock."""
+"""Python, TensorFlow, Keras and the rest against the compatibility table and the lock; and
+which Keras `tf.keras` will be (KERAS)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,24 @@ def check_versions(facts: Facts) -> Check:
         return Check("versions", title, "ok", found, expected)
     status: Status = "error" if any(s == "error" for s, _ in problems) else "warn"
     return Check("versions", title, status, found, expected, "; ".join(t for _, t in problems))
+
+
+def check_keras(facts: Facts) -> Check:
+    """Which Keras a script under `mgpu run` and `mgpu train`'s loop get (KERAS), and why."""
+    title = "Keras (tf.keras)"
+    expected = ("Keras 2 (tf_keras) for a script between workers, where Keras 3 cannot "
+                "train (keras-team/keras#20585); else Keras 3")
+    keras = facts.keras
+    if keras.error is not None:
+        found, _, fix = keras.error.partition("\n")
+        return Check("keras", title, "error", found, expected,
+                     fix.strip().removeprefix("Valid: KERAS=auto, 3 or 2 (2 needs tf_keras). "),
+                     bad_setting=True)
+    if keras.run is None or keras.train is None:
+        return Check("keras", title, "skip", "not decided", expected)
+    found = f"mgpu run: {keras.run.label} ({keras.run.reason})"
+    if keras.train.version != keras.run.version:
+        found += f"; mgpu train: {keras.train.label}"
+    if keras.run.notes:
+        return Check("keras", title, "warn", found, expected, "; ".join(keras.run.notes))
+    return Check("keras", title, "ok", found, expected)

@@ -1,0 +1,150 @@
+"""Which Keras `tf.keras` is: Keras 3, or Keras 2 (the `tf_keras` package).
+
+Keras 3 cannot train with `MultiWorkerMirroredStrategy` (keras-team/keras#20585, open):
+`model.fit` fails with "Attempt to convert a value (PerReplica:{...}) with an unsupported
+type", and its metrics lack the `reset_states` TensorFlow's custom-loop tutorial calls.
+Keras 2 (`tf_keras`) still can. TensorFlow routes `tf.keras` to `tf_keras` when
+`TF_USE_LEGACY_KERAS` is set before TensorFlow is imported, so the choice is made here,
+with the other decisions, and travels as that variable in the `Execution`'s environment.
+
+`choose_keras` is pure (the request, the run's shape and two facts in, a decision out);
+`tensorflow_keras` is the one way mgpu's own code reaches Keras once TensorFlow has started,
+so what mgpu sets (the precision policy, the seed) lands in the Keras the script uses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mgpu_env.config.errors import ConfigError
+
+KerasVersion = Literal["2", "3"]
+KerasRequest = Literal["auto", "3", "2"]
+# Who the Keras is for: a user's script (`mgpu run`, or plain `python` with the API), or
+# mgpu's own training loop and benchmark, which work with Keras 3 between workers.
+Command = Literal["run", "train", "bench"]
+
+LEGACY_VARIABLE = "TF_USE_LEGACY_KERAS"
+# The values TensorFlow takes for "on" (tensorflow/__init__.py, python/util/lazy_loader.py);
+# anything else, "0" included, leaves tf.keras on Keras 3.
+LEGACY_ON = ("true", "True", "1")
+TF_KERAS_PIN = "tf-keras==2.21.*"
+MULTI_WORKER_ISSUE = (
+    "Keras 3 cannot train with MultiWorkerMirroredStrategy (keras-team/keras#20585)"
+)
+
+
+@dataclass(frozen=True)
+class KerasChoice:
+    """The Keras `tf.keras` is for a run, why, and what the user should know about it."""
+
+    version: KerasVersion
+    reason: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """"Keras 2 (tf_keras)" or "Keras 3", for summaries."""
+        return "Keras 2 (tf_keras)" if self.version == "2" else "Keras 3"
+
+    def environment(self, user_legacy: str | None) -> dict[str, str]:
+        """The variables that make TensorFlow's `tf.keras` this Keras: TF_USE_LEGACY_KERAS=1
+        for Keras 2; for Keras 3, 0 only where the user's own setting would say 1."""
+        if self.version == "2":
+            return {LEGACY_VARIABLE: "1"}
+        return {LEGACY_VARIABLE: "0"} if user_legacy in LEGACY_ON else {}
+
+
+def tf_keras_installed() -> bool:
+    """Whether `tf_keras` can be imported (found, not imported: it would import TensorFlow)."""
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+def choose_keras(
+    request: KerasRequest,
+    *,
+    multi_worker: bool,
+    command: Command,
+    user_legacy: str | None,
+    tf_keras_available: bool,
+) -> KerasChoice:
+    """Turn KERAS (auto, 3, 2) into the Keras `tf.keras` will be.
+
+    `multi_worker`: the run is a cluster; `command`: whose code uses Keras; `user_legacy`:
+    TF_USE_LEGACY_KERAS as the user set it (environment, else the settings file), None when
+    unset; `tf_keras_available`: `tf_keras_installed()`. An explicit KERAS wins over
+    TF_USE_LEGACY_KERAS; with KERAS=auto the user's TF_USE_LEGACY_KERAS is respected.
+    Raises ConfigError (exit 2) when Keras 2 is asked for and `tf_keras` is not installed.
+    """
+    multi_worker_script = multi_worker and command == "run"
+    legacy_on = user_legacy in LEGACY_ON
+    if request == "2":
+        _require_tf_keras("KERAS=2", "or set KERAS=3", tf_keras_available)
+        overridden = user_legacy is not None and not legacy_on
+        return KerasChoice(
+            "2", "KERAS=2: tf.keras is tf_keras",
+            (f"KERAS=2 overrides {LEGACY_VARIABLE}={user_legacy}",) if overridden else ())
+    if request == "3":
+        notes: list[str] = (
+            [f"KERAS=3 overrides {LEGACY_VARIABLE}={user_legacy}"] if legacy_on else [])
+        if multi_worker_script:
+            notes.append(f"KERAS=3 between workers: {MULTI_WORKER_ISSUE}; "
+                         "KERAS=auto gives the script Keras 2")
+        return KerasChoice("3", "KERAS=3", tuple(notes))
+    if user_legacy is not None:
+        if legacy_on:
+            _require_tf_keras(f"{LEGACY_VARIABLE}={user_legacy} (set by you)",
+                              f"or unset {LEGACY_VARIABLE}", tf_keras_available)
+            return KerasChoice(
+                "2", f"KERAS=auto follows your {LEGACY_VARIABLE}={user_legacy}: tf_keras")
+        off_notes = ((f"{LEGACY_VARIABLE}={user_legacy} between workers: {MULTI_WORKER_ISSUE}; "
+                  f"unset it so KERAS=auto gives the script Keras 2",)
+                 if multi_worker_script else ())
+        return KerasChoice(
+            "3", f"KERAS=auto follows your {LEGACY_VARIABLE}={user_legacy}: Keras 3", off_notes)
+    if multi_worker_script:
+        if not tf_keras_available:
+            return KerasChoice(
+                "3", "KERAS=auto, but tf_keras is not installed: Keras 3",
+                (f"{MULTI_WORKER_ISSUE}, and Keras 2 is not installed: a script that trains "
+                 f"with Keras fails between workers. Fix: pip install '{TF_KERAS_PIN}'",),
+            )
+        return KerasChoice(
+            "2", f"KERAS=auto between workers: {MULTI_WORKER_ISSUE}, so tf.keras is Keras 2 "
+                 "(tf_keras)")
+    where = "mgpu's own loop" if command != "run" else "one process"
+    return KerasChoice("3", f"KERAS=auto: Keras 3 ({where})")
+
+
+def _require_tf_keras(what: str, alternative: str, available: bool) -> None:
+    if not available:
+        raise ConfigError(
+            f"{what} makes tf.keras Keras 2, but the tf_keras package is not installed.\n"
+            f"  Valid: KERAS=auto, 3 or 2 (2 needs tf_keras). "
+            f"Fix: pip install '{TF_KERAS_PIN}', {alternative}."
+        )
+
+
+def tensorflow_keras() -> Any:
+    """The Keras `tf.keras` is in this process: tf_keras under TF_USE_LEGACY_KERAS, else
+    Keras 3. mgpu's own code uses it, never `import keras`, so the policy it sets and the
+    layers it builds belong to the Keras the user's `tf.keras` code gets. Imports TensorFlow.
+    """
+    import tensorflow as tf
+
+    return tf.keras
+
+
+def tensorflow_keras_version() -> KerasVersion:
+    """"2" when `tf.keras` is tf_keras, else "3" (loads Keras: after the environment)."""
+    name = getattr(tensorflow_keras(), "__name__", "")
+    return "2" if name.startswith("tf_keras") else "3"
+
+
+def keras_3_loaded(modules: Mapping[str, Any]) -> bool:
+    """Whether Keras 3 was imported as `keras` (`import keras`): `modules` is sys.modules."""
+    keras = modules.get("keras")
+    return str(getattr(keras, "__version__", "")).startswith("3")
