@@ -86,7 +86,7 @@ def test_the_runtime_decides_it_once_and_it_travels_to_children_as_json() -> Non
 
 
 def test_the_settings_files_tf_use_legacy_keras_counts_as_the_users(tmp_path: Path) -> None:
-    from mgpu_env.config.settings import resolve_settings
+    from mgpu_env.config.resolve import resolve_settings
 
     env_file = tmp_path / "settings.env"
     env_file.write_text("TF_USE_LEGACY_KERAS=1\nGPUS=none\n")
