@@ -304,27 +304,29 @@ class FileStreamFeed:
     seed: int
     deterministic: bool = True
 
-    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
-        """`epochs` epochs from `first_epoch`, one after the other, distributed."""
+    def worker_dataset(self, context: Any, first_epoch: int, epochs: int = 1) -> Any:
+        """The per-replica batches of the worker `context` (a tf.distribute.InputContext)
+        names, for `epochs` epochs from `first_epoch`: every worker the same whole steps."""
         import tensorflow as tf
 
         from mgpu_env.training.data.read import steps_per_epoch, worker_rows
 
-        per_replica = self.global_batch // self.strategy.num_replicas_in_sync
+        replicas = self.strategy.num_replicas_in_sync
+        workers, worker = context.num_input_pipelines, context.input_pipeline_id
+        steps = steps_per_epoch(self.data.train, self.global_batch, workers)
+        data = None
+        for epoch in range(first_epoch, first_epoch + epochs):
+            one = worker_rows(self.data, self.seed, epoch, workers, worker).batch(
+                self.global_batch // replicas, drop_remainder=True)
+            one = one.take(steps * (replicas // workers))
+            data = one if data is None else data.concatenate(one)
+        return data.prefetch(tf.data.AUTOTUNE).with_options(stream_options(self.deterministic))
 
-        def per_worker(context: Any) -> Any:
-            workers, worker = context.num_input_pipelines, context.input_pipeline_id
-            local = self.strategy.num_replicas_in_sync // workers
-            steps = steps_per_epoch(self.data.train, self.global_batch, workers)
-            data = None
-            for epoch in range(first_epoch, first_epoch + epochs):
-                one = worker_rows(self.data, self.seed, epoch, workers, worker).batch(
-                    per_replica, drop_remainder=True).take(steps * local)
-                data = one if data is None else data.concatenate(one)
-            return data.prefetch(tf.data.AUTOTUNE).with_options(
-                stream_options(self.deterministic))
-
-        return _distribute(self.strategy, per_worker)
+    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
+        """`epochs` epochs from `first_epoch`, one after the other, distributed."""
+        return _distribute(
+            self.strategy, lambda context: self.worker_dataset(context, first_epoch, epochs)
+        )
 
     def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
