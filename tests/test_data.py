@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.data import builtin
 from mgpu_env.training.data import (
     DatasetChoice,
+    builtin,
     digits_to_mnist_layout,
     load_arrays,
     read_idx,

@@ -83,7 +83,7 @@ def test_missing_splits_are_refused(tmp_path: Path) -> None:
         load("tfrecord", tf_folder)
     np_folder = write_npy(tmp_path / "np")
     (np_folder / "y_train.npy").unlink()
-    with pytest.raises(ConfigError, match="(?s)no train split.*x_train.npy"):
+    with pytest.raises(ConfigError, match=r"(?s)no train split.*x_train.npy"):
         load("npy", np_folder)
 
 
@@ -122,7 +122,8 @@ def test_corrupt_records_and_images_are_refused_naming_the_file(tmp_path: Path) 
 def test_mixed_image_sizes_need_image_size(tmp_path: Path) -> None:
     folder = write_images(tmp_path / "im", side=8)
     write_images(tmp_path / "im", classes=("dog",), side=10, per_class=1, test_per_class=0)
-    with pytest.raises(ConfigError, match=r"(?s)sizes, from \(8, 8, 3\) to \(10, 10, 3\).*image_size"):
+    sizes = r"(?s)sizes, from \(8, 8, 3\) to \(10, 10, 3\).*image_size"
+    with pytest.raises(ConfigError, match=sizes):
         load("images", folder)
     write_layout(folder, image_size=[6, 6])
     assert load("images", folder).sample_shape == (6, 6, 3)
@@ -137,7 +138,7 @@ def test_nan_features_are_refused_with_their_count_and_first_row(tmp_path: Path)
         load("npy", folder)
     rows = np.ones((200_000, 2), np.float32)
     rows[150_000, 1] = np.nan  # past the first chunk
-    with pytest.raises(ConfigError, match="1 of the 200000 x samples .* row 150000"):
+    with pytest.raises(ConfigError, match=r"1 of the 200000 x samples .* row 150000"):
         check_finite("here", rows, "x")
 
 

@@ -20,8 +20,9 @@ TFRecord files and image folders (`data.FileData`) are read whole into a `Reside
 when their decoded rows fit, else `FileStreamFeed`: each worker streams its share of the
 files (`data.read.worker_rows`), in an order drawn from (SEED, epoch).
 
-All three follow one order per epoch (the first two the same one) and give global batch b
-of an epoch the same rows whatever the replica or worker count: replica r (its id across
+The first three follow one order per epoch (the first two the same one) and give global
+batch b of an epoch the same rows whatever the replica or worker count (`FileStreamFeed`'s
+order is SEED's and the epoch's too, but each worker reads its own files): replica r (its id across
 all workers) of R takes rows [b*G + r*G/R, b*G + (r+1)*G/R) of the epoch's order. The last
 partial global batch is dropped (a different one each epoch, as the order changes), so
 every step has exactly the global batch G.
@@ -314,12 +315,15 @@ class FileStreamFeed:
         replicas = self.strategy.num_replicas_in_sync
         workers, worker = context.num_input_pipelines, context.input_pipeline_id
         steps = steps_per_epoch(self.data.train, self.global_batch, workers)
-        data = None
-        for epoch in range(first_epoch, first_epoch + epochs):
-            one = worker_rows(self.data, self.seed, epoch, workers, worker).batch(
-                self.global_batch // replicas, drop_remainder=True)
-            one = one.take(steps * (replicas // workers))
-            data = one if data is None else data.concatenate(one)
+        per_epoch = [
+            worker_rows(self.data, self.seed, epoch, workers, worker)
+            .batch(self.global_batch // replicas, drop_remainder=True)
+            .take(steps * (replicas // workers))
+            for epoch in range(first_epoch, first_epoch + epochs)
+        ]
+        data = per_epoch[0]
+        for more in per_epoch[1:]:
+            data = data.concatenate(more)
         return data.prefetch(tf.data.AUTOTUNE).with_options(stream_options(self.deterministic))
 
     def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
