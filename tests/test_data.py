@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training import data
 from mgpu_env.training.data import (
     DatasetChoice,
+    builtin,
     digits_to_mnist_layout,
     load_arrays,
     read_idx,
@@ -160,7 +160,7 @@ def test_offline_download_is_a_config_error_saying_where_to_put_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Port 9 (discard) on localhost refuses connections: a real failed download, at once.
-    monkeypatch.setattr(data, "MNIST_URL", "http://127.0.0.1:9/mnist.npz")
+    monkeypatch.setattr(builtin, "MNIST_URL", "http://127.0.0.1:9/mnist.npz")
     choice = resolve_dataset("mnist", None, {"HOME": str(tmp_path)})
     with pytest.raises(ConfigError) as caught:
         load_arrays(choice, seed=0)

@@ -25,7 +25,7 @@ from mgpu_env.bench.models import ModelShape
 from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
 from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
-from mgpu_env.training.data import Data, DatasetChoice, Streamed
+from mgpu_env.training.data import Arrays, Data, DatasetChoice, Streamed
 
 
 def time_intervals(
@@ -124,6 +124,7 @@ def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str
         feed: Any = RowStreamFeed(strategy, rows.rows, rows.size, spec.global_batch,
                                   spec.seed, spec.deterministic)
         return feed, f"{data.choice.describe()}, streamed from its pipeline by tf.data"
+    assert isinstance(data.arrays, Arrays)  # point_data reads a folder of files whole
     if spec.data == "stream":
         feed = StreamFeed(strategy, data.arrays, spec.global_batch, spec.seed,
                           spec.deterministic)

@@ -206,6 +206,35 @@ def parse_name_or_hook(*names: str) -> Callable[[str], str]:
     return parse
 
 
+# DATASET=kind:DIR reads a folder of files (training/data/files.py); checked before "hook".
+FILE_DATASET_KINDS = ("tfrecord", "images", "npy")
+
+
+def file_dataset(text: str) -> tuple[str, Path] | None:
+    """(kind, folder) for `tfrecord:DIR`, `images:DIR` or `npy:DIR`; None for other values."""
+    kind, colon, folder = text.strip().partition(":")
+    if not colon or kind.lower() not in FILE_DATASET_KINDS:
+        return None
+    return kind.lower(), Path(folder.strip()).expanduser()
+
+
+def parse_dataset(*names: str) -> Callable[[str], str]:
+    """One of `names`, `kind:DIR` (a folder of files that must exist), or
+    `package.module:function`."""
+    by_name = parse_name_or_hook(*names)
+
+    def parse(text: str) -> str:
+        files = file_dataset(text)
+        if files is None:
+            return by_name(text)
+        kind, folder = files
+        if not str(folder) or not folder.is_dir():
+            raise SettingError(f"{kind}: needs an existing folder; {str(folder)!r} is not one")
+        return f"{kind}:{folder}"
+
+    return parse
+
+
 def parse_replica_counts(text: str) -> tuple[int, ...]:
     """`auto` (empty tuple: decided from the devices) or a comma list of counts from 1 to 64."""
     if text.strip().lower() in ("auto", ""):

@@ -22,6 +22,7 @@ from mgpu_env.config.parsers import (  # re-exported: the settings' vocabulary
     parse_bool,
     parse_choice,
     parse_choice_list,
+    parse_dataset,
     parse_gpus,
     parse_int,
     parse_name_or_hook,
@@ -147,9 +148,11 @@ class Settings:
     dataset: str = setting(
         "DATASET", "auto",
         "Data set: mnist, digits (offline, built in), fashion_mnist, synthetic; auto takes "
-        "mnist when it can be had, else digits; or your loader, package.module:function.",
-        parse_name_or_hook(*DATASETS),
-        ", ".join(DATASETS) + ", or package.module:function (your loader)", metavar="NAME",
+        "mnist when it can be had, else digits; files: tfrecord:DIR, images:DIR, npy:DIR; "
+        "or your loader, package.module:function.",
+        parse_dataset(*DATASETS),
+        ", ".join(DATASETS) + ", tfrecord:DIR, images:DIR, npy:DIR (an existing folder), "
+        "or package.module:function (your loader)", metavar="NAME",
         scope=LOOP,
     )
     model: str = setting(

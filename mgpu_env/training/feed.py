@@ -16,8 +16,13 @@ options that matter.
 A `DATASET` loader's tf.data set too big to read into memory (`data.Streamed`) is
 `RowStreamFeed`: its rows stream from the loader's pipeline, shuffled in a buffer.
 
-All three follow one order per epoch (the first two the same one) and give global batch b
-of an epoch the same rows whatever the replica or worker count: replica r (its id across
+TFRecord files and image folders (`data.FileData`) are read whole into a `ResidentFeed`
+when their decoded rows fit, else `FileStreamFeed`: each worker streams its share of the
+files (`data.read.worker_rows`), in an order drawn from (SEED, epoch).
+
+The first three follow one order per epoch (the first two the same one) and give global
+batch b of an epoch the same rows whatever the replica or worker count (`FileStreamFeed`'s
+order is SEED's and the epoch's too, but each worker reads its own files): replica r (its id across
 all workers) of R takes rows [b*G + r*G/R, b*G + (r+1)*G/R) of the epoch's order. The last
 partial global batch is dropped (a different one each epoch, as the order changes), so
 every step has exactly the global batch G.
@@ -31,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.data import Arrays, Data, Streamed
+from mgpu_env.training.data import Arrays, Data, FileData, Streamed, as_float32
 
 # Above this, a data set's training rows stream from the host instead of being kept on each
 # device: MNIST-sized sets are 0.2 GB, a GPU this image targets has 8 GB or more, and the
@@ -58,9 +63,21 @@ def epoch_order(seed: int, epoch: int, size: int, global_batch: int) -> np.ndarr
     return order.astype(np.int64)
 
 
-def fits_on_device(arrays: Arrays) -> bool:
-    """Whether the training rows are kept on every device (else they stream from the host)."""
-    return int(arrays.x_train.nbytes + arrays.y_train.nbytes) <= RESIDENT_LIMIT_BYTES
+def fits_on_device(data: Arrays | FileData) -> bool:
+    """Whether the training rows are kept on every device (else they stream from the host),
+    counted as the float32 samples and int32 labels the step takes."""
+    per_row = int(np.prod(data.sample_shape)) + 1
+    return data.train_size * per_row * 4 <= RESIDENT_LIMIT_BYTES
+
+
+def epoch_steps(data: Data, global_batch: int, workers: int) -> int:
+    """Steps per epoch: whole global batches; files streamed by file, the whole global
+    batches every worker's share of the files gives."""
+    if isinstance(data, FileData) and not fits_on_device(data):
+        from mgpu_env.training.data.read import steps_per_epoch
+
+        return steps_per_epoch(data.train, global_batch, workers)
+    return data.train_size // global_batch
 
 
 # Runs `count` more steps of the epochs a runner was made for.
@@ -82,8 +99,10 @@ class ResidentFeed:
     @classmethod
     def place(cls, strategy: Any, arrays: Arrays, global_batch: int, seed: int) -> ResidentFeed:
         """Copy the training rows onto every local replica's device (one copy each)."""
-        rows = _on_each_device(strategy, lambda: (arrays.x_train, arrays.y_train))
-        row_bytes = (arrays.x_train.nbytes + arrays.y_train.nbytes) // max(arrays.train_size, 1)
+        # Memory-mapped or uint8 samples (an npy folder) become float32 here, once.
+        x_train = as_float32(arrays.x_train)
+        rows = _on_each_device(strategy, lambda: (x_train, arrays.y_train))
+        row_bytes = (x_train.nbytes + arrays.y_train.nbytes) // max(arrays.train_size, 1)
         return cls(strategy, rows, arrays.train_size, global_batch, seed, row_bytes)
 
     @property
@@ -186,12 +205,12 @@ class StreamFeed:
         def gather(rows: Any) -> tuple[Any, Any]:
             # NumPy indexing of the caller's arrays: a tensor made of them, or captured by a
             # tf.data function, would be another whole copy of data too big for a device.
-            return x_host[rows], y_host[rows]
+            # A memory-mapped file is read only at these rows.
+            return as_float32(x_host[rows]), y_host[rows]
 
         def cut(rows: Any) -> tuple[Any, Any]:
             x, y = tf.numpy_function(
-                gather, [rows], (tf.as_dtype(x_host.dtype), tf.as_dtype(y_host.dtype)),
-                stateful=False,
+                gather, [rows], (tf.float32, tf.as_dtype(y_host.dtype)), stateful=False,
             )
             x.set_shape((*rows.shape, *x_host.shape[1:]))
             y.set_shape(rows.shape)
@@ -274,6 +293,50 @@ class RowStreamFeed:
         return _iterator_runner(steps, self.dataset(first_epoch, epochs))
 
 
+@dataclass
+class FileStreamFeed:
+    """TFRecord files or an image folder too big to keep on the devices, streamed from the
+    files every epoch: each worker reads its share (`data.read.worker_rows`: by file when
+    there are enough files, else by record), batches it per replica and keeps whole steps."""
+
+    strategy: Any
+    data: FileData
+    global_batch: int
+    seed: int
+    deterministic: bool = True
+
+    def worker_dataset(self, context: Any, first_epoch: int, epochs: int = 1) -> Any:
+        """The per-replica batches of the worker `context` (a tf.distribute.InputContext)
+        names, for `epochs` epochs from `first_epoch`: every worker the same whole steps."""
+        import tensorflow as tf
+
+        from mgpu_env.training.data.read import steps_per_epoch, worker_rows
+
+        replicas = self.strategy.num_replicas_in_sync
+        workers, worker = context.num_input_pipelines, context.input_pipeline_id
+        steps = steps_per_epoch(self.data.train, self.global_batch, workers)
+        per_epoch = [
+            worker_rows(self.data, self.seed, epoch, workers, worker)
+            .batch(self.global_batch // replicas, drop_remainder=True)
+            .take(steps * (replicas // workers))
+            for epoch in range(first_epoch, first_epoch + epochs)
+        ]
+        data = per_epoch[0]
+        for more in per_epoch[1:]:
+            data = data.concatenate(more)
+        return data.prefetch(tf.data.AUTOTUNE).with_options(stream_options(self.deterministic))
+
+    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
+        """`epochs` epochs from `first_epoch`, one after the other, distributed."""
+        return _distribute(
+            self.strategy, lambda context: self.worker_dataset(context, first_epoch, epochs)
+        )
+
+    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
+        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
+        return _iterator_runner(steps, self.dataset(first_epoch, epochs))
+
+
 def _distribute(strategy: Any, per_worker: Callable[[Any], Any]) -> Any:
     """One pipeline per worker, each replica's batches prefetched into its device's memory,
     off the step's critical path:
@@ -321,7 +384,7 @@ def stream_options(deterministic: bool) -> Any:
     return options
 
 
-Feed = ResidentFeed | StreamFeed | RowStreamFeed
+Feed = ResidentFeed | StreamFeed | RowStreamFeed | FileStreamFeed
 
 
 def make_feed(
@@ -332,6 +395,12 @@ def make_feed(
     if isinstance(data, Streamed):
         return RowStreamFeed(strategy, data.train.rows, data.train.size, global_batch, seed,
                              deterministic)
+    if isinstance(data, FileData):
+        if not fits_on_device(data):
+            return FileStreamFeed(strategy, data, global_batch, seed, deterministic)
+        from mgpu_env.training.data.read import read_whole
+
+        data = read_whole(data)
     if fits_on_device(data):
         return ResidentFeed.place(strategy, data, global_batch, seed)
     return StreamFeed(strategy, data, global_batch, seed, deterministic)

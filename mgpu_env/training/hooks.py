@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.training.data.sets import check_finite
 
 MODEL_CONTRACT = (
     "build(input_shape, num_classes) returning an uncompiled keras.Model that takes "
@@ -347,7 +348,9 @@ def _check(where: str, x: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndar
         )
     if y.min() < 0:
         raise ConfigError(f"{where}: y_{name} has the label {y.min()}; labels start at 0.")
-    return x.astype(np.float32, copy=False), y.astype(np.int32)
+    x = x.astype(np.float32, copy=False)
+    check_finite(where, x, name)
+    return x, y.astype(np.int32)
 
 
 def num_classes(*parts: Part) -> int:

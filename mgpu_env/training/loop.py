@@ -13,6 +13,7 @@ completed epoch's checkpoint, and raise `Interrupted` with the command that resu
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 import warnings
@@ -267,6 +268,8 @@ def _train_epochs(
             done += count
             loss = float(steps.train_loss.result())
             accuracy = float(steps.train_accuracy.result())
+            if not math.isfinite(loss):
+                _raise_non_finite(plan, epoch, done, loss)
             reporter.steps_done(done, loss, accuracy)
             if stop.requested and done < plan.steps_per_epoch:
                 # Mid-epoch state is not saved: resuming restarts this epoch from the last
@@ -353,6 +356,22 @@ def _restore(checkpoint: Any, manager: Any, epoch_counter: Any) -> int:
             f"  Fix: move {Path(latest).parent} away to start over, or choose another OUTPUT_DIR."
         ) from None
     return int(epoch_counter.numpy())
+
+
+def _raise_non_finite(plan: TrainPlan, epoch: int, done: int, loss: float) -> None:
+    """Stop at once on a NaN or infinite loss, as Keras' TerminateOnNaN does: the weights
+    are already non-finite, so this epoch is never saved and the last good checkpoint stays
+    the one a new start resumes from."""
+    kept = f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed"
+    raise RunFailed(
+        f"The training loss became {loss} in epoch {epoch + 1} (within its first {done} "
+        f"steps): training stopped and nothing of this epoch was saved; {kept}.\n"
+        "  Cause: NaN or infinite values in streamed samples (data read whole is checked "
+        f"before training), or a learning rate too high (LEARNING_RATE="
+        f"{plan.settings.learning_rate}).\n"
+        f"  Fix: repair the data and resume with: {resume_command(plan.output_dir)}; or "
+        "start over with a lower LEARNING_RATE in another OUTPUT_DIR."
+    )
 
 
 def _raise_interrupted(plan: TrainPlan, stop: StopRequest, epoch: int) -> None:

@@ -32,6 +32,7 @@ from mgpu_env.training.data import (
     load_data,
     resolve_dataset,
 )
+from mgpu_env.training.feed import epoch_steps
 from mgpu_env.training.resume import resume_note
 
 # The settings `mgpu train` reads (the others belong to other commands, or to the
@@ -242,19 +243,25 @@ def plan_training(
         hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
     input_shape: tuple[int, ...] = (FEATURES,)
     num_classes = CLASSES
-    if dataset.origin == "hook":
-        # Its size and shape are known only by calling it, once: the loop reuses the data.
-        # The loader may use TensorFlow, so TensorFlow gets its devices and policy first.
-        runtime.execution.prepare_tensorflow()
-        arrays = load_data(dataset, settings.seed)
+    replicas = runtime.replicas
+    global_batch = settings.batch_size * replicas
+    if dataset.origin in ("hook", "files"):
+        # Its size and shape are known only by calling it (a loader) or counting it (files,
+        # cached after the first run), once: the loop reuses the data. A loader may use
+        # TensorFlow, so TensorFlow gets its devices and policy first; files are counted
+        # with TensorFlow after the same preparation, or (multi-worker) in a child process.
+        workers = runtime.strategy_plan.role.num_workers
+        if dataset.origin == "hook":
+            runtime.execution.prepare_tensorflow()
+        arrays = load_data(dataset, settings.seed, in_process=workers == 1,
+                           prepare=runtime.execution.prepare_tensorflow)
         dataset = dataclasses.replace(dataset, loaded=arrays)
         train_size, test_size = arrays.train_size, arrays.test_size
         input_shape, num_classes = arrays.sample_shape, arrays.num_classes
+        steps = epoch_steps(arrays, global_batch, workers)
     else:
         train_size, test_size = KNOWN_SIZES[dataset.name]
-    replicas = runtime.replicas
-    global_batch = settings.batch_size * replicas
-    steps = train_size // global_batch
+        steps = train_size // global_batch
     if steps == 0:
         raise ConfigError(
             f"The global batch ({settings.batch_size} x {replicas} replicas = {global_batch}) "

@@ -1,15 +1,10 @@
-"""The data sets `mgpu train` knows, where each comes from, and the tf.data input pipeline.
+"""The built-in data sets: MNIST, Fashion-MNIST, scikit-learn's digits, synthetic rows.
 
-Resolution (`resolve_dataset`) only looks at the filesystem: it never imports TensorFlow and
-never touches the network, so `DATASET=auto` cannot hang on a machine that is offline.
 `auto` takes MNIST when `mnist.npz` is already in `DATA_DIR` or in Keras' cache, else the
-built-in digits; only an explicit `DATASET=mnist` (or `fashion_mnist`) downloads, with a
-short network timeout.
-
-Every built-in data set is returned the same way: flattened 784-value rows of float32 in
-[0, 1] and int32 labels 0..9, so the seed's 784-input model works on each of them.
-`DATASET=package.module:function` is the user's loader (`training/hooks.py` has its
-contract): any sample shape, any number of classes.
+built-in digits (`data.resolve`); only an explicit `DATASET=mnist` (or `fashion_mnist`)
+downloads, with a short network timeout. Every one is returned the same way: flattened
+784-value rows of float32 in [0, 1] and int32 labels 0..9, so the seed's 784-input model
+works on each of them.
 """
 
 from __future__ import annotations
@@ -20,16 +15,13 @@ import socket
 import zipfile
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mgpu_env.training.hooks import Part, RowStream
+from mgpu_env.training.data.sets import CLASSES, FEATURES, IMAGE_SIDE, Arrays, DatasetChoice
 
 MNIST_FILE = "mnist.npz"
 MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
@@ -45,92 +37,9 @@ FASHION_FILES = {
 # Debian's `dataset-fashion-mnist` installs the four gzipped IDX files here.
 SYSTEM_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 DOWNLOAD_TIMEOUT_S = 30.0
-IMAGE_SIDE = 28
-FEATURES = IMAGE_SIDE * IMAGE_SIDE
-CLASSES = 10
 SYNTHETIC_TRAIN = 60_000
 SYNTHETIC_TEST = 10_000
 DIGITS_TEST_FRACTION = 0.2
-
-Origin = Literal["file", "download", "built-in", "generated", "hook"]
-
-
-@dataclass(frozen=True)
-class DatasetChoice:
-    """Which data set a run uses and where it comes from; decided without TensorFlow."""
-
-    name: str  # mnist, digits, synthetic, fashion_mnist, or package.module:function
-    origin: Origin
-    location: Path | None = None  # the file or folder read, or where a download goes
-    note: str | None = None  # why auto chose this one, for the start summary
-    # A hook's data, loaded once when the run is planned (its size is known only then).
-    loaded: Data | None = field(default=None, compare=False, repr=False)
-
-    def describe(self) -> str:
-        if self.origin == "hook":
-            return f"{self.name} (your loader)"
-        if self.origin == "file":
-            return f"{self.name} from {self.location}"
-        if self.origin == "download":
-            return f"{self.name}, downloaded (if not yet) to {self.location}"
-        if self.origin == "built-in":
-            return f"{self.name} (built into scikit-learn, offline)"
-        return f"{self.name} (random, generated)"
-
-
-@dataclass(frozen=True)
-class Arrays:
-    """A loaded data set: float32 samples (built-in: rows of 784 values in [0, 1]) and int32
-    labels 0..num_classes-1."""
-
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int = CLASSES
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.x_train.shape[1:])
-
-    @property
-    def train_size(self) -> int:
-        return int(self.x_train.shape[0])
-
-    @property
-    def test_size(self) -> int:
-        return int(self.x_test.shape[0])
-
-
-@dataclass(frozen=True)
-class Streamed:
-    """A DATASET loader's data too big to read into memory (`hooks.RowStream`): the
-    training rows stream from its pipeline every epoch (`training.feed.RowStreamFeed`), the
-    test rows once per evaluation."""
-
-    name: str
-    train: RowStream
-    test: Part  # a RowStream, or (x, y) arrays when the test part was small
-    num_classes: int
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        return self.train.sample_shape
-
-    @property
-    def train_size(self) -> int:
-        return self.train.size
-
-    @property
-    def test_size(self) -> int:
-        from mgpu_env.training.hooks import part_size
-
-        return part_size(self.test)
-
-
-# What a run trains on: arrays in memory, or a loader's streams.
-Data = Arrays | Streamed
 
 
 def keras_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -141,7 +50,7 @@ def keras_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return base.expanduser() / "datasets"
 
 
-def _fashion_folder_complete(folder: Path) -> bool:
+def fashion_folder_complete(folder: Path) -> bool:
     return all(_idx_file(folder, stem) is not None for stem in FASHION_FILES.values())
 
 
@@ -152,91 +61,7 @@ def _idx_file(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def resolve_dataset(
-    name: str,
-    data_dir: Path | None,
-    environ: Mapping[str, str] | None = None,
-    system_fashion_dir: Path = SYSTEM_FASHION_DIR,
-) -> DatasetChoice:
-    """Decide which data set to use and from where. Filesystem only: no TF, no network
-    (a loader, `package.module:function`, is only named here; `load_data` calls it)."""
-    if ":" in name:
-        return DatasetChoice(name, "hook")
-    cache = keras_cache_dir(environ)
-    if name in ("mnist", "auto"):
-        for folder in (data_dir, cache):
-            if folder is not None and (folder / MNIST_FILE).is_file():
-                return DatasetChoice("mnist", "file", folder / MNIST_FILE)
-        if name == "auto":
-            where = (
-                f"in neither {data_dir} (DATA_DIR) nor {cache}" if data_dir else f"not in {cache}"
-            )
-            return DatasetChoice(
-                "digits",
-                "built-in",
-                note=(
-                    f"DATASET=auto: {MNIST_FILE} is {where}, so training uses "
-                    "the built-in digits (set DATASET=mnist to download MNIST)"
-                ),
-            )
-        return DatasetChoice("mnist", "download", cache / MNIST_FILE)
-    if name == "fashion_mnist":
-        candidates = [
-            folder
-            for folder in (
-                data_dir / FASHION_DIR if data_dir else None,
-                data_dir,
-                cache / FASHION_DIR,
-                system_fashion_dir,
-            )
-            if folder is not None
-        ]
-        for folder in candidates:
-            if _fashion_folder_complete(folder):
-                return DatasetChoice("fashion_mnist", "file", folder)
-        return DatasetChoice("fashion_mnist", "download", cache / FASHION_DIR)
-    if name == "digits":
-        return DatasetChoice("digits", "built-in")
-    if name == "synthetic":
-        return DatasetChoice("synthetic", "generated")
-    raise ConfigError(
-        f"Unknown data set {name!r}. Valid: auto, mnist, digits, synthetic, fashion_mnist."
-    )
-
-
-# ------------------------------------------------------------------------------ loading
-
-
-def load_data(choice: DatasetChoice, seed: int) -> Data:
-    """The chosen data set: arrays, or a loader's data too big to read (streams)."""
-    if choice.loaded is not None:
-        return choice.loaded
-    if choice.origin == "hook":
-        from mgpu_env.training import hooks
-
-        train, test = hooks.load_data(choice.name)
-        classes = hooks.num_classes(train, test)
-        if isinstance(train, hooks.RowStream):
-            return Streamed(choice.name, train, test, classes)
-        if isinstance(test, hooks.RowStream):  # small training rows, a test set too big
-            return Streamed(choice.name, hooks.as_stream(train), test, classes)
-        return Arrays(choice.name, *train, *test, classes)
-    return _read_built_in(choice, seed)
-
-
-def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
-    """The chosen data set, which must be arrays (a loader's stream is refused)."""
-    data = load_data(choice, seed)
-    if isinstance(data, Streamed):
-        raise ConfigError(
-            f"DATASET={choice.name} gives a tf.data set over 2 GiB, which streams; only "
-            "mgpu train and mgpu bench take a stream.\n"
-            "  Fix: use one of them, or have the loader return a smaller data set."
-        )
-    return data
-
-
-def _read_built_in(choice: DatasetChoice, seed: int) -> Arrays:
+def read_built_in(choice: DatasetChoice, seed: int) -> Arrays:
     """Read (or download, or generate) a built-in data set. Raises ConfigError, never exits."""
     if choice.name == "mnist":
         path = choice.location
@@ -428,34 +253,3 @@ def synthetic_arrays(
         rng.random((test, FEATURES), dtype=np.float32),
         rng.integers(0, CLASSES, test, dtype=np.int32),
     )
-
-
-# ----------------------------------------------------------------------------- tf.data
-
-
-def _distribute_options() -> Any:
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    # In-memory data has no files to split between workers: shard by DATA (each worker
-    # keeps every n-th batch element). The default AUTO would try FILE, fail, and fall back
-    # with a warning; with one worker the policy changes nothing.
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
-    )
-    return options
-
-
-def test_dataset(data: Data, global_batch_size: int) -> Any:
-    """The whole test set in global batches; the last, partial batch is kept."""
-    import tensorflow as tf
-
-    if isinstance(data, Streamed):
-        from mgpu_env.training.hooks import as_stream
-
-        rows = as_stream(data.test).rows  # too big to cache
-    else:
-        rows = tf.data.Dataset.from_tensor_slices((data.x_test, data.y_test)).cache()
-    rows = rows.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
-    return rows.with_options(_distribute_options())
-

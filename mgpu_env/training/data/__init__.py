@@ -1,0 +1,42 @@
+"""The data sets `mgpu train` knows, where each comes from, and how they are read.
+
+- `sets`: the types: `DatasetChoice`, and the loaded `Arrays`, `Streamed`, `FileData`.
+- `resolve`: which data set a run uses (filesystem only) and loading it.
+- `builtin`: MNIST, Fashion-MNIST, scikit-learn's digits, synthetic rows.
+- `files`: folders of files (`tfrecord:DIR`, `images:DIR`, `npy:DIR`): found, counted once,
+  checked, cached; `read`: their tf.data pipelines.
+- `pipeline`: the test set for evaluation.
+
+`DATASET=package.module:function` is the user's loader (`training/hooks.py` has its
+contract): any sample shape, any number of classes.
+"""
+
+from mgpu_env.training.data.builtin import (
+    DOWNLOAD_TIMEOUT_S,
+    MNIST_URL,
+    digits_to_mnist_layout,
+    keras_cache_dir,
+    read_idx,
+    synthetic_arrays,
+)
+from mgpu_env.training.data.pipeline import test_dataset
+from mgpu_env.training.data.resolve import load_arrays, load_data, resolve_dataset
+from mgpu_env.training.data.sets import (
+    CLASSES,
+    FEATURES,
+    IMAGE_SIDE,
+    Arrays,
+    Data,
+    DatasetChoice,
+    FileData,
+    Streamed,
+    as_float32,
+    check_finite,
+)
+
+__all__ = [
+    "CLASSES", "DOWNLOAD_TIMEOUT_S", "FEATURES", "IMAGE_SIDE", "MNIST_URL", "Arrays", "Data",
+    "DatasetChoice", "FileData", "Streamed", "as_float32", "check_finite",
+    "digits_to_mnist_layout", "keras_cache_dir", "load_arrays", "load_data", "read_idx",
+    "resolve_dataset", "synthetic_arrays", "test_dataset",
+]

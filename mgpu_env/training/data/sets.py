@@ -1,0 +1,191 @@
+"""What a run trains on, as types: the choice of data set, and its data once loaded.
+
+`Arrays` (in memory, or memory-mapped `.npy` files), `Streamed` (a loader's tf.data set too
+big to read), `FileData` (TFRecord files or image folders, read by tf.data). Every
+`training.feed` takes any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from mgpu_env.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mgpu_env.training.hooks import Part, RowStream
+
+IMAGE_SIDE = 28
+FEATURES = IMAGE_SIDE * IMAGE_SIDE
+CLASSES = 10
+# Rows checked for NaN and infinity at a time: a bounded temporary, whatever the data's size.
+FINITE_CHUNK_ROWS = 65_536
+
+Origin = Literal["file", "download", "built-in", "generated", "hook", "files"]
+FileKind = Literal["tfrecord", "images", "npy"]
+FILE_KINDS: tuple[FileKind, ...] = ("tfrecord", "images", "npy")
+
+
+@dataclass(frozen=True)
+class DatasetChoice:
+    """Which data set a run uses and where it comes from; decided without TensorFlow."""
+
+    name: str  # mnist, digits, synthetic, fashion_mnist, package.module:function, kind:DIR
+    origin: Origin
+    location: Path | None = None  # the file or folder read, or where a download goes
+    note: str | None = None  # why auto chose this one, for the start summary
+    # A hook's or a folder's data, loaded once when the run is planned (its size is known
+    # only then).
+    loaded: Data | None = field(default=None, compare=False, repr=False)
+
+    def describe(self) -> str:
+        if self.origin == "hook":
+            return f"{self.name} (your loader)"
+        if self.origin == "files":
+            return f"{self.name.split(':', 1)[0]} files in {self.location}"
+        if self.origin == "file":
+            return f"{self.name} from {self.location}"
+        if self.origin == "download":
+            return f"{self.name}, downloaded (if not yet) to {self.location}"
+        if self.origin == "built-in":
+            return f"{self.name} (built into scikit-learn, offline)"
+        return f"{self.name} (random, generated)"
+
+
+@dataclass(frozen=True)
+class Arrays:
+    """A loaded data set: samples (built-in: float32 rows of 784 values in [0, 1]; a `.npy`
+    folder's: memory-mapped as stored, made float32 by `as_float32` where they are read) and
+    int32 labels 0..num_classes-1."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int = CLASSES
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.x_train.shape[1:])
+
+    @property
+    def train_size(self) -> int:
+        return int(self.x_train.shape[0])
+
+    @property
+    def test_size(self) -> int:
+        return int(self.x_test.shape[0])
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A DATASET loader's data too big to read into memory (`hooks.RowStream`): the
+    training rows stream from its pipeline every epoch (`training.feed.RowStreamFeed`), the
+    test rows once per evaluation."""
+
+    name: str
+    train: RowStream
+    test: Part  # a RowStream, or (x, y) arrays when the test part was small
+    num_classes: int
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.train.sample_shape
+
+    @property
+    def train_size(self) -> int:
+        return self.train.size
+
+    @property
+    def test_size(self) -> int:
+        from mgpu_env.training.hooks import part_size
+
+        return part_size(self.test)
+
+
+@dataclass(frozen=True)
+class FilePart:
+    """One split of a file data set: its files, the records in each, and (image folders)
+    each file's label."""
+
+    files: tuple[str, ...]  # absolute paths, sorted
+    counts: tuple[int, ...]  # records per file (1 per image)
+    labels: tuple[int, ...] | None = None  # image folders: the class of each file
+
+    @property
+    def size(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a folder's records are read: `DIR/dataset.json`, every key optional."""
+
+    image_feature: str = "image"  # TFRecord: the bytes feature of the image
+    label_feature: str = "label"  # TFRecord: the int64 feature of the class
+    shape: tuple[int, ...] | None = None  # TFRecord: raw (not encoded) images of this shape
+    dtype: str = "uint8"  # TFRecord raw images: uint8 or float32
+    image_size: tuple[int, int] | None = None  # resize every image to (height, width)
+    channels: int = 0  # decode to 1 (grey), 3 (RGB) or 4 channels; 0: as stored
+    classes: int | None = None  # labels run 0..classes-1; default: the largest label + 1
+
+
+@dataclass(frozen=True)
+class FileData:
+    """TFRecord files or an image folder, counted and checked (`data.files`): read whole
+    into the kept feed when the decoded rows fit on the device, else streamed by file."""
+
+    name: str
+    kind: FileKind
+    folder: Path
+    layout: Layout
+    train: FilePart
+    test: FilePart
+    sample_shape: tuple[int, ...]
+    num_classes: int
+
+    @property
+    def train_size(self) -> int:
+        return self.train.size
+
+    @property
+    def test_size(self) -> int:
+        return self.test.size
+
+
+# What a run trains on: arrays in memory, a loader's streams, or files.
+Data = Arrays | Streamed | FileData
+
+
+def as_float32(x: np.ndarray) -> np.ndarray:
+    """Samples as the model takes them: uint8 (image bytes) scaled to [0, 1], as the built-in
+    MNIST is; any other type as it is, converted to float32."""
+    if x.dtype == np.uint8:
+        return (np.asarray(x, dtype=np.float32) / 255.0).astype(np.float32, copy=False)
+    return np.asarray(x, dtype=np.float32)
+
+
+def check_finite(where: str, x: np.ndarray, part: str) -> None:
+    """Refuse NaN or infinite samples (ConfigError): a single NaN trains the model into NaN
+    weights and chance accuracy without any error. Read in chunks, so a memory-mapped file is
+    never read whole at once."""
+    if not np.issubdtype(x.dtype, np.floating) or x.shape[0] == 0:
+        return  # integers cannot be NaN
+    bad, first = 0, -1
+    for start in range(0, x.shape[0], FINITE_CHUNK_ROWS):
+        chunk = np.asarray(x[start : start + FINITE_CHUNK_ROWS])
+        rows = ~np.isfinite(chunk.reshape(chunk.shape[0], -1)).all(axis=1)
+        if rows.any():
+            if first < 0:
+                first = start + int(np.argmax(rows))
+            bad += int(rows.sum())
+    if bad:
+        raise ConfigError(
+            f"{where}: {bad} of the {x.shape[0]} {part} samples hold NaN or infinite values "
+            f"(the first is row {first}); training on them gives NaN weights.\n"
+            "  Fix: drop or repair those rows (e.g. np.nan_to_num), then run again."
+        )

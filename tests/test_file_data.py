@@ -1,0 +1,180 @@
+"""Folders of files as data sets (`DATASET=tfrecord:DIR`, `images:DIR`, `npy:DIR`): found,
+counted once and cached, bad data refused before training, sharded between workers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from mgpu_env.training.data.files import load_files
+
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.parsers import SettingError, parse_dataset
+from mgpu_env.training.data import Arrays, FileData, check_finite, files
+from tests.filedata import write_images, write_layout, write_npy, write_tfrecords
+
+parse = parse_dataset("auto", "mnist", "digits")
+
+
+def load(kind: str, folder: Path) -> FileData | Arrays:
+    data = load_files(f"{kind}:{folder}", kind, folder)  # type: ignore[arg-type]
+    assert isinstance(data, (FileData, Arrays))
+    return data
+
+
+def test_dataset_setting_takes_folders_names_and_hooks(tmp_path: Path) -> None:
+    assert parse(f"tfrecord:{tmp_path}") == f"tfrecord:{tmp_path}"
+    assert parse(f"NPY:{tmp_path}") == f"npy:{tmp_path}"
+    assert parse("mydata:load") == "mydata:load" and parse("Digits") == "digits"
+    with pytest.raises(SettingError, match="existing folder"):
+        parse(f"images:{tmp_path / 'missing'}")
+
+
+def test_each_layout_is_counted_once_then_read_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folders = {
+        "tfrecord": write_tfrecords(tmp_path / "tf", files=2, per_file=8),
+        "images": write_images(tmp_path / "im"),
+        "npy": write_npy(tmp_path / "np"),
+    }
+    expected = {"tfrecord": (16, 8, (8, 8, 1), 4), "images": (12, 4, (8, 8, 3), 2),
+                "npy": (64, 16, (8, 8), 4)}
+    for kind, folder in folders.items():
+        data = load(kind, folder)
+        found = (data.train_size, data.test_size, data.sample_shape, data.num_classes)
+        assert found == expected[kind], kind
+        assert (folder / files.CACHE_FILE).is_file()
+    monkeypatch.setattr(files, "count", lambda *a: pytest.fail("counted again"))
+    for kind, folder in folders.items():
+        assert load(kind, folder).train_size == expected[kind][0]
+    npy = load("npy", folders["npy"])
+    assert isinstance(npy, Arrays) and isinstance(npy.x_train, np.memmap)
+
+
+def test_a_changed_file_is_counted_again(tmp_path: Path) -> None:
+    folder = write_npy(tmp_path / "np")
+    assert load("npy", folder).train_size == 64
+    write_npy(folder, train=32)
+    os.utime(folder / "x_train.npy", ns=(1, 1))  # another mtime even on a coarse clock
+    assert load("npy", folder).train_size == 32
+
+
+def test_a_read_only_folder_caches_in_the_user_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = write_npy(tmp_path / "np")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # As a read-only folder looks (chmod does not stop root, who runs these in containers).
+    monkeypatch.setattr(files.os, "access", lambda path, mode: False)
+    load("npy", folder)
+    assert not (folder / files.CACHE_FILE).exists()
+    assert len(list((tmp_path / "cache" / "mgpu" / "datasets").glob("*.json"))) == 1
+
+
+def test_missing_splits_are_refused(tmp_path: Path) -> None:
+    tf_folder = write_tfrecords(tmp_path / "tf", files=1, per_file=2)
+    for path in tf_folder.glob("*test*"):
+        path.unlink()
+    with pytest.raises(ConfigError, match="no test split"):
+        load("tfrecord", tf_folder)
+    np_folder = write_npy(tmp_path / "np")
+    (np_folder / "y_train.npy").unlink()
+    with pytest.raises(ConfigError, match=r"(?s)no train split.*x_train.npy"):
+        load("npy", np_folder)
+
+
+def test_an_empty_class_folder_is_refused(tmp_path: Path) -> None:
+    folder = write_images(tmp_path / "im")
+    (folder / "train" / "bird").mkdir()
+    with pytest.raises(ConfigError, match="bird holds no images"):
+        load("images", folder)
+
+
+def test_labels_out_of_range_are_refused(tmp_path: Path) -> None:
+    folder = write_tfrecords(tmp_path / "tf", files=1, per_file=8, classes=4)
+    write_layout(folder, classes=3)
+    with pytest.raises(ConfigError, match=r"train labels run 0..3, outside 0..2"):
+        load("tfrecord", folder)
+    np_folder = write_npy(tmp_path / "np")
+    y = np.load(np_folder / "y_test.npy")
+    y[3] = 9
+    np.save(np_folder / "y_test.npy", y)
+    with pytest.raises(ConfigError, match=r"test labels run 0..9, outside 0..3"):
+        load("npy", np_folder)
+
+
+def test_corrupt_records_and_images_are_refused_naming_the_file(tmp_path: Path) -> None:
+    folder = write_tfrecords(tmp_path / "tf", files=2, per_file=4)
+    broken = sorted(folder.glob("*train*"))[1]
+    broken.write_bytes(broken.read_bytes()[:-7])
+    with pytest.raises(ConfigError, match=f"{broken.name} cannot be read"):
+        load("tfrecord", folder)
+    images = write_images(tmp_path / "im")
+    (images / "train" / "dog" / "3.png").write_bytes(b"\x89PNG not really")
+    with pytest.raises(ConfigError, match=r"1 images cannot be decoded .*dog/3.png"):
+        load("images", images)
+
+
+def test_mixed_image_sizes_need_image_size(tmp_path: Path) -> None:
+    folder = write_images(tmp_path / "im", side=8)
+    write_images(tmp_path / "im", classes=("dog",), side=10, per_class=1, test_per_class=0)
+    sizes = r"(?s)sizes, from \(8, 8, 3\) to \(10, 10, 3\).*image_size"
+    with pytest.raises(ConfigError, match=sizes):
+        load("images", folder)
+    write_layout(folder, image_size=[6, 6])
+    assert load("images", folder).sample_shape == (6, 6, 3)
+
+
+def test_nan_features_are_refused_with_their_count_and_first_row(tmp_path: Path) -> None:
+    folder = write_npy(tmp_path / "np", dtype="float32")
+    x = np.load(folder / "x_train.npy")
+    x[5, 1, 1], x[9, 0, 0] = np.nan, np.inf
+    np.save(folder / "x_train.npy", x)
+    with pytest.raises(ConfigError, match=r"2 of the 64 train samples .* row 5"):
+        load("npy", folder)
+    rows = np.ones((200_000, 2), np.float32)
+    rows[150_000, 1] = np.nan  # past the first chunk
+    with pytest.raises(ConfigError, match=r"1 of the 200000 x samples .* row 150000"):
+        check_finite("here", rows, "x")
+
+
+class _Strategy(SimpleNamespace):
+    num_replicas_in_sync = 4  # 2 workers x 2 replicas
+
+
+@pytest.mark.parametrize("train_files", [4, 1], ids=["by-file", "by-record"])
+def test_two_workers_read_every_training_record_once_per_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train_files: int
+) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.training import feed
+
+    monkeypatch.setattr(feed, "RESIDENT_LIMIT_BYTES", 0)  # stream, as large data does
+    per_file = 128 // train_files
+    folder = write_tfrecords(tmp_path / "tf", files=train_files, per_file=per_file,
+                             label_is_index=True)
+    data = load("tfrecord", folder)
+    assert isinstance(data, FileData)
+    stream = feed.make_feed(_Strategy(), data, global_batch=32, seed=3)
+    assert isinstance(stream, feed.FileStreamFeed)
+    assert feed.epoch_steps(data, 32, workers=2) == 4
+    orders = []
+    for epoch in (0, 1):
+        seen: list[int] = []
+        for worker in (0, 1):
+            context = tf.distribute.InputContext(num_input_pipelines=2,
+                                                 input_pipeline_id=worker)
+            batches = list(stream.worker_dataset(context, epoch).as_numpy_iterator())
+            assert len(batches) == 4 * 2 and all(len(y) == 8 for _, y in batches)
+            seen += [int(label) for _, y in batches for label in y]
+        assert sorted(seen) == list(range(128)), "each record exactly once"
+        orders.append(seen)
+    assert orders[0] != orders[1], "each epoch has its own order"
+    again = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
+    replay = [int(v) for _, y in stream.worker_dataset(again, 1).as_numpy_iterator() for v in y]
+    assert replay == orders[1][:64], "an epoch's order depends on SEED and the epoch only"

@@ -1,0 +1,120 @@
+"""`mgpu train` on folders of files, end to end in subprocesses: training, the cached
+counts, exact resume of a streamed data set, and non-finite numbers stopping a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.filedata import write_npy, write_tfrecords
+from tests.test_train_run import metrics, run, train_env
+
+pytestmark = pytest.mark.slow
+
+# Runs `mgpu train` with the kept-rows limit at 0, so a small folder streams from its files
+# (or a loader's tf.data set streams from its pipeline), as data over 2 GiB does.
+STREAMING = (
+    "import runpy, sys; import mgpu_env.training.feed as f, mgpu_env.training.hooks as h; "
+    "f.RESIDENT_LIMIT_BYTES = 0; h.READ_LIMIT_BYTES = 0; sys.argv = ['mgpu', 'train']; "
+    "runpy.run_module('entrypoint', run_name='__main__')"
+)
+
+NAN_LOADER = '''
+import os
+import numpy as np
+import tensorflow as tf
+
+def load():
+    rng = np.random.default_rng(0)
+    x = rng.random((256, 16), dtype=np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64)
+    if os.environ.get("POISON"):
+        x[7, 3] = np.nan
+    rows = lambda a, b: tf.data.Dataset.from_tensor_slices((a, b))
+    return rows(x, y), rows(x[:64], y[:64])
+'''
+
+
+def run_streaming(output_dir: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", STREAMING], env=train_env(output_dir, **settings),
+        cwd=output_dir.parent, capture_output=True, text=True, timeout=300, check=False,
+    )
+
+
+def test_tfrecords_train_and_a_second_start_reads_the_cached_counts(tmp_path: Path) -> None:
+    folder = write_tfrecords(tmp_path / "data", files=2, per_file=64, test_files=1)
+    settings = {"DATASET": f"tfrecord:{folder}", "VIRTUAL_DEVICES": "2", "BATCH_SIZE": "8"}
+    started = time.monotonic()
+    first = run(tmp_path / "plan", "--dry-run", **settings)
+    counted = time.monotonic() - started
+    assert first.returncode == 0, first.stderr
+    assert "input (8, 8, 1), 4 classes" in first.stdout
+    assert (folder / ".mgpu-dataset.json").is_file() and not (tmp_path / "plan").exists()
+    started = time.monotonic()
+    again = run(tmp_path / "plan", "--dry-run", "--json", **settings)
+    cached = time.monotonic() - started
+    plan = json.loads(again.stdout)
+    assert (plan["train_samples"], plan["test_samples"]) == (128, 64)
+    assert plan["input_shape"] == [8, 8, 1] and plan["num_classes"] == 4
+    print(f"dry run: counting {counted:.2f} s, cached {cached:.2f} s")
+    result = run(tmp_path / "run", EPOCHS="2", **settings)
+    assert result.returncode == 0, result.stderr
+    found = metrics(tmp_path / "run")
+    assert found["train_samples"] == 128 and len(found["history"]) == 2
+
+
+def test_streamed_files_resume_at_the_epoch_with_the_uninterrupted_losses(
+    tmp_path: Path,
+) -> None:
+    folder = write_tfrecords(tmp_path / "data", files=3, per_file=48, test_files=1)
+    settings = {"DATASET": f"tfrecord:{folder}", "VIRTUAL_DEVICES": "2", "BATCH_SIZE": "8"}
+    straight = run_streaming(tmp_path / "straight", EPOCHS="3", **settings)
+    assert straight.returncode == 0, straight.stderr
+    stopped = run_streaming(tmp_path / "resumed", EPOCHS="1", **settings)
+    assert stopped.returncode == 0, stopped.stderr
+    resumed = run_streaming(tmp_path / "resumed", EPOCHS="3", **settings)
+    assert resumed.returncode == 0, resumed.stderr
+    found, expected = metrics(tmp_path / "resumed"), metrics(tmp_path / "straight")
+    assert found["resumed_from_epoch"] == 1
+    for key in ("loss", "accuracy"):
+        assert [e[key] for e in found["history"]] == [e[key] for e in expected["history"]]
+    assert found["test_loss"] == expected["test_loss"]
+
+
+def test_nan_in_data_read_whole_is_exit_2_before_anything_is_written(tmp_path: Path) -> None:
+    folder = write_npy(tmp_path / "data", dtype="float32")
+    x = np.load(folder / "x_train.npy")
+    x[11, 2, 2] = np.nan
+    np.save(folder / "x_train.npy", x)
+    result = run(tmp_path / "run", DATASET=f"npy:{folder}")
+    assert result.returncode == 2, result.stderr
+    assert "1 of the 64 train samples hold NaN or infinite values" in result.stderr
+    assert "row 11" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_nan_loss_stops_the_run_keeps_the_last_good_checkpoint_and_resumes(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "nanloader.py").write_text(NAN_LOADER)
+    output = tmp_path / "run"
+    settings = {"DATASET": "nanloader:load", "BATCH_SIZE": "16"}  # found in the cwd
+    assert run_streaming(output, EPOCHS="1", **settings).returncode == 0
+    # The streamed rows are not checked up front: the poisoned row is met in epoch 2.
+    poisoned = run_streaming(output, EPOCHS="3", POISON="1", **settings)
+    assert poisoned.returncode == 1, poisoned.stderr
+    assert "loss became nan in epoch 2" in poisoned.stderr
+    assert "the checkpoint of epoch 1 is kept" in poisoned.stderr
+    assert "Traceback" not in poisoned.stderr
+    assert sorted(p.name for p in (output / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
+    assert metrics(output)["epochs_completed"] == 1  # the finished first run's, untouched
+    resumed = run_streaming(output, EPOCHS="3", **settings)
+    assert resumed.returncode == 0, resumed.stderr
+    assert metrics(output)["resumed_from_epoch"] == 1
