@@ -323,7 +323,8 @@ def _count_npy(where: str, parts: dict[str, FilePart], layout: Layout) -> dict[s
             f"{test[0].shape[1:]}.\n  Fix: give both the same sample shape."
         )
     classes = _classes(where, layout, *(
-        (int(y.min()), int(y.max()), split) for (_, y), split in zip((train, test), SPLITS, strict=True)
+        (int(y.min()), int(y.max()), split)
+        for (_, y), split in zip((train, test), SPLITS, strict=True)
     ))
     for (x, _), split in zip((train, test), SPLITS, strict=True):
         check_finite(where, x, split)
