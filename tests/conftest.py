@@ -64,3 +64,16 @@ def use_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeNvm
 @pytest.fixture
 def two_gpus(use_fake_nvml: Callable[[FakeNvml], FakeNvml]) -> FakeNvml:
     return use_fake_nvml(fake_with(2))
+
+
+# TensorFlow's devices are fixed by the first test that starts its runtime in this process:
+# every in-process test that uses TensorFlow asks for this split first (session-wide).
+LOGICAL_CPUS = 4
+
+
+@pytest.fixture(scope="session")
+def logical_cpus() -> tuple[str, ...]:
+    pytest.importorskip("tensorflow")
+    from mgpu_env.hardware.devices import DeviceSplit, apply_split
+
+    return apply_split(DeviceSplit("CPU", 1, LOGICAL_CPUS))

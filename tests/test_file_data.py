@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from mgpu_env.training.data.files import load_files
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import SettingError, parse_dataset
 from mgpu_env.training.data import Arrays, FileData, check_finite, files
+from mgpu_env.training.data.files import load_files
 from tests.filedata import write_images, write_layout, write_npy, write_tfrecords
 
 parse = parse_dataset("auto", "mnist", "digits")
@@ -23,6 +23,10 @@ def load(kind: str, folder: Path) -> FileData | Arrays:
     data = load_files(f"{kind}:{folder}", kind, folder)  # type: ignore[arg-type]
     assert isinstance(data, (FileData, Arrays))
     return data
+
+# The counting pass runs TensorFlow in this process: the CPU is split first.
+pytestmark = pytest.mark.usefixtures("logical_cpus")
+
 
 
 def test_dataset_setting_takes_folders_names_and_hooks(tmp_path: Path) -> None:

@@ -20,15 +20,8 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
 from mgpu_env.runtime.strategy import WorkerRole, make_strategy, plan_strategy
+from tests.conftest import LOGICAL_CPUS
 from tests.runtimes import runtime_of
-
-LOGICAL_CPUS = 4
-
-
-@pytest.fixture(scope="session")
-def logical_cpus() -> tuple[str, ...]:
-    pytest.importorskip("tensorflow")
-    return apply_split(DeviceSplit("CPU", 1, LOGICAL_CPUS))
 
 
 @pytest.fixture
