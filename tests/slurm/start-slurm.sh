@@ -93,9 +93,10 @@ SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
-# Its own munged, so a system munge key (or none) does not matter.
+# Its own munged, so a system munge key (or none) does not matter. A requeued job waits
+# cred_expire seconds before it may start again (default 120): 20 keeps the tests short.
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE_SOCKET
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=20
 CredType=cred/munge
 StateSaveLocation=$STATE_DIR/ctld
 SlurmdSpoolDir=$STATE_DIR/slurmd/%n
