@@ -130,11 +130,15 @@ build-cpu: ## Build the image on a local Debian base (no registry, no GPU)
 	IMAGE=mgpu-env:cpu BASE_IMAGE=$(BASE_CPU_IMAGE) docker/build-image.sh $(BUILD_ARGS)
 
 .PHONY: wheels
+# python-hostlist ships only a source archive (locked by its hash): it is downloaded as
+# one, with setuptools, which builds it (uv's build isolation, offline from this folder).
 wheels: ## Download the locked wheels (uv, CUDA too) into docker/wheels/ for an offline build
-	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) \
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --no-binary=python-hostlist \
+		--python-version $(WHEELS_PYTHON) \
 		$(foreach p,manylinux2014 manylinux_2_17 manylinux_2_27 manylinux_2_28,--platform $(p)_x86_64) \
 		--require-hashes --dest docker/wheels \
 		-r requirements-uv.lock -r requirements-cuda.lock -r requirements.lock
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --dest docker/wheels setuptools
 
 runs data:
 	mkdir -p $@

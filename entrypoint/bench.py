@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import typer
@@ -12,6 +13,8 @@ from entrypoint.options import EXIT_FAILED, SettingFlags, resolve, with_settings
 from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_report
 from mgpu_env.runtime import build_runtime
+
+PIPED_WIDTH = 200  # wider than any table mgpu bench prints
 
 
 @with_settings(scope="bench")
@@ -39,7 +42,9 @@ def command(flags: SettingFlags) -> None:
     json_path = write_report(report, output_dir)
     png_path = plot_bench(data, output_dir / BENCH_PNG)
 
-    console = Console()
+    # Piped (a batch system's output file), rich would wrap the table at 80 columns; a
+    # log file has no width, so it gets the table's own.
+    console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH, soft_wrap=True)
     console.print(render_table(data))
     for note in data["notes"]:
         console.print(f"note: {note}")

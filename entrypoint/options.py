@@ -19,12 +19,9 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from mgpu_env.config.errors import MgpuError
-from mgpu_env.config.settings import (
-    DECLARATIONS,
-    Declaration,
-    ResolvedSettings,
-    resolve_settings,
-)
+from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
+from mgpu_env.config.settings import DECLARATIONS, Declaration
+from mgpu_env.runtime import Runtime
 
 # Exit codes, documented in the README.
 EXIT_OK = 0
@@ -102,7 +99,7 @@ def with_settings(
     `only` limits the flags to those settings; `scope` adds the settings declared for one
     command (e.g. "bench") to the common ones. The options carry no envvar of their own:
     precedence (flag > environment > env file > default) and validation belong to
-    `mgpu_env.config.settings.resolve_settings`.
+    `mgpu_env.config.resolve.resolve_settings`.
     """
     wanted = set(only) if only is not None else None
 
@@ -142,9 +139,31 @@ def with_settings(
     return decorate
 
 
+@dataclass
+class LineTag:
+    """What starts every line mgpu prints in a multi-worker run ("[worker 1] "): a batch
+    system writes every worker's output into files read side by side, or into one."""
+
+    text: str = ""
+
+    def set_for(self, runtime: Runtime) -> None:
+        cluster = runtime.cluster
+        self.text = "" if cluster is None else f"[worker {cluster.index}] "
+
+
+TAG = LineTag()
+
+
+def say(message: str, err: bool = False) -> None:
+    """Print mgpu's own lines (to stderr with `err`), each with the worker's tag."""
+    if TAG.text:
+        message = "\n".join(TAG.text + line for line in message.split("\n"))
+    typer.echo(message, err=err)
+
+
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     """Print a user-facing error to stderr and exit with `code`."""
-    typer.echo(message, err=True)
+    say(message, err=True)
     raise typer.Exit(code=code)
 
 
@@ -184,7 +203,7 @@ def resolve(flags: SettingFlags) -> ResolvedSettings:
     """
     resolved = resolve_settings(flags, os.environ)
     for warning in resolved.warnings:
-        typer.echo(f"warning: {warning}", err=True)
+        say(f"warning: {warning}", err=True)
     return resolved
 
 

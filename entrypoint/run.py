@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from entrypoint.options import SettingFlags, resolve, with_settings
+from entrypoint.options import TAG, SettingFlags, resolve, say, with_settings
 from mgpu_env import launcher
 from mgpu_env.runtime import build_runtime
 
@@ -42,9 +42,10 @@ def command(
     resolved = resolve(flags)  # bad settings: exit 2, before the script starts
     run_target = launcher.resolve_target(target or [], module=module)
     runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
+    TAG.set_for(runtime)
     runtime.apply()  # CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is imported
     launcher.prepare(runtime)
     if not resolved.settings.quiet:
         for line in launcher.summary(runtime, run_target):
-            typer.echo(line, err=True)
+            say(line, err=True)
     raise typer.Exit(code=launcher.run_target(run_target))

@@ -10,15 +10,24 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
-from entrypoint.options import EXIT_BAD_CONFIG, SettingFlags, fail, resolve, with_settings
+from entrypoint.options import (
+    EXIT_BAD_CONFIG,
+    TAG,
+    SettingFlags,
+    fail,
+    resolve,
+    say,
+    with_settings,
+)
 from mgpu_env.runtime import build_runtime
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
     from mgpu_env.training.plan import TrainPlan
 
 
-def plan_lines(plan: TrainPlan) -> list[str]:
-    """The one-screen start summary (also what --dry-run prints)."""
+def plan_lines(plan: TrainPlan, verbose: bool = False) -> list[str]:
+    """The one-screen start summary (also what --dry-run prints): the settings that were
+    set, and how many kept their defaults (all of them with `verbose`)."""
     info = plan.describe()
     devices = ", ".join(info["devices"])
     physical = ", ".join(info["physical_devices"])
@@ -38,6 +47,7 @@ def plan_lines(plan: TrainPlan) -> list[str]:
         f"  devices        {plan.strategy.local_replicas} x {plan.device_type} ({physical})",
         f"                 {devices}",
         f"  replicas       {plan.replicas} ({plan.strategy.kind})",
+        *([f"  cluster        {line}"] if (line := plan.runtime.cluster_line()) else []),
         f"  batch          {plan.per_replica_batch_size} per replica, "
         f"{plan.global_batch_size} global, {plan.steps_per_epoch} steps per epoch",
         f"  precision      {plan.precision.policy} ({plan.precision.reason})",
@@ -49,19 +59,26 @@ def plan_lines(plan: TrainPlan) -> list[str]:
         f"  epochs         {plan.settings.epochs}, {resume}",
         f"  output         {output}",
     ]
-    lines.extend(settings_lines(plan.settings_provenance()))
+    lines.extend(settings_lines(plan.settings_provenance(), verbose=verbose))
     lines.extend(f"  note: {note}" for note in plan.notes)
     return lines
 
 
-def settings_lines(provenance: dict[str, dict[str, str]], width: int = 100) -> list[str]:
-    """`EPOCHS=1 (env), GPUS=all (default), BATCH_SIZE=128 (.env)`: the ones set first,
-    wrapped under a `settings` heading."""
+def settings_lines(
+    provenance: dict[str, dict[str, str]], width: int = 100, verbose: bool = False
+) -> list[str]:
+    """`EPOCHS=1 (env), BATCH_SIZE=128 (.env), 14 defaults (--verbose lists them)`, wrapped
+    under a `settings` heading; with `verbose` the defaults are listed too, after the set."""
     items = sorted(provenance.items(), key=lambda item: item[1]["source"] == "default")
+    defaults = sum(1 for _, entry in items if entry["source"] == "default")
+    if not verbose:
+        items = [item for item in items if item[1]["source"] != "default"]
     words = [
         f"{name}={entry['value'] if entry['value'] else '(empty)'} ({entry['source']})"
         for name, entry in items
     ]
+    if not verbose and defaults:
+        words.append(f"{defaults} default{'s' if defaults > 1 else ''} (--verbose lists them)")
     lines, current = [], ""
     for word in words:
         if current and 17 + len(current) + len(", ") + len(word) + len(",") > width:
@@ -96,6 +113,10 @@ def command(
     as_json: Annotated[
         bool, typer.Option("--json", help="With --dry-run: print the plan as one JSON object.")
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v",
+                           help="List every setting in the start summary, defaults too.")
+    ] = False,
 ) -> None:
     """Train the seed's MNIST model on every selected GPU with MirroredStrategy."""
     if as_json and not dry_run:
@@ -104,36 +125,39 @@ def command(
     resolved = resolve(flags)
     runtime = build_runtime(resolved)  # a GPU the machine lacks: exit 2
     runtime.apply()
+    TAG.set_for(runtime)
 
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
+    from mgpu_env.doctor import require_ready
     from mgpu_env.training.loop import run_training
     from mgpu_env.training.plan import plan_training
     from mgpu_env.training.report import EpochLineReporter, ProgbarReporter, Reporter
 
-    plan = plan_training(runtime)
+    require_ready(runtime, wait_for_peers=not dry_run)  # the doctor's pre-flight
+    plan = plan_training(runtime, dry_run=dry_run)
     if dry_run and as_json:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return
-    typer.echo("mgpu train: dry run, nothing is trained or written" if dry_run else "mgpu train")
-    for line in plan_lines(plan):
-        typer.echo(line)
+    say("mgpu train: dry run, nothing is trained or written" if dry_run else "mgpu train")
+    for line in plan_lines(plan, verbose):
+        say(line)
     if dry_run:
         return
     reporter: Reporter
     if resolved.settings.quiet:
         reporter = Reporter()
     elif interactive(sys.stdout, os.environ):
-        reporter = ProgbarReporter(typer.echo)
+        reporter = ProgbarReporter(say)
     else:
-        reporter = EpochLineReporter(typer.echo)
+        reporter = EpochLineReporter(say)
     result = run_training(plan, reporter)
     if result.already_finished:
-        typer.echo(f"Nothing to do: {plan.output_dir} already holds a finished run.")
-    typer.echo(
+        say(f"Nothing to do: {plan.output_dir} already holds a finished run.")
+    say(
         f"Done: test accuracy {result.test_accuracy:.4f}, "
         f"{result.train_samples_per_sec:,.0f} samples/s, wall time {result.wall_time_s:.1f} s"
     )
     if plan.strategy.role.is_chief:
-        typer.echo(
+        say(
             f"  outputs in {result.output_dir} (metrics.json, model.keras, checkpoints/, logs/)"
         )

@@ -72,7 +72,7 @@ def runtime() -> Runtime:
     """
     with _LOCK:
         if _STATE.runtime is None:
-            from mgpu_env.config.settings import resolve_settings
+            from mgpu_env.config.resolve import resolve_settings
             from mgpu_env.runtime import build_runtime
 
             built = build_runtime(resolve_settings({}, os.environ))

@@ -41,7 +41,7 @@ from typing import Any
 from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime import Runtime
-from mgpu_env.training.strategy import StrategyPlan
+from mgpu_env.runtime.strategy import StrategyPlan
 
 # Settings of the packaged loop that `mgpu run` does not apply: the script has its own
 # epochs, batch, optimizer, data, model, seed, jit_compile, checkpoints and outputs.
@@ -131,9 +131,9 @@ def prepare(runtime: Runtime) -> None:
 
     Imports TensorFlow (the script would at once anyway); `runtime.apply()` must be done.
     """
-    from mgpu_env.training.plan import preflight
+    from mgpu_env.doctor import require_ready
 
-    preflight(runtime)
+    require_ready(runtime)
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
     api.adopt(runtime, tensorflow_prepared=True)
@@ -149,6 +149,8 @@ def summary(runtime: Runtime, target: Target) -> list[str]:
         f", {runtime.replicas} replica(s) ({plan.kind}), precision {runtime.precision.policy}"
         f", all-reduce {plan.cross_device_ops}"
     ]
+    if (cluster := runtime.cluster_line()) is not None:
+        lines.append(f"  cluster: {cluster}")
     lines.extend(f"  note: {note}" for note in runtime.notes)
     not_applied = [
         f"{env}={runtime.settings.describe()[env]}" for env in SCRIPT_DECIDES
@@ -166,7 +168,7 @@ def _plan_mirrored_defaults(plan: StrategyPlan) -> None:
     """Make `tf.distribute.MirroredStrategy()`'s defaults the plan's devices and all-reduce."""
     import tensorflow as tf
 
-    from mgpu_env.training.strategy import make_cross_device_ops
+    from mgpu_env.runtime.strategy import make_cross_device_ops
 
     if plan.kind != "mirrored":
         return  # a cluster: the script's MirroredStrategy() stays one worker's, as in TF

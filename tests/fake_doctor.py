@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_env.config.settings import resolve_settings
+from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import gather
 from mgpu_env.doctor.facts import Facts, HostFacts

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from mgpu_env.config.settings import ResolvedSettings, Settings, resolve_settings
+from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
+from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.nvml import GpuInfo, GpuListing, NvmlSnapshot
 from mgpu_env.runtime import Runtime, build_runtime
 

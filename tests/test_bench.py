@@ -29,7 +29,8 @@ from mgpu_env.bench.sweep import (
     write_report,
 )
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import GpuRequest, Settings, resolve_settings
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.config.settings import GpuRequest, Settings
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.nvml import GpuInfo, Probed
 from tests.runtimes import runtime_of

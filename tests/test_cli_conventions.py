@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env.config.settings import DECLARATIONS, likely_setting, resolve_settings
+from mgpu_env.config.resolve import likely_setting, resolve_settings
+from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import tfimport
 
 WIDE = {"COLUMNS": "250"}

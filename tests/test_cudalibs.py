@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mgpu_env.hardware import cudalibs
+from mgpu_env.hardware import cudalibs, cudatools
 from mgpu_env.hardware.cudalibs import spec
 
 # The real child, kept before conftest's canned stack replaces it.
@@ -173,7 +173,7 @@ def test_libdevice_where_xla_looks(tmp_path: Path) -> None:
 
 
 def test_xla_flags_folder_is_the_first_root(tmp_path: Path) -> None:
-    roots = cudalibs.cuda_roots(
+    roots = cudatools.cuda_roots(
         {"XLA_FLAGS": "--xla_gpu_autotune_level=0 --xla_gpu_cuda_data_dir=/opt/cuda-12.5"},
         tmp_path / "lib" / "python3.12" / "site-packages" / "tensorflow",
     )

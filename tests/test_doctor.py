@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
-from mgpu_env.config.settings import SettingsErrors, resolve_settings
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.config.settings import SettingsErrors
 from mgpu_env.doctor import checks, preflight
 from mgpu_env.doctor.checks import Check, capability_support, run_checks
 from mgpu_env.doctor.facts import Facts

@@ -182,7 +182,7 @@ def test_no_tf_part_never_imports_tensorflow() -> None:
         "import os, sys, time\n"
         "start = time.perf_counter()\n"
         "from mgpu_env.doctor import diagnose\n"
-        "from mgpu_env.config.settings import resolve_settings\n"
+        "from mgpu_env.config.resolve import resolve_settings\n"
         "report = diagnose(resolve_settings({}, {}), os.environ, with_tensorflow=False)\n"
         "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
         "print(time.perf_counter() - start)\n"

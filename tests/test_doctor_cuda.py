@@ -13,7 +13,7 @@ from mgpu_env.doctor.checks import Check, run_checks
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import cudalibs
 from mgpu_env.hardware.nvml import Probed
-from mgpu_env.training.precision import PrecisionChoice, choose_precision
+from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
 from tests.fake_doctor import cuda_stack, healthy_host, make_facts, tf_facts
 from tests.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 from tests.runtimes import runtime_for

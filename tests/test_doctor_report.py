@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env.config.settings import resolve_settings
+from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import SCHEMA_VERSION, Report, diagnose
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import report as bug

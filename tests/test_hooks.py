@@ -21,7 +21,8 @@ from entrypoint.app import app
 from mgpu_env.bench.models import bench_model, model_shape
 from mgpu_env.bench.sweep import plan_devices, plan_points, run_bench
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import SettingsErrors, resolve_settings
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.config.settings import SettingsErrors
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.training import hooks
 from mgpu_env.training.data import load_arrays, resolve_dataset

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import Settings, SettingsErrors, resolve_settings
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.config.settings import Settings, SettingsErrors
+from mgpu_env.runtime.cluster import Cluster, resolve_cluster
 from mgpu_env.training.multiworker import (
-    Cluster,
     Watchdog,
     WorkerSession,
     agreement_values,
@@ -22,7 +23,6 @@ from mgpu_env.training.multiworker import (
     find_disagreements,
     is_worker_failure,
     lost_tasks,
-    resolve_cluster,
 )
 from tests.runtimes import runtime_of
 
@@ -142,9 +142,9 @@ def test_a_single_process_runtime_sets_no_tf_config() -> None:
 
 
 def test_cluster_round_trips_through_tf_config() -> None:
-    cluster = Cluster({"chief": ("c:1",), "worker": ("w:1",)}, "worker", 0, "TF_CONFIG")
+    cluster = Cluster({"chief": ("c:1",), "worker": ("w:1",)}, "worker", 0, "tf_config")
     again = resolve_cluster(settings_from(TF_CONFIG=cluster.tf_config()))
-    assert again == Cluster({"chief": ("c:1",), "worker": ("w:1",)}, "worker", 0, "TF_CONFIG")
+    assert again == Cluster({"chief": ("c:1",), "worker": ("w:1",)}, "worker", 0, "tf_config")
 
 
 # ---------------------------------------------------------------------------- agreement

@@ -87,9 +87,16 @@ def test_start_summary_says_where_each_setting_came_from() -> None:
         "EPOCHS": {"value": "1", "source": "env"},
         "BATCH_SIZE": {"value": "128", "source": ".env"},
     })
-    text = " ".join(lines)
-    assert lines[0].startswith("  settings       EPOCHS=1 (env), BATCH_SIZE=128 (.env)")
-    assert "GPUS=all (default)" in text
+    provenance = {
+        "GPUS": {"value": "all", "source": "default"},
+        "EPOCHS": {"value": "1", "source": "env"},
+        "BATCH_SIZE": {"value": "128", "source": ".env"},
+    }
+    assert lines == ["  settings       EPOCHS=1 (env), BATCH_SIZE=128 (.env), "
+                     "1 default (--verbose lists them)"]
+    verbose = " ".join(settings_lines(provenance, verbose=True))
+    assert verbose.startswith("  settings       EPOCHS=1 (env), BATCH_SIZE=128 (.env)")
+    assert "GPUS=all (default)" in verbose and "--verbose" not in verbose
     assert all(len(line) <= 100 for line in lines)
 
 
@@ -100,8 +107,12 @@ def test_dry_run_summary_shows_sources_from_a_settings_file(tmp_path: Path) -> N
     assert result.exit_code == 0, result.output
     out = " ".join(result.stdout.split())
     for shown in ("EPOCHS=1 (env)", "BATCH_SIZE=128 (.env)", "GPUS=none (env)",
-                  "SEED=42 (default)"):
+                  "defaults (--verbose lists them)"):
         assert shown in out
+    assert "SEED=42 (default)" not in out
+    verbose = CliRunner().invoke(app, ["train", "--dry-run", "--verbose"],
+                                 env={"EPOCHS": "1", "GPUS": "none", "COLUMNS": "200"})
+    assert "SEED=42 (default)" in " ".join(verbose.stdout.split())
 
 
 def test_an_unused_cross_device_ops_is_said() -> None:

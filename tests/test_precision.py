@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.precision import choose_precision
+from mgpu_env.runtime.precision import choose_precision
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env import api, launcher
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import resolve_settings
+from mgpu_env.config.resolve import resolve_settings
 from tests.runtimes import runtime_of
 
 REPO = Path(__file__).resolve().parent.parent

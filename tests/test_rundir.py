@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import resolve_settings
+from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.training import rundir
 from mgpu_env.training.plan import run_identity
 

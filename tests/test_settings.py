@@ -8,12 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env.config.settings import (
-    DECLARATIONS,
-    GpuRequest,
-    SettingsErrors,
-    resolve_settings,
-)
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.config.settings import DECLARATIONS, GpuRequest, SettingsErrors
 from tests.runtimes import runtime_of
 
 

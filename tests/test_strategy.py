@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.strategy import WorkerRole, plan_strategy
+from mgpu_env.runtime.strategy import WorkerRole, plan_strategy
 
 GPUS2 = ["/device:GPU:0", "/device:GPU:1"]
 CPUS2 = ["/device:CPU:0", "/device:CPU:1"]

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mgpu_env.config.settings import resolve_settings
+from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
-from mgpu_env.training.precision import FLOAT32, PrecisionChoice
-from mgpu_env.training.strategy import WorkerRole, make_strategy, plan_strategy
+from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
+from mgpu_env.runtime.strategy import WorkerRole, make_strategy, plan_strategy
 from tests.runtimes import runtime_of
 
 LOGICAL_CPUS = 4

@@ -38,7 +38,7 @@ def test_tensorflow_seeing_fewer_gpus_than_asked_stops_training(
 def test_healthy_machine_passes_preflight(
     use_fake_nvml: Callable[[FakeNvml], FakeNvml], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.config.settings import resolve_settings
+    from mgpu_env.config.resolve import resolve_settings
     from mgpu_env.doctor import preflight
     from mgpu_env.runtime import build_runtime
 

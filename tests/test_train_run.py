@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env.training.precision import choose_precision
+from mgpu_env.runtime.precision import choose_precision
 from tests.runfolders import completed_epochs
 
 REPO = Path(__file__).resolve().parent.parent

@@ -181,7 +181,7 @@ def plan_points(
     (fp16 on GPUs with tensor cores, bf16 on CPUs with bf16 instructions, else float32), so
     the table says which one ran.
     """
-    from mgpu_env.training.precision import choose_precision
+    from mgpu_env.runtime.precision import choose_precision
 
     mixed = settings.mixed_precision
     wanted = ["0", mixed if mixed != "0" else "1"] if "precision" in settings.bench_sweep \

@@ -256,12 +256,15 @@ def parse_tf_config(text: str) -> str:
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise SettingError('it has no "cluster" object')
     cluster = config["cluster"]
-    unsupported = sorted(set(cluster) - {"chief", "worker"})
+    # "master" is the chief under another name (Kubeflow's TFJob operator writes it).
+    unsupported = sorted(set(cluster) - {"chief", "master", "worker"})
     if unsupported:
         raise SettingError(
             f'it has a "{unsupported[0]}" job; MultiWorkerMirroredStrategy takes only '
-            '"chief" and "worker" tasks'
+            '"chief" (or "master") and "worker" tasks'
         )
+    if "chief" in cluster and "master" in cluster:
+        raise SettingError('it has both a "chief" and a "master" job; only one can lead')
     for job, addresses in cluster.items():
         if not isinstance(addresses, list) or not addresses:
             raise SettingError(f'cluster "{job}" must be a non-empty list of "host:port"')
@@ -269,8 +272,9 @@ def parse_tf_config(text: str) -> str:
             parse_worker_hosts(",".join(str(a) for a in addresses))
         except SettingError as err:
             raise SettingError(f'cluster "{job}": {err}') from None
-    if len(cluster.get("chief", [])) > 1:
-        raise SettingError('cluster "chief" can have only one address')
+    for lead in ("chief", "master"):
+        if len(cluster.get(lead, [])) > 1:
+            raise SettingError(f'cluster "{lead}" can have only one address')
     task = config.get("task")
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
         raise SettingError('it has no "task": {"type": ..., "index": ...}')

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env import __version__
-from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import GpuRequest, ResolvedSettings, SettingError, SettingsErrors
+from mgpu_env.config.errors import ConfigError, RunFailed
+from mgpu_env.config.resolve import ResolvedSettings
+from mgpu_env.config.settings import GpuRequest, SettingError, SettingsErrors
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import (
     ALL_CHECKS,
@@ -46,6 +47,7 @@ from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime, build_runtime
+from mgpu_env.runtime.cluster import peers
 
 __all__ = [
     "Check",
@@ -125,6 +127,7 @@ class Report:
                 "warnings": len(self.warnings),
                 "bad_settings": len(self.bad_settings),
             },
+            "cluster": self.facts.cluster.cluster,
             "checks": [dataclasses.asdict(c) for c in self.checks],
             "facts": _plain(self.facts),
             **({"smoke": _plain(self.smoke)} if self.smoke is not None else {}),
@@ -145,6 +148,7 @@ def unusable_settings(errors: list[str]) -> dict[str, Any]:
         "verdict": f"not ready: {_count(len(errors), 'bad setting')}",
         "summary": {"errors": len(errors), "warnings": 0, "bad_settings": len(errors)},
         "settings_errors": list(errors),
+        "cluster": None,
         "checks": [],
         "facts": None,
     }
@@ -223,6 +227,7 @@ def gather(
         cuda=cuda,
         xla=settings.xla,
         cross_device_ops=settings.cross_device_ops,
+        cluster=probes.probe_cluster(settings, environ),
     )
 
 
@@ -282,6 +287,7 @@ def preflight(
     tensorflow: TfFacts | None = None,
     cuda: CudaStack | None = None,
     strict: bool = False,
+    peers_wait_s: float | None = None,
 ) -> list[Check]:
     """The checks that decide whether training can start; returns only the failing ones.
 
@@ -290,10 +296,12 @@ def preflight(
     NVML's answer is judged (milliseconds). With GPUs it imports TensorFlow in this process
     (training does anyway) unless `tensorflow` facts are passed, and loads the CUDA libraries
     here (`cudalibs`: where TensorFlow will look, NCCL included) unless `cuda` is passed.
-    `strict`: warnings fail too.
+    `strict`: warnings fail too. In a cluster every peer's host must resolve within
+    `peers_wait_s` seconds (None: not checked).
     """
+    failing = [] if peers_wait_s is None else _unresolved_peers(runtime, peers_wait_s)
     if runtime.settings.gpus.kind == "none":
-        return []
+        return failing
     checks: tuple[CheckFunction, ...]
     if not runtime.selection.gpus:
         checks = (check_nvml, check_request)
@@ -320,4 +328,52 @@ def preflight(
         cross_device_ops=runtime.settings.cross_device_ops,
     )
     results = run_checks(facts, checks)
-    return [c for c in results if c.status == "error" or (strict and c.status == "warn")]
+    return failing + [
+        c for c in results if c.status == "error" or (strict and c.status == "warn")
+    ]
+
+
+def require_ready(runtime: Runtime, *, wait_for_peers: bool = True) -> None:
+    """The doctor's checks that decide whether training can start (driver, CUDA, cuDNN,
+    visible devices); stops the run with their findings and fixes when one fails.
+
+    A bad setting (a GPU the machine does not have) is a ConfigError (exit 2), anything
+    else a RunFailed (exit 1). With GPUS=none or no GPU it costs milliseconds. In a cluster
+    it waits (up to WORKER_TIMEOUT) for every peer's host to resolve, unless
+    `wait_for_peers` is false (a dry run, which only notes the missing).
+    """
+    failing = preflight(
+        runtime, peers_wait_s=runtime.settings.worker_timeout if wait_for_peers else None)
+    if not failing:
+        return
+    lines = []
+    for check in failing:
+        expected = f" (expected {check.expected})" if check.expected else ""
+        lines.append(f"pre-flight check failed: {check.title}: {check.found}{expected}")
+        if check.fix:
+            lines.append(f"  Fix: {check.fix}")
+    lines.append("  `mgpu doctor` shows the whole report.")
+    error = ConfigError if any(check.bad_setting for check in failing) else RunFailed
+    raise error("\n".join(lines))
+
+
+def _unresolved_peers(runtime: Runtime, wait_s: float) -> list[Check]:
+    """In a cluster, every peer's host must resolve before TensorFlow waits on it: the
+    pre-flight waits for that (peers start at different times) up to WORKER_TIMEOUT, then
+    names the ones that never did. A port with nothing on it yet is normal here (the peer
+    is starting too): TensorFlow waits for that itself."""
+    cluster = runtime.cluster
+    if cluster is None:
+        return []
+    missing = peers.wait_until_resolved(cluster.workers, cluster.address, wait_s)
+    if not missing:
+        return []
+    statuses = [peers.PeerStatus(a, "unresolved", f"{a.rpartition(':')[0]} does not resolve")
+                for a in cluster.workers if a.rpartition(":")[0] in missing]
+    return [Check(
+        "cluster.peers", "Cluster peers", "error",
+        f"{cluster.engine_name}: after {wait_s:g} s these peers still do not resolve: "
+        f"{', '.join(s.address for s in statuses)}",
+        "every peer's host name resolves",
+        " | ".join(peers.explain(statuses, cluster.engine, "WORKER_PORT")),
+    )]

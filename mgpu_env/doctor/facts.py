@@ -14,13 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-from mgpu_env.config.settings import GpuRequest
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.settings import GpuRequest, Settings
 from mgpu_env.hardware import nvml
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.hardware.tfprobe import TfFacts
+from mgpu_env.runtime.cluster import decide_cluster
+from mgpu_env.runtime.cluster.peers import PeerStatus, probe_peers
 
 # Environment variables the report shows as they were before mgpu changed anything.
 REPORTED_VARIABLES = (
@@ -64,6 +68,19 @@ class HostFacts:
 
 
 @dataclass(frozen=True)
+class ClusterFacts:
+    """The cluster training would join (None: one process), or why none can be made, and
+    what probing each peer found."""
+
+    cluster: dict[str, Any] | None = None  # Cluster.describe()
+    engine_name: str = ""
+    address: str = ""
+    notes: tuple[str, ...] = ()
+    error: str | None = None  # the engines' variables contradict each other
+    peers: tuple[PeerStatus, ...] = ()
+
+
+@dataclass(frozen=True)
 class Facts:
     """Everything the checks look at. `tensorflow` is None when its probe was skipped."""
 
@@ -81,6 +98,7 @@ class Facts:
     cuda: CudaStack | None = None
     xla: bool = False
     cross_device_ops: str = "auto"
+    cluster: ClusterFacts = field(default_factory=ClusterFacts)
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -174,6 +192,21 @@ def probe_versions() -> dict[str, Probed[str]]:
         versions[display] = probe(lambda d=distribution: metadata.version(d))  # type: ignore[misc]
     versions["OS"] = probe(_os_name)
     return versions
+
+
+def probe_cluster(settings: Settings, environ: Mapping[str, str]) -> ClusterFacts:
+    """The cluster decided as training would decide it, each peer resolved and reached."""
+    try:
+        decision = decide_cluster(settings, environ)
+    except ConfigError as err:
+        return ClusterFacts(error=str(err))
+    cluster = decision.cluster
+    if cluster is None:
+        return ClusterFacts(notes=decision.notes)
+    return ClusterFacts(
+        cluster.describe(), cluster.engine_name, cluster.address, decision.notes,
+        peers=tuple(probe_peers(cluster.workers, cluster.address)),
+    )
 
 
 def reported_environ(environ: Mapping[str, str]) -> dict[str, str]:

@@ -8,6 +8,7 @@ and in training (CUDA's default order is "fastest first").
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,39 @@ def select_gpus(
             raise SettingError(f"UUID {uuid} {reason}; NVML's UUIDs: {known}")
         chosen_list.append(matches[0])
     return GpuSelection(request, tuple(chosen_list), ",".join(request.uuids))
+
+
+def task_share(
+    selection: GpuSelection, local_id: int, tasks_on_node: int, node_gpus: int
+) -> GpuSelection:
+    """The GPUs of task `local_id` of `tasks_on_node` started together on one machine.
+
+    One task per node keeps the whole selection. With several, a device list the scheduler
+    already narrowed to this task (as many GPUs or fewer than the node's share) is kept;
+    otherwise the selection is cut into equal consecutive shares by local id, one task per
+    GPU when there are as many GPUs as tasks. Raises SettingError when the tasks outnumber
+    the GPUs.
+    """
+    gpus = selection.gpus
+    if tasks_on_node <= 1 or not gpus:
+        return selection
+    if selection.cuda_visible_devices is None and len(gpus) * tasks_on_node <= node_gpus:
+        return dataclasses.replace(
+            selection, note=f"CUDA_VISIBLE_DEVICES was narrowed to this task's {len(gpus)} "
+            "GPU(s) by the scheduler and is kept")
+    per_task = len(gpus) // tasks_on_node
+    if per_task == 0:
+        raise SettingError(
+            f"{tasks_on_node} tasks run on this machine but {len(gpus)} GPU(s) are selected: "
+            "every task needs at least one"
+        )
+    mine = gpus[local_id * per_task:(local_id + 1) * per_task]
+    left = len(gpus) - per_task * tasks_on_node
+    note = (f"task {local_id} of {tasks_on_node} on this machine uses GPU(s) "
+            f"{','.join(str(g.index) for g in mine)}")
+    if left:
+        note += f"; {left} GPU(s) stay unused ({len(gpus)} do not divide by {tasks_on_node})"
+    return GpuSelection(selection.request, mine, ",".join(str(g.index) for g in mine), note)
 
 
 def cuda_environment(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mgpu_env.training.precision import PrecisionChoice
+from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.training.steps import StepFunctions, make_step_functions
 
 

@@ -1,8 +1,9 @@
 """`mgpu train`'s plan: what a run will do, resolved from the runtime before anything trains.
 
 `plan_training(runtime)` adds to the runtime's decisions (devices, precision, all-reduce,
-cluster) what only training needs: the pre-flight verdict, the data set, the batches, the
-run folder and whether it resumes. It writes nothing; `--dry-run` prints it and stops.
+cluster) what only training needs: the data set, the batches, the run folder and whether
+it resumes (the doctor's pre-flight has passed before: the command runs it). It writes
+nothing; `--dry-run` prints it and stops.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env import __version__
-from mgpu_env.config.errors import ConfigError, RunFailed
+from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.runtime import Runtime
+from mgpu_env.runtime.cluster import peers
+from mgpu_env.runtime.precision import PrecisionChoice
+from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training import rundir
 from mgpu_env.training.data import (
     CLASSES,
@@ -27,8 +31,6 @@ from mgpu_env.training.data import (
     load_data,
     resolve_dataset,
 )
-from mgpu_env.training.precision import PrecisionChoice
-from mgpu_env.training.strategy import StrategyPlan
 
 # The settings `mgpu train` reads (the others belong to other commands, or to the
 # cluster), for the "settings" lines of the summary and the settings in metrics.json.
@@ -40,7 +42,8 @@ TRAIN_SETTINGS = (
 )
 # What settings.json records: every setting a training run reads, the cluster's included.
 RUN_SETTINGS = (
-    *TRAIN_SETTINGS, "TF_CONFIG", "WORKER_HOSTS", "WORKER_INDEX", "WORKER_TIMEOUT", "ENV_FILE",
+    *TRAIN_SETTINGS, "TF_CONFIG", "WORKER_HOSTS", "WORKER_INDEX", "WORKER_PORT", "WORKER_TIMEOUT",
+    "ENV_FILE",
 )
 # Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
 # 20% held out by a stratified split.
@@ -148,6 +151,7 @@ class TrainPlan:
             "cross_device_ops": self.strategy.cross_device_ops,
             "cross_device_ops_reason": self.strategy.reason,
             "strategy": self.strategy.kind,
+            "cluster": self.runtime.cluster_description(),
             "xla": self.xla,
             "dataset": self.dataset.name,
             "dataset_source": self.dataset.describe(),
@@ -181,39 +185,23 @@ def run_identity(
     return identity
 
 
-def preflight(runtime: Runtime) -> None:
-    """The doctor's checks that decide whether training can start (driver, CUDA, cuDNN,
-    visible devices); stops the run with their findings and fixes when one fails.
-
-    A bad setting (a GPU the machine does not have) is a ConfigError (exit 2), anything
-    else a RunFailed (exit 1). With GPUS=none or no GPU it costs milliseconds.
-    """
-    from mgpu_env.doctor import preflight as doctor_preflight
-
-    failing = doctor_preflight(runtime)
-    if not failing:
-        return
-    lines = []
-    for check in failing:
-        expected = f" (expected {check.expected})" if check.expected else ""
-        lines.append(f"pre-flight check failed: {check.title}: {check.found}{expected}")
-        if check.fix:
-            lines.append(f"  Fix: {check.fix}")
-    lines.append("  `mgpu doctor` shows the whole report.")
-    error = ConfigError if any(check.bad_setting for check in failing) else RunFailed
-    raise error("\n".join(lines))
-
-
-def plan_training(runtime: Runtime, environ: Mapping[str, str] | None = None) -> TrainPlan:
+def plan_training(
+    runtime: Runtime, environ: Mapping[str, str] | None = None, *, dry_run: bool = False
+) -> TrainPlan:
     """Resolve the whole run on an applied runtime; writes no file.
 
-    Raises ConfigError for settings that cannot work together on these devices, RunFailed
-    when a pre-flight check fails.
+    The command runs the doctor's pre-flight (`mgpu_env.doctor.require_ready`) first.
+    Raises ConfigError for settings that cannot work together on these devices.
+    `dry_run`: the peers of a cluster are looked up once and noted, not waited for.
     """
     environ = os.environ if environ is None else environ
     settings = runtime.settings
-    preflight(runtime)
     notes = list(runtime.notes)
+    if dry_run and runtime.cluster is not None:
+        missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
+        if missing:
+            notes.append(f"peers that do not resolve yet: {', '.join(missing)} (a real run "
+                         "waits up to WORKER_TIMEOUT for them)")
     if runtime.strategy_plan.note:
         notes.append(runtime.strategy_plan.note)
     dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)

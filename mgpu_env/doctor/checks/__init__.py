@@ -9,12 +9,14 @@ it never changes the exit code.
 - `gpus`: each GPU, mixed precision, sameness, links;
 - `visible`: GPUS, the visibility variables, what TensorFlow lists;
 - `container`: device files, /dev/shm, memlock and stack limits, the user;
+- `cluster`: the engine that described the cluster, and whether each peer answers;
 - `versions`: Python, TensorFlow, Keras against the table and the lock;
 - `common`: `Check`, `Status`, `run_checks` and the helpers they share.
 """
 
 from __future__ import annotations
 
+from mgpu_env.doctor.checks.cluster import check_cluster
 from mgpu_env.doctor.checks.common import (
     FIX_DRIVER_IN_CONTAINER,
     FIX_DRIVER_ON_HOST,
@@ -83,6 +85,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_memlock,
     check_stack,
     check_user,
+    check_cluster,
 )
 
 __all__ = [
@@ -97,6 +100,7 @@ __all__ = [
     "CheckFunction",
     "Status",
     "capability_support",
+    "check_cluster",
     "check_cuda_libraries",
     "check_cudnn",
     "check_device_files",

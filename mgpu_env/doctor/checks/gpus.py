@@ -20,7 +20,7 @@ from mgpu_env.doctor.checks.common import (
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
 from mgpu_env.hardware.nvml import GpuInfo, GpuLink
-from mgpu_env.training.precision import FLOAT32, MIXED_FLOAT16, choose_precision
+from mgpu_env.runtime.precision import FLOAT32, MIXED_FLOAT16, choose_precision
 
 
 def has_fp16_tensor_cores(capability: tuple[int, int] | None) -> bool:

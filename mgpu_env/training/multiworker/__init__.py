@@ -6,8 +6,9 @@ TFJob operator and other launchers set) or by `WORKER_HOSTS` + `WORKER_INDEX`, w
 it. Training itself is the same custom step as on one machine (see `mgpu_env.training.steps` for
 why it is not `model.fit`); this module adds what only a cluster needs:
 
-- `resolve_cluster` checks the cluster settings together; the runtime
-  (`mgpu_env.runtime`) exports the TF_CONFIG TensorFlow reads, before TensorFlow starts.
+- The cluster itself is decided by the runtime (`mgpu_env.runtime.cluster`: TF_CONFIG,
+  WORKER_HOSTS, Slurm or a Kubernetes Indexed Job), which exports the TF_CONFIG TensorFlow
+  reads before TensorFlow starts; this package receives it.
 - `check_agreement` all-gathers the settings that must match on every worker (batch size,
   precision, data set, epochs, ...) and names the first one that differs, before training.
 - `broadcast_from_chief` gives every worker the chief's restored checkpoint, so workers
@@ -35,12 +36,6 @@ from mgpu_env.training.multiworker.agreement import (
     encode_values,
     find_disagreements,
 )
-from mgpu_env.training.multiworker.cluster import (
-    Cluster,
-    remove_scratch_dir,
-    resolve_cluster,
-    scratch_dir,
-)
 from mgpu_env.training.multiworker.faults import (
     BACKSTOP_GRACE_S,
     EXIT_WORKER_LOST,
@@ -51,13 +46,13 @@ from mgpu_env.training.multiworker.faults import (
     lost_tasks,
     reclaim_signal_handlers,
 )
+from mgpu_env.training.multiworker.scratch import remove_scratch_dir, scratch_dir
 from mgpu_env.training.multiworker.session import WorkerSession
 
 __all__ = [
     "BACKSTOP_GRACE_S",
     "EXIT_WORKER_LOST",
     "VALUE_WIDTH",
-    "Cluster",
     "Watchdog",
     "WorkerSession",
     "abort_process",
@@ -72,6 +67,5 @@ __all__ = [
     "lost_tasks",
     "reclaim_signal_handlers",
     "remove_scratch_dir",
-    "resolve_cluster",
     "scratch_dir",
 ]

@@ -8,7 +8,7 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import Settings
-from mgpu_env.training.strategy import WorkerRole
+from mgpu_env.runtime.strategy import WorkerRole
 
 # Bytes per value in the agreement all-gather; longer values are compared by a digest.
 VALUE_WIDTH = 48

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mgpu_env.runtime.cluster import Cluster
 from mgpu_env.training.multiworker.agreement import broadcast_from_chief, check_agreement
-from mgpu_env.training.multiworker.cluster import Cluster, remove_scratch_dir, scratch_dir
 from mgpu_env.training.multiworker.faults import (
     Watchdog,
     abort_process,
@@ -16,6 +16,7 @@ from mgpu_env.training.multiworker.faults import (
     is_worker_failure,
     reclaim_signal_handlers,
 )
+from mgpu_env.training.multiworker.scratch import remove_scratch_dir, scratch_dir
 
 # ------------------------------------------------------------------------------ session
 

@@ -113,7 +113,7 @@ def plan_strategy(
         ignored = requested not in ("auto", ops)
         return StrategyPlan(
             "multi_worker", devices, device_type, physical_devices, ops,
-            f"TF_CONFIG names {role.num_workers} worker(s); collectives use {ops}", role,
+            f"the cluster has {role.num_workers} worker(s); collectives use {ops}", role,
             note=(f"CROSS_DEVICE_OPS={requested} is not used: between workers the "
                   f"collectives use {ops}") if ignored else "",
         )

@@ -24,14 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpu_env.config.errors import RunFailed
-from mgpu_env.config.settings import (
-    BY_ENV,
-    ResolvedSettings,
-    SettingError,
-    Settings,
-    SettingsErrors,
-    setting_error_message,
-)
+from mgpu_env.config.resolve import ResolvedSettings, setting_error_message
+from mgpu_env.config.settings import BY_ENV, SettingError, Settings, SettingsErrors
 from mgpu_env.hardware import cpu, cudalibs, nvml
 from mgpu_env.hardware.devices import (
     TF_DEVICE_TYPES,
@@ -41,11 +35,12 @@ from mgpu_env.hardware.devices import (
     cuda_environment,
     plan_split,
     select_gpus,
+    task_share,
 )
 from mgpu_env.hardware.nvml import GpuInfo
-from mgpu_env.training.multiworker import Cluster, resolve_cluster
-from mgpu_env.training.precision import PrecisionChoice, choose_precision
-from mgpu_env.training.strategy import (
+from mgpu_env.runtime.cluster import Cluster, decide_cluster
+from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
+from mgpu_env.runtime.strategy import (
     StrategyPlan,
     WorkerRole,
     nccl_possible,
@@ -78,7 +73,7 @@ class Execution:
         devices than planned.
         """
         from mgpu_env.hardware.tfimport import import_tensorflow
-        from mgpu_env.training.precision import apply_precision
+        from mgpu_env.runtime.precision import apply_precision
 
         import_tensorflow()
         try:
@@ -89,7 +84,7 @@ class Execution:
 
     def make_strategy(self) -> Any:
         """The tf.distribute strategy the plan describes (after `prepare_tensorflow`)."""
-        from mgpu_env.training.strategy import make_strategy
+        from mgpu_env.runtime.strategy import make_strategy
 
         return make_strategy(self.strategy)
 
@@ -159,6 +154,26 @@ class Runtime:
     def environment(self) -> dict[str, str]:
         return self.execution.environment
 
+    def cluster_description(self) -> dict[str, Any] | None:
+        """`"cluster"` in the JSON outputs: engine, workers, index, chief; None for one
+        process."""
+        return None if self.cluster is None else self.cluster.describe()
+
+    def cluster_line(self) -> str | None:
+        """The cluster in one line for start summaries; None for one process."""
+        cluster = self.cluster
+        if cluster is None:
+            return None
+        chief = "the chief, writes the run" if self.role.is_chief else "writes nothing"
+        line = (f"{cluster.engine_name}: worker {cluster.index} of {cluster.num_workers} "
+                f"({cluster.address}; {chief})")
+        if cluster.node is not None:
+            tasks = cluster.node.tasks_on_node
+            devices = f"{len(self.selection.gpus)} GPU(s)" if self.selection.gpus else "the CPU"
+            line += (f"; one task on this node, with {devices}" if tasks == 1 else
+                     f"; {tasks} tasks on this node, this one with {devices}")
+        return line
+
     def compute_capabilities(self) -> list[tuple[int, int] | None]:
         return [gpu.compute_capability.value for gpu in self.selection.gpus]
 
@@ -190,10 +205,16 @@ def apply_environment(environment: Mapping[str, str], environ: MutableMapping[st
 
 
 def _select(resolved: ResolvedSettings, listing: nvml.GpuListing,
-            environ: Mapping[str, str]) -> GpuSelection:
+            environ: Mapping[str, str], cluster: Cluster | None) -> GpuSelection:
+    """GPUS on this machine; this task's share of them when an engine started several
+    tasks here (Slurm's tasks per node)."""
     request = resolved.settings.gpus
     try:
-        return select_gpus(request, listing, environ)
+        selection = select_gpus(request, listing, environ)
+        if cluster is None or cluster.node is None:
+            return selection
+        return task_share(selection, cluster.node.local_id, cluster.node.tasks_on_node,
+                          len(listing.gpus))
     except SettingError as err:
         raise SettingsErrors(
             [setting_error_message(BY_ENV["GPUS"], str(request),
@@ -229,11 +250,12 @@ def build_runtime(
             nvml.NvmlSnapshot(nvml.GpuListing()) if settings.gpus.kind == "none"
             else nvml.snapshot()
         )
-    selection = _select(resolved, snapshot.listing, environ)
+    decision = decide_cluster(settings, environ)
+    cluster = decision.cluster
+    selection = _select(resolved, snapshot.listing, environ, cluster)
     cpu_flags = cpu.cpu_flags() if cpu_flags is None else cpu_flags
     nccl = nccl_available(selection.gpus) if nccl is None else nccl
-    cluster = resolve_cluster(settings)
-    notes = [selection.note] if selection.note else []
+    notes = [*decision.notes, *([selection.note] if selection.note else [])]
     virtual_devices = settings.virtual_devices
     if cluster is not None and not selection.gpus and virtual_devices >= 2:
         # MultiWorkerMirroredStrategy mirrors over every local GPU, or over one CPU device:

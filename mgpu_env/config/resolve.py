@@ -1,0 +1,215 @@
+"""Where each setting's value comes from, and the checks on all of them together.
+
+`resolve_settings` applies the precedence (flag > environment > the settings file >
+default) to every declaration in `settings.py`, validates each value with its parser and
+reports every bad one at once; names that look like a mistyped setting become warnings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dotenv import dotenv_values
+
+from mgpu_env.config.settings import (
+    BY_ENV,
+    DECLARATIONS,
+    DEFAULT_ENV_FILE,
+    Declaration,
+    SettingError,
+    Settings,
+    SettingsErrors,
+)
+
+
+@dataclass(frozen=True)
+class ResolvedSettings:
+    """Settings plus where each value came from, for summaries and error messages.
+
+    `warnings` are user-facing lines about names that look like a mistyped setting; the
+    CLI prints them on stderr.
+    """
+
+    settings: Settings
+    sources: dict[str, str]
+    env_file: Path | None
+    env_file_values: dict[str, str]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def defaulted(self) -> list[str]:
+        return [env for env, source in self.sources.items() if source == "default"]
+
+    def origin(self, env: str) -> str:
+        """Where a setting's value came from, in one word: flag, env, the file, default."""
+        source = self.sources.get(env, "default")
+        if source.startswith("flag"):
+            return "flag"
+        if source == "the environment":
+            return "env"
+        if source.startswith("file "):
+            return source.removeprefix("file ")
+        return "default"
+
+    def provenance(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        """Each setting's value (as text) and origin, in declaration order: what the start
+        summary, `--dry-run --json`, settings.json and `mgpu doctor --report` show."""
+        values = self.settings.as_text()
+        wanted = list(values) if names is None else [n for n in values if n in set(names)]
+        return {name: {"value": values[name], "source": self.origin(name)} for name in wanted}
+
+
+# Variables that share a setting's look but belong to someone else: never a typo.
+FOREIGN_PREFIXES = (
+    "NCCL_", "TF_", "CUDA_", "CUDNN_", "COMPOSE_", "HOST_", "NVIDIA_", "XLA_", "PYTHON",
+    "KERAS_", "MGPU_", "LD_", "LC_", "XDG_", "SSH_", "DOCKER_", "BUILDKIT_", "PIP_", "OMP_",
+    "KMP_", "MKL_", "ONEDNN_", "DNNL_", "GRPC_", "ABSL_", "CONDA_", "VIRTUAL_ENV", "GITHUB_",
+    "RUNNER_", "CI_", "GITLAB_", "KUBERNETES_", "SLURM_", "PMI_", "OMPI_", "HF_", "TORCH",
+    "JAX_", "TPU_", "AWS_", "GOOGLE_", "AZURE_", "NO_COLOR", "FORCE_COLOR", "TERM",
+)
+FOREIGN_NAMES = frozenset({
+    "HOME", "USER", "SHELL", "PWD", "OLDPWD", "LANG", "LOGNAME", "HOSTNAME", "COLUMNS",
+    "LINES", "SHLVL", "TMPDIR", "TZ", "EDITOR", "PAGER", "DISPLAY", "MAIL", "_",
+    # docker compose's own variables in .env.example
+    "SHM_SIZE", "TENSORBOARD_PORT",
+})
+_SETTING_LIKE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+TYPO_CUTOFF = 0.8
+
+
+def _foreign(name: str) -> bool:
+    return (
+        name in FOREIGN_NAMES
+        or name.startswith(FOREIGN_PREFIXES)
+        or name.endswith(("PATH", "PATHS"))
+    )
+
+
+def likely_setting(name: str) -> str | None:
+    """The declared setting `name` was probably meant to be (EPOCH -> EPOCHS), else None."""
+    if name in BY_ENV or not _SETTING_LIKE.match(name) or _foreign(name):
+        return None
+    matches = difflib.get_close_matches(name, list(BY_ENV), n=1, cutoff=TYPO_CUTOFF)
+    return matches[0] if matches else None
+
+
+def typo_warnings(
+    file_values: Mapping[str, str], environ: Mapping[str, str], env_file: Path | None,
+    in_effect: Mapping[str, str],
+) -> tuple[str, ...]:
+    """One line per name in the settings file or the environment that looks like a
+    mistyped setting, naming the setting it probably meant. mgpu ignores such a name (a
+    file's is exported to the run like its other variables), so the user would otherwise
+    never learn that EPOCH=3 trained for the default 5 epochs. `in_effect`: each setting's
+    value and origin as text ("5 (default)")."""
+    lines = []
+    for names, where in ((file_values, f"in {env_file}"), (environ, "in the environment")):
+        for name in sorted(names):
+            meant = likely_setting(name)
+            if meant is not None:
+                lines.append(
+                    f"{name} {where} is not a setting; did you mean {meant}? "
+                    f"({name}={names[name]!r} is ignored; {meant} is {in_effect[meant]})"
+                )
+    return tuple(lines)
+
+
+def _source_label(kind: str, declaration: Declaration, env_file: Path | None) -> str:
+    if kind == "flag":
+        return f"flag {declaration.flag}"
+    if kind == "environment":
+        return "the environment"
+    if kind == "file":
+        return f"file {env_file}"
+    return "default"
+
+
+def setting_error_message(declaration: Declaration, text: str, source: str, reason: str) -> str:
+    """Two lines: the setting, the value and where it came from, why; what is valid, the fix."""
+    if source.startswith("flag"):
+        where = f"pass a valid value to {declaration.flag}"
+    elif source == "the environment":
+        where = f"export {declaration.env}=<valid value>, or unset it"
+    elif source.startswith("file"):
+        where = f"edit {declaration.env} in {source.removeprefix('file ')}, or remove the line"
+    else:
+        where = f"set {declaration.env}"
+    return (
+        f"Bad setting {declaration.env}={text!r} (from {source}): {reason}.\n"
+        f"  Valid: {declaration.valid}. Fix: {where}."
+    )
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    try:
+        return {key: value or "" for key, value in dotenv_values(path).items()}
+    except (OSError, UnicodeDecodeError) as err:
+        raise SettingsErrors(
+            [f"The settings file {path} cannot be read ({err}).\n"
+             "  Fix: make it a readable UTF-8 text file, or point ENV_FILE elsewhere."]
+        ) from None
+
+
+def resolve_settings(
+    flags: Mapping[str, str | None],
+    environ: Mapping[str, str],
+) -> ResolvedSettings:
+    """Resolve every setting: flag > environment > env file > default, then validate.
+
+    `flags` maps env-var names to the text given on the command line (None: not given).
+    Raises SettingsErrors listing every bad value, so the user fixes them in one go.
+    """
+    errors: list[str] = []
+    env_decl = BY_ENV["ENV_FILE"]
+    env_file: Path | None = None
+    env_file_text, env_file_source = _pick(env_decl, flags, environ, {}, None)
+    try:
+        env_file = env_decl.parse(env_file_text)
+    except SettingError as err:
+        errors.append(setting_error_message(env_decl, env_file_text, env_file_source, str(err)))
+        raise SettingsErrors(errors) from None
+    if env_file is None and Path(DEFAULT_ENV_FILE).is_file():
+        env_file = Path(DEFAULT_ENV_FILE)
+    file_values = _read_env_file(env_file) if env_file is not None else {}
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for declaration in DECLARATIONS:
+        text, source = _pick(declaration, flags, environ, file_values, env_file)
+        sources[declaration.env] = source
+        try:
+            values[declaration.field_name] = declaration.parse(text)
+        except SettingError as err:
+            errors.append(setting_error_message(declaration, text, source, str(err)))
+    if errors:
+        raise SettingsErrors(errors)
+    values["env_file"] = env_file
+    settings = Settings(**values)
+    in_effect = {
+        name: f"{value or '(empty)'} ({sources[name]})"
+        for name, value in settings.as_text().items()
+    }
+    warnings = typo_warnings(file_values, environ, env_file, in_effect)
+    return ResolvedSettings(settings, sources, env_file, file_values, warnings)
+
+
+def _pick(
+    declaration: Declaration,
+    flags: Mapping[str, str | None],
+    environ: Mapping[str, str],
+    file_values: Mapping[str, str],
+    env_file: Path | None,
+) -> tuple[str, str]:
+    flag_value = flags.get(declaration.env)
+    if flag_value is not None:
+        return flag_value, _source_label("flag", declaration, env_file)
+    if declaration.env in environ:
+        return environ[declaration.env], _source_label("environment", declaration, env_file)
+    if declaration.env in file_values:
+        return file_values[declaration.env], _source_label("file", declaration, env_file)
+    return declaration.default, "default"

@@ -1,0 +1,69 @@
+"""The layers the folders promise, checked on the imports themselves (lazy ones included).
+
+config, hardware  <  runtime (the decisions, the cluster among them)  <  training, doctor,
+bench  <  launcher, api, entrypoint. The doctor and training never import each other (the
+commands run the pre-flight), and the runtime imports nothing of training.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "mgpu_env"
+MAX_LINES = 450
+
+# Folder (or module) -> what none of its modules may import, at any depth of the code.
+FORBIDDEN = {
+    "config": ("mgpu_env.hardware", "mgpu_env.runtime", "mgpu_env.training", "mgpu_env.doctor",
+               "mgpu_env.bench", "mgpu_env.launcher", "entrypoint"),
+    "hardware": ("mgpu_env.runtime", "mgpu_env.training", "mgpu_env.doctor", "mgpu_env.bench",
+                 "mgpu_env.launcher", "entrypoint"),
+    "runtime": ("mgpu_env.training", "mgpu_env.doctor", "mgpu_env.bench", "mgpu_env.launcher",
+                "entrypoint"),
+    "training": ("mgpu_env.doctor", "mgpu_env.bench", "mgpu_env.launcher", "entrypoint"),
+    "doctor": ("mgpu_env.training", "mgpu_env.bench", "mgpu_env.launcher", "entrypoint"),
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, wherever the import statement is."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def modules_of(layer: str) -> list[Path]:
+    folder = PACKAGE / layer
+    return sorted(folder.rglob("*.py")) if folder.is_dir() else [PACKAGE / f"{layer}.py"]
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_a_layer_imports_nothing_above_it(layer: str) -> None:
+    crossings = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in modules_of(layer)
+        for name in sorted(imported_modules(path))
+        if name.startswith(FORBIDDEN[layer])
+    ]
+    assert not crossings, "\n".join(crossings)
+
+
+def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from mgpu_env.training import plan\n")
+    assert "mgpu_env.training.plan" in imported_modules(module)
+
+
+def test_no_module_is_over_the_line_budget() -> None:
+    long = [f"{p.relative_to(REPO)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines (split them by topic):\n" + "\n".join(long)
