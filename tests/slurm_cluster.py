@@ -81,7 +81,8 @@ def start_cluster() -> SlurmCluster:
         done = subprocess.run([str(START_SCRIPT), "start"], capture_output=True, text=True,
                               timeout=START_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        raise SlurmUnavailable(f"{START_SCRIPT.name} did not finish in {START_TIMEOUT_S} s")
+        raise SlurmUnavailable(
+            f"{START_SCRIPT.name} did not finish in {START_TIMEOUT_S} s") from None
     seconds = time.monotonic() - started
     if done.returncode != 0:
         reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
