@@ -154,8 +154,21 @@ def test_cpu_only_tensorflow_without_gpus_is_fine(use_fake_nvml: Install) -> Non
     use_fake_nvml(fake_with(0))
     results = by_id(make_facts("all", tf=tf_facts(0, cuda_build=False)))
     assert results["tensorflow.build"].status == "ok"
-    assert results["tensorflow.cudnn"].status == "skip"
+    # A cuDNN that is there is reported as found, not skipped; no GPU will use it.
+    assert results["tensorflow.cudnn"].status == "ok"
+    assert "9.3.0" in results["tensorflow.cudnn"].found
+    assert "unused here" in results["tensorflow.cudnn"].found
     assert results["visible.tensorflow"].status == "ok"
+
+
+def test_cudnn_without_a_gpu(use_fake_nvml: Install) -> None:
+    use_fake_nvml(fake_with(0))
+    missing = by_id(make_facts("all", tf=tf_facts(0, cudnn=None)))["tensorflow.cudnn"]
+    assert missing.status == "skip" and missing.skipped_for is not None
+    old = by_id(make_facts("all", tf=tf_facts(0, cudnn="8.9.7")))["tensorflow.cudnn"]
+    # A version TensorFlow would refuse is named even here, on a row of its own.
+    assert old.status == "skip" and "another major version" in old.found
+    assert old.skipped_for is None
 
 
 def test_tensorflow_does_not_import(use_fake_nvml: Install) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mgpu_env.doctor.checks.common import (
     Check,
     Status,
+    no_gpu,
     nvml_fix,
     target_build,
     wants_gpus,
@@ -26,7 +27,8 @@ def check_nvml(facts: Facts) -> Check:
         )
     found = f"could not collect ({listing.error})"
     if not wants_gpus(facts):
-        return Check("driver.nvml", title, "skip", found, "not needed with GPUS=none")
+        return Check("driver.nvml", title, "skip", found, "not needed with GPUS=none",
+                     skipped_for=no_gpu(facts))
     status: Status = "warn" if facts.request.kind == "all" else "error"
     consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
     return Check(
@@ -46,7 +48,8 @@ def check_driver_version(facts: Facts) -> Check:
     )
     if not facts.nvml.listing.available or not facts.gpus:
         found = "no GPU" if facts.nvml.listing.available else "no driver"
-        return Check("driver.version", title, "skip", found, expected)
+        return Check("driver.version", title, "skip", found, expected,
+                     skipped_for=no_gpu(facts))
     driver = facts.nvml.driver_version
     if not driver.ok or not driver.value:
         return Check(
@@ -78,7 +81,8 @@ def check_driver_cuda(facts: Facts) -> Check:
     expected = f">= {row.cuda} (the CUDA TensorFlow {row.tensorflow} is built with)"
     if not facts.nvml.listing.available or not facts.gpus:
         found = "no GPU" if facts.nvml.listing.available else "no driver"
-        return Check("driver.cuda", title, "skip", found, expected)
+        return Check("driver.cuda", title, "skip", found, expected,
+                     skipped_for=no_gpu(facts))
     encoded = facts.nvml.cuda_driver_version
     if not encoded.ok or encoded.value is None:
         return Check("driver.cuda", title, "warn", encoded.text(), expected,
