@@ -207,7 +207,7 @@ def check_mixed_precision(facts: Facts) -> Check:
         p == MIXED_FLOAT16 for p in _best_policies(device_type, capabilities)
     ):
         return Check("gpu.mixed_precision", title, "ok", found, expected,
-                     "MIXED_PRECISION=1 would use the tensor cores (the seed's FP16 tip)")
+                     "MIXED_PRECISION=1 would use the tensor cores (the tutorial's FP16 tip)")
     return Check("gpu.mixed_precision", title, "ok", found, expected)
 
 
