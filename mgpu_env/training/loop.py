@@ -205,6 +205,7 @@ def _train(
     if is_chief:
         # What this start ran with, and why (flag, env, .env, default), before any epoch.
         rundir.atomic_write_json(plan.output_dir / rundir.SETTINGS_FILE, {
+            "schema_version": rundir.SCHEMA_VERSION,
             "mgpu_version": __version__,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "resumed_from_epoch": start_epoch,
@@ -390,6 +391,7 @@ def _metrics(
 ) -> dict[str, Any]:
     described = plan.describe()
     return {
+        "schema_version": rundir.SCHEMA_VERSION,
         "status": "finished",
         "epochs_completed": plan.settings.epochs,
         "resumed_from_epoch": start_epoch,
