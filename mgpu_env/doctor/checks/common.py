@@ -21,6 +21,12 @@ FIX_DRIVER_IN_CONTAINER = (
     "needs the NVIDIA driver and the NVIDIA Container Toolkit "
     "(`sudo nvidia-ctk runtime configure --runtime=docker` and restart Docker)"
 )
+FIX_GPU_COMPOSE = (
+    "this machine gives the container no GPU, so docker-compose.gpu.yml cannot be used here: "
+    "set `COMPOSE_FILE=docker-compose.yml` in .env (CPU only), or install the NVIDIA driver "
+    "and the NVIDIA Container Toolkit "
+    "(`sudo nvidia-ctk runtime configure --runtime=docker` and restart Docker)"
+)
 FIX_DRIVER_ON_HOST = (
     "install the NVIDIA driver (`nvidia-smi` must work), or set GPUS=none to train on the CPU"
 )
@@ -120,7 +126,14 @@ def target_build(facts: Facts) -> compat.TfBuild:
     return row or compat.pinned()
 
 
+def gpu_compose_file(facts: Facts) -> bool:
+    """Whether the container was started with docker-compose.gpu.yml (MGPU_COMPOSE_GPU=1)."""
+    return facts.environ.get("MGPU_COMPOSE_GPU", "").strip() == "1"
+
+
 def nvml_fix(facts: Facts) -> str:
+    if gpu_compose_file(facts):
+        return FIX_GPU_COMPOSE
     return FIX_DRIVER_IN_CONTAINER if facts.host.in_container.value else FIX_DRIVER_ON_HOST
 
 

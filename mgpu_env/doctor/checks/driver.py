@@ -5,6 +5,7 @@ from __future__ import annotations
 from mgpu_env.doctor.checks.common import (
     Check,
     Status,
+    gpu_compose_file,
     no_gpu,
     nvml_fix,
     target_build,
@@ -18,14 +19,18 @@ def check_nvml(facts: Facts) -> Check:
     snapshot = facts.nvml
     listing = snapshot.listing
     title = "Driver (NVML)"
+    intended = gpu_compose_file(facts)
+    compose = " (started with docker-compose.gpu.yml, which is for GPUs)" if intended else ""
     if listing.available:
         version = snapshot.driver_version.text()
-        return Check(
-            "driver.nvml", title, "ok",
-            f"driver {version}, NVML {snapshot.nvml_version.text()}, {len(listing.gpus)} GPU(s)",
-            "NVML loads",
+        found = (
+            f"driver {version}, NVML {snapshot.nvml_version.text()}, {len(listing.gpus)} GPU(s)"
         )
-    found = f"could not collect ({listing.error})"
+        if intended and not listing.gpus:
+            return Check("driver.nvml", title, "warn", found + compose,
+                         "NVML loads and lists the GPUs", nvml_fix(facts))
+        return Check("driver.nvml", title, "ok", found, "NVML loads")
+    found = f"could not collect ({listing.error}){compose}"
     if not wants_gpus(facts):
         return Check("driver.nvml", title, "skip", found, "not needed with GPUS=none",
                      skipped_for=no_gpu(facts))
