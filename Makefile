@@ -81,7 +81,7 @@ locks: $(UV) ## Rewrite requirements*.lock from pyproject.toml and requirements-
 	echo uv | $(UV) pip compile $(LOCK_FLAGS) - -o requirements-uv.lock
 
 .PHONY: train
-train: $(STAMP) ## Train the seed's model on every selected GPU (settings: .env, env vars)
+train: $(STAMP) ## Train the tutorial's model on every selected GPU (settings: .env, env vars)
 	$(BIN)/mgpu train
 
 .PHONY: doctor

@@ -64,12 +64,14 @@ def command(flags: SettingFlags) -> None:
     comparison = data["seed_comparison"]
     if comparison is not None:
         if comparison.get("ratio") is None:
-            console.print(f"seed comparison failed: {comparison.get('error')}")
+            console.print("comparison with the tutorial's model.fit failed: "
+                          f"{comparison.get('error')}")
         else:
             console.print(
-                f"seed's model.fit: {comparison['seed_samples_per_s']:,.0f} samples/s; "
+                f"the tutorial's plain model.fit: {comparison['seed_samples_per_s']:,.0f} "
+                "samples/s; "
                 f"mgpu: {comparison['mgpu_samples_per_s']:,.0f} samples/s; "
-                f"mgpu/seed = {comparison['ratio']:.2f}x (1 replica, fp32, MLP, same data)"
+                f"mgpu/model.fit = {comparison['ratio']:.2f}x (1 replica, fp32, MLP, same data)"
             )
     console.print(f"wrote {json_path} and {png_path}")
     for point in report.failed:

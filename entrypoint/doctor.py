@@ -5,6 +5,8 @@
 # annotations as they are, and typer must see real Annotated[..., typer.Option] objects.
 import json
 import os
+import re
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -22,11 +24,89 @@ from entrypoint.options import (
     with_settings,
 )
 from mgpu_env.config.settings import SettingsErrors
-from mgpu_env.doctor import Report, SmokeResult, diagnose, unusable_settings
+from mgpu_env.doctor import Report, SkippedGroup, SmokeResult, diagnose, unusable_settings
 from mgpu_env.doctor.report import BugReport, build_report
 
 STYLES = {"ok": "green", "warn": "yellow", "error": "bold red", "skip": "dim"}
 LABELS = {"ok": "ok", "warn": "WARN", "error": "ERROR", "skip": "skip"}
+GAP = 2  # spaces between the table's columns
+# Below this many columns for Found (a narrow terminal) it goes under its row instead.
+NARROW_FOUND = 30
+# What the wrapper never splits: a `command` in backticks with what touches it
+# ("(`make build`),"), else any run of non-spaces (a path, a URL). A user pastes them.
+UNBREAKABLE = re.compile(r"(?:[^\s`]*`[^`]*`)+[^\s`]*|\S+")
+
+
+def wrap_whole(text: str, width: int) -> list[str]:
+    """`text` wrapped at `width` between words only, each newline kept: a path or a command
+    in backticks is never split, and one longer than `width` gets a line of its own."""
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in UNBREAKABLE.findall(paragraph):
+            if line and len(line) + 1 + len(word) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return lines
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: its status, its title, and Found as (text, style) paragraphs; `mark`
+    (text, style) ends the last line when it fits there."""
+
+    status: str
+    title: str
+    found: list[tuple[str, str]]
+    mark: tuple[str, str] | None = None
+
+
+def print_rows(console: Console, header: tuple[str, str, str], rows: list[Row]) -> None:
+    """The doctor's table, laid out here rather than by rich: rich folds a word longer than
+    its column mid-word, which breaks the paths and commands a user copies."""
+    status_width = max(len(header[0]), *(len(LABELS[r.status]) for r in rows)) + GAP
+    title_width = max(len(header[1]), *(len(r.title) for r in rows)) + GAP
+    indent = status_width + title_width
+    beneath = console.width - indent < NARROW_FOUND
+    if beneath:
+        indent = 4
+    width = max(console.width - indent, NARROW_FOUND)
+    heading = Text(f"{header[0]:<{status_width}}{header[1]:<{title_width}}{header[2]}",
+                   style="bold")
+    console.print(heading, soft_wrap=True)
+    console.print(Text("\u2500" * console.width, style="dim"), soft_wrap=True)
+    for row in rows:
+        lines: list[Text] = []
+        for text, style in row.found:
+            lines += [Text(line, style=style) for line in wrap_whole(text, width)]
+        if row.mark is not None:
+            mark, style = row.mark
+            if len(lines[-1]) + GAP + len(mark) > width:
+                lines.append(Text(""))
+            lines[-1].append((" " * GAP if lines[-1].plain else "") + mark, style=style)
+        first = Text(f"{LABELS[row.status]:<{status_width}}", style=STYLES[row.status])
+        first.append(row.title)
+        if beneath:
+            console.print(first, soft_wrap=True)
+        else:
+            first.append(" " * (title_width - len(row.title)))
+            first.append_text(lines.pop(0))
+            first.rstrip()
+            console.print(first, soft_wrap=True)
+        for line in lines:
+            console.print(Text(" " * indent).append_text(line), soft_wrap=True)
+
+
+def print_wrapped(console: Console, lead: Text, text: str) -> None:
+    """`lead` then `text`, wrapped under it without splitting a path or a command."""
+    width = max(console.width - len(lead), NARROW_FOUND)
+    lines = wrap_whole(text, width)
+    console.print(lead.copy().append(lines[0]), soft_wrap=True)
+    for line in lines[1:]:
+        console.print(" " * len(lead) + line, soft_wrap=True, highlight=False)
 
 
 def exit_code(report: Report, strict: bool) -> int:
@@ -75,43 +155,46 @@ def print_trimmed(console: Console, renderable: RenderableType) -> None:
     console.file.flush()
 
 
-def render(report: Report, console: Console, strict: bool) -> None:
+def render(report: Report, console: Console, strict: bool, verbose: bool = False) -> None:
     """The verdict, a compact table (status, check, found; expected under a finding that is
-    off), then the fixes, numbered, each listed once."""
+    off; the checks skipped for one reason as one row unless `verbose`), then the fixes,
+    numbered, each listed once."""
     code = exit_code(report, strict)
     print_trimmed(
         console, Text(report.verdict(strict), style=STYLES["error"] if code else STYLES["ok"])
     )
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    table.add_column("Status", no_wrap=True)
-    table.add_column("Check", no_wrap=True)
-    table.add_column("Found", overflow="fold")
+    rows: list[Row] = []
     fixes: list[tuple[str, str]] = []  # (fix, status), in first-seen order
-    for check in report.checks:
-        found = Text(check.found, style="dim" if check.status == "skip" else "")
+    folded = 0
+    for item in report.rows(verbose):
+        if isinstance(item, SkippedGroup):
+            folded += len(item.checks)
+            rows.append(Row("skip", item.title, [(item.reason.why, STYLES["skip"])]))
+            continue
+        check = item
+        found = [(check.found, STYLES["skip"] if check.status == "skip" else "")]
+        mark = None
         if check.status in ("warn", "error"):
             if check.expected:
-                found.append(f"\nexpected: {check.expected}", style="dim")
+                found.append((f"expected: {check.expected}", "dim"))
             if check.fix:
                 if check.fix not in [f for f, _ in fixes]:
                     fixes.append((check.fix, check.status))
                 number = [f for f, _ in fixes].index(check.fix) + 1
-                found.append(f"  fix [{number}]", style=STYLES[check.status])
-        table.add_row(
-            Text(LABELS[check.status], style=STYLES[check.status]), check.title, found
-        )
-    print_trimmed(console, table)
+                mark = (f"fix [{number}]", STYLES[check.status])
+        rows.append(Row(check.status, check.title, found, mark))
+    print_rows(console, ("Status", "Check", "Found"), rows)
     for number, (fix, status) in enumerate(fixes, start=1):
-        line = Text(f"[{number}] ", style=STYLES[status])
-        line.append(fix)
-        print_trimmed(console, line)
+        print_wrapped(console, Text(f"[{number}] ", style=STYLES[status]), fix)
     errors, warnings = len(report.errors), len(report.warnings)
     summary = f"{errors} error(s), {warnings} warning(s)"
     if strict and warnings:
         summary += " (--strict: warnings count as errors)"
     if report.bad_settings:
         summary += "; GPUS does not fit this machine (exit 2)"
-    print_trimmed(console, Text(summary, style=STYLES["error"] if code else STYLES["ok"]))
+    if folded:
+        summary += f"; --verbose lists the {folded} skipped checks one by one"
+    print_wrapped(console, Text(""), summary)
     if report.smoke is not None:
         render_smoke(report.smoke, console)
 
@@ -139,6 +222,11 @@ def command(
             help="Also run a tiny real job on the selected devices (all-reduce, XLA, matmul) "
             "in a child process with a timeout.",
         ),
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v",
+                     help="List every check, also each one skipped for a shared reason."),
     ] = False,
     bug_report: Annotated[
         bool,
@@ -175,7 +263,7 @@ def command(
     elif bug_report:
         typer.echo(render_markdown(build_report(report, resolved, os.environ, strict=strict)))
     else:
-        render(report, Console(), strict)
+        render(report, Console(), strict, verbose)
     raise typer.Exit(code=code)
 
 

@@ -23,7 +23,7 @@ How the decisions reach a script that knows nothing of mgpu:
 - the strategy: `tf.distribute.MirroredStrategy()` with no arguments takes TensorFlow's
   default devices (every GPU, or only CPU:0: never logical CPUs) and all-reduce; here its
   defaults become the planned devices and all-reduce (`_plan_mirrored_defaults`), so the
-  seed's own `MirroredStrategy()` runs VIRTUAL_DEVICES replicas on a CPU too. Arguments
+  tutorial's own `MirroredStrategy()` runs VIRTUAL_DEVICES replicas on a CPU too. Arguments
   the script passes win.
 """
 

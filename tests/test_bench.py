@@ -360,7 +360,7 @@ def test_cli_writes_json_and_png_and_prints_the_table(
     )
     assert result.exit_code == 0, result.output
     assert "samples/s" in result.stdout and "90%" in result.stdout
-    assert "mgpu/seed = 3.00x" in result.stdout
+    assert "mgpu/model.fit = 3.00x" in result.stdout
     assert json.loads((tmp_path / "bench.json").read_text())["points"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
 

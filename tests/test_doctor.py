@@ -154,8 +154,21 @@ def test_cpu_only_tensorflow_without_gpus_is_fine(use_fake_nvml: Install) -> Non
     use_fake_nvml(fake_with(0))
     results = by_id(make_facts("all", tf=tf_facts(0, cuda_build=False)))
     assert results["tensorflow.build"].status == "ok"
-    assert results["tensorflow.cudnn"].status == "skip"
+    # A cuDNN that is there is reported as found, not skipped; no GPU will use it.
+    assert results["tensorflow.cudnn"].status == "ok"
+    assert "9.3.0" in results["tensorflow.cudnn"].found
+    assert "unused here" in results["tensorflow.cudnn"].found
     assert results["visible.tensorflow"].status == "ok"
+
+
+def test_cudnn_without_a_gpu(use_fake_nvml: Install) -> None:
+    use_fake_nvml(fake_with(0))
+    missing = by_id(make_facts("all", tf=tf_facts(0, cudnn=None)))["tensorflow.cudnn"]
+    assert missing.status == "skip" and missing.skipped_for is not None
+    old = by_id(make_facts("all", tf=tf_facts(0, cudnn="8.9.7")))["tensorflow.cudnn"]
+    # A version TensorFlow would refuse is named even here, on a row of its own.
+    assert old.status == "skip" and "another major version" in old.found
+    assert old.skipped_for is None
 
 
 def test_tensorflow_does_not_import(use_fake_nvml: Install) -> None:
@@ -486,3 +499,31 @@ def test_all_check_ids_are_unique(use_fake_nvml: Install) -> None:
     assert len(ids) == len(set(ids))
     assert len(checks.ALL_CHECKS) >= 15
 
+
+
+@pytest.mark.parametrize("nvml_fake", [
+    fake_with(0),  # the toolkit is there, but the machine has no GPU
+    FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND),  # no driver in the container
+])
+def test_the_gpu_compose_file_without_gpus_says_what_to_set(
+    use_fake_nvml: Install, nvml_fake: FakeNvml
+) -> None:
+    use_fake_nvml(nvml_fake)
+    nvml = by_id(make_facts("all", environ={"MGPU_COMPOSE_GPU": "1"}))["driver.nvml"]
+    assert nvml.status == "warn"
+    assert "docker-compose.gpu.yml" in nvml.found
+    assert "COMPOSE_FILE=docker-compose.yml" in nvml.fix
+    assert "NVIDIA Container Toolkit" in nvml.fix
+
+
+def test_without_the_gpu_compose_file_no_gpu_is_fine(use_fake_nvml: Install) -> None:
+    use_fake_nvml(fake_with(0))
+    nvml = by_id(make_facts("all"))["driver.nvml"]
+    assert nvml.status == "ok" and "compose" not in nvml.found + nvml.fix
+
+
+def test_the_gpu_compose_file_sets_its_marker() -> None:
+    from pathlib import Path
+
+    gpu_file = (Path(__file__).resolve().parent.parent / "docker-compose.gpu.yml").read_text()
+    assert "MGPU_COMPOSE_GPU=1" in gpu_file

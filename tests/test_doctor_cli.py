@@ -63,7 +63,7 @@ def test_no_tf_never_runs_tensorflow(
     code, out = invoke("--no-tf")
     assert code == 0, out
     assert calls == []
-    assert "skipped (--no-tf)" in out
+    assert "TensorFlow checks  not probed (--no-tf)" in out
 
 
 def test_error_exits_1_and_names_the_fix(

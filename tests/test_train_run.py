@@ -88,6 +88,10 @@ def test_trains_with_that_many_replicas_and_learns(tmp_path: Path, replicas: int
     assert found["test_accuracy"] >= 0.9, found["test_accuracy"]
     assert (output / "model.keras").is_file() and list((output / "logs").iterdir())
     assert "Done: test accuracy" in result.stdout
+    # Each time says which it is: the epochs' time, or the wall time with the start-up.
+    assert "training time" in result.stdout and "(the epochs)" in result.stdout
+    assert "wall time" in result.stdout and "(start-up included)" in result.stdout
+    assert 0 < found["training_time_s"] < found["wall_time_s"]
 
 
 def test_fp16_with_xla_and_loss_scaling_learns_on_two_replicas(tmp_path: Path) -> None:

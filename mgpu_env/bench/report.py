@@ -47,7 +47,7 @@ class BenchReport:
     def as_dict(self) -> dict[str, Any]:
         series = self.series()
         return {
-            "schema": SCHEMA_VERSION,
+            "schema_version": SCHEMA_VERSION,
             "created": self.created,
             "settings": self.settings,
             "devices": dataclasses.asdict(self.devices),

@@ -132,7 +132,7 @@ class Settings:
         parse_choice("auto", "3", "2"), "auto, 3, 2", metavar="VERSION",
     )
     epochs: int = setting(
-        "EPOCHS", "5", "Epochs to train (the seed trains 5).",
+        "EPOCHS", "5", "Epochs to train (the tutorial trains 5).",
         parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope=TRAIN,
     )
     batch_size: int = setting(
@@ -157,7 +157,7 @@ class Settings:
     )
     model: str = setting(
         "MODEL", "mlp",
-        "Model mgpu train (and mgpu bench) trains: mlp (the seed's 784-64-64-10), or your "
+        "Model mgpu train (and mgpu bench) trains: mlp (the tutorial's 784-64-64-10), or your "
         "builder, package.module:function, called as build(input_shape, num_classes).",
         parse_name_or_hook("mlp"), "mlp, or package.module:function (your builder)",
         metavar="NAME", scope=LOOP,
@@ -211,7 +211,7 @@ class Settings:
     )
     bench_model: str = setting(
         "BENCH_MODEL", "mlp",
-        "Model mgpu bench measures: mlp (the seed's) or resnet (a small ResNet on 32x32x3 "
+        "Model mgpu bench measures: mlp (the tutorial's) or resnet (a small ResNet on 32x32x3 "
         "images, about 0.7M parameters, big enough for scaling to mean something).",
         parse_choice("mlp", "resnet"), "mlp, resnet", metavar="NAME", scope="bench",
     )
@@ -254,8 +254,8 @@ class Settings:
     )
     bench_compare: bool = setting(
         "BENCH_COMPARE", "0",
-        "mgpu bench also runs the seed's plain model.fit on the same data and device and "
-        "prints the mgpu/seed throughput ratio.",
+        "mgpu bench also runs the tutorial's plain model.fit on the same data and device and "
+        "prints mgpu's throughput as a multiple of it.",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope="bench",
     )
     bench_timeout: int = setting(

@@ -27,6 +27,7 @@ from mgpu_env.doctor.checks import (
     ALL_CHECKS,
     Check,
     CheckFunction,
+    SkippedGroup,
     Status,
     check_cuda_libraries,
     check_cudnn,
@@ -38,6 +39,7 @@ from mgpu_env.doctor.checks import (
     check_tf_build,
     check_tf_devices,
     gpu_checks,
+    group_skipped,
     run_checks,
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
@@ -53,6 +55,7 @@ __all__ = [
     "Check",
     "Facts",
     "Report",
+    "SkippedGroup",
     "SmokeResult",
     "Status",
     "diagnose",
@@ -87,6 +90,11 @@ class Report:
     def failing(self, strict: bool = False) -> list[Check]:
         """The errors, and with `strict` the warnings too."""
         return [c for c in self.checks if c.status == "error" or (strict and c.status == "warn")]
+
+    def rows(self, verbose: bool = False) -> list[Check | SkippedGroup]:
+        """The checks as the table shows them: with `verbose` each one, else the checks
+        skipped for one shared reason (no GPU, --no-tf) folded into one row per reason."""
+        return list(self.checks) if verbose else group_skipped(self.checks)
 
     @property
     def smoke_failed(self) -> bool:

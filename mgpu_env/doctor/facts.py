@@ -40,6 +40,7 @@ REPORTED_VARIABLES = (
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
+    "MGPU_COMPOSE_GPU",  # set by docker-compose.gpu.yml: the GPUs were meant to be there
     "NCCL_P2P_DISABLE",
     "NCCL_P2P_LEVEL",
     "NCCL_IB_DISABLE",

@@ -56,7 +56,7 @@ class TfFacts:
 
     version: Probed[str] = field(default_factory=Probed)
     build: Probed[TfBuildInfo] = field(default_factory=Probed)
-    # Physical GPU devices, as in the seed's
+    # Physical GPU devices, as in the tutorial's
     # len(tf.config.experimental.list_physical_devices('GPU')).
     gpus: Probed[tuple[str, ...]] = field(default_factory=Probed)
     cudnn: Probed[CudnnLibrary] = field(default_factory=Probed)

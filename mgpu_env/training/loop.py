@@ -55,7 +55,13 @@ class TrainResult:
         return float(self.metrics["train_samples_per_sec"])
 
     @property
+    def training_time_s(self) -> float:
+        """The epochs' time: the seconds this run spent in the epochs it trained."""
+        return float(self.metrics.get("training_time_s", 0.0))
+
+    @property
     def wall_time_s(self) -> float:
+        """Wall time, start-up included: from the command's start to the run's end."""
         return float(self.metrics["wall_time_s"])
 
 
@@ -63,14 +69,17 @@ def resume_command(output_dir: Path) -> str:
     return f"OUTPUT_DIR={output_dir} mgpu train"
 
 
-def run_training(plan: TrainPlan, reporter: Reporter | None = None) -> TrainResult:
-    """Train as planned; checkpoint every epoch; write the outputs when done.
+def run_training(
+    plan: TrainPlan, reporter: Reporter | None = None, started: float | None = None
+) -> TrainResult:
+    """Train as planned; checkpoint every epoch; write the outputs when done. `started`
+    (`time.time()`): when the command started, the start of the wall time (default: now).
 
     Raises ConfigError (bad data, an unreadable checkpoint), RunFailed (TensorFlow failed)
     or Interrupted (a signal stopped the run; the command to resume is in the message).
     """
     reporter = reporter or Reporter()
-    started = time.time()
+    started = time.time() if started is None else started
     # A multi-worker run goes on even when finished: the chief's state decides for all.
     if plan.strategy.role.num_workers == 1 and plan.folder.finished_metrics is not None and (
         plan.folder.finished_metrics.get("epochs_completed") == plan.settings.epochs
@@ -138,7 +147,7 @@ def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
     ))
     return build_trainer(
         strategy,
-        # MODEL: the seed's MLP, or the user's builder (checked against the data's shape).
+        # MODEL: the tutorial's MLP, or the user's builder (checked against the data's shape).
         model_builder(plan.model, plan.settings.seed, plan.input_shape, plan.num_classes),
         learning_rate=plan.settings.learning_rate, precision=plan.precision,
         global_batch_size=plan.global_batch_size, jit_compile=plan.xla,
@@ -197,6 +206,7 @@ def _train(
     if is_chief:
         # What this start ran with, and why (flag, env, .env, default), before any epoch.
         rundir.atomic_write_json(plan.output_dir / rundir.SETTINGS_FILE, {
+            "schema_version": rundir.SCHEMA_VERSION,
             "mgpu_version": __version__,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "resumed_from_epoch": start_epoch,
@@ -400,6 +410,7 @@ def _metrics(
 ) -> dict[str, Any]:
     described = plan.describe()
     return {
+        "schema_version": rundir.SCHEMA_VERSION,
         "status": "finished",
         "epochs_completed": plan.settings.epochs,
         "resumed_from_epoch": start_epoch,
@@ -412,6 +423,7 @@ def _metrics(
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
         "history": history,
+        "training_time_s": trained_seconds,
         "wall_time_s": wall_time_s,
         "train_samples": arrays.train_size,
         "test_samples": arrays.test_size,

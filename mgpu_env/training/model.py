@@ -1,4 +1,4 @@
-"""The seed's model: an MLP 784 -> 64 -> 64 -> 10 with relu and softmax.
+"""The tutorial's model: an MLP 784 -> 64 -> 64 -> 10 with relu and softmax.
 
 Build it inside `strategy.scope()` after `apply_precision`: under a mixed policy the Dense
 layers compute in fp16/bf16, while the softmax is a separate float32 layer, because a
@@ -18,10 +18,10 @@ HIDDEN_UNITS = 64
 def build_model(
     seed: int, input_shape: tuple[int, ...] = (FEATURES,), classes: int = CLASSES
 ) -> Any:
-    """The seed's Sequential MLP, with seeded initialisers so SEED fixes the start weights.
+    """The tutorial's Sequential MLP, with seeded initialisers so SEED fixes the start weights.
 
-    Other sample shapes (a DATASET loader's images) are flattened first; the seed's own
-    (784,) rows give exactly the seed's layers, so its checkpoints stay compatible.
+    Other sample shapes (a DATASET loader's images) are flattened first; the tutorial's own
+    (784,) rows give exactly the tutorial's layers, so its checkpoints stay compatible.
     """
     from mgpu_env.runtime.keras import tensorflow_keras
 
@@ -47,7 +47,7 @@ def build_model(
 def model_builder(
     model: str, seed: int, input_shape: tuple[int, ...], classes: int
 ) -> Callable[[], Any]:
-    """What `build_trainer` calls in the strategy's scope: the seed's MLP for MODEL=mlp,
+    """What `build_trainer` calls in the strategy's scope: the tutorial's MLP for MODEL=mlp,
     else the user's `package.module:function`, checked against the data (ConfigError)."""
     if model == "mlp":
         return lambda: build_model(seed, input_shape, classes)

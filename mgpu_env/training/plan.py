@@ -35,6 +35,8 @@ from mgpu_env.training.data import (
 from mgpu_env.training.feed import epoch_steps
 from mgpu_env.training.resume import resume_note
 
+# The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
+SCHEMA_VERSION = 1
 # The settings `mgpu train` reads (the others belong to other commands, or to the
 # cluster), for the "settings" lines of the summary and the settings in metrics.json.
 TRAIN_SETTINGS = (
@@ -128,6 +130,7 @@ class TrainPlan:
     def to_dict(self) -> dict[str, Any]:
         """The whole plan as JSON-ready data: what `--dry-run --json` prints."""
         return {
+            "schema_version": SCHEMA_VERSION,
             "mgpu_version": __version__,
             **self.describe(),
             "notes": list(self.notes),

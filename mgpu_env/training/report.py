@@ -1,10 +1,12 @@
-"""What a training run tells the user while it trains: nothing, one line per epoch, or
-Keras' progress bar."""
+"""What a training run tells the user while it trains: nothing, one line per epoch, or a
+progress bar."""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 
 class Reporter:
@@ -50,29 +52,53 @@ def epoch_line(record: Mapping[str, Any], epochs: int) -> str:
 
 
 class ProgbarReporter(Reporter):
-    """Keras' per-epoch progress bar, like `model.fit(verbose=1)`: for a terminal only (it
-    redraws the line with `\\r` and colours it)."""
+    """A progress bar redrawn in place, like `model.fit(verbose=1)`'s, for a terminal only
+    (it redraws the line with `\\r`): steps, loss, accuracy and samples/s as the epoch goes,
+    ending on the numbers the piped line (`epoch_line`) prints."""
 
-    def __init__(self, echo: Callable[[str], None] = print) -> None:
+    WIDTH = 30  # the bar's characters, as Keras' Progbar draws it
+
+    def __init__(
+        self, echo: Callable[[str], None] = print, *, samples_per_step: int,
+        stream: TextIO | None = None,
+    ) -> None:
         self._echo = echo
-        self._bar: Any = None
+        self._samples_per_step = samples_per_step
+        self._stream = stream or sys.stdout
+        self._steps = 0
+        self._started = 0.0
+        self._drawn = 0
 
     def note(self, message: str) -> None:
         self._echo(message)
 
     def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None:
-        from mgpu_env.runtime.keras import tensorflow_keras
-
-        keras = tensorflow_keras()
-
         self._echo(f"Epoch {epoch}/{epochs}")
-        self._bar = keras.utils.Progbar(steps, stateful_metrics=["loss", "accuracy"])
+        self._steps, self._started, self._drawn = steps, time.perf_counter(), 0
 
     def steps_done(self, steps: int, loss: float, accuracy: float) -> None:
-        if self._bar is not None:
-            self._bar.update(steps, [("loss", loss), ("accuracy", accuracy)])
+        seconds = time.perf_counter() - self._started
+        rate = steps * self._samples_per_step / seconds if seconds > 0 else 0.0
+        self._draw(steps, loss, accuracy, rate, seconds)
 
     def epoch_end(self, record: Mapping[str, Any]) -> None:
-        self._bar = None
+        # The epoch's own numbers, so the bar ends on what history.json and the piped line say.
+        self._draw(self._steps, record["loss"], record["accuracy"],
+                   record["samples_per_sec"], record["seconds"])
+        self._stream.write("\n")
+        self._stream.flush()
+
+    def _draw(self, steps: int, loss: float, accuracy: float, rate: float,
+              seconds: float) -> None:
+        done = self.WIDTH * steps // max(self._steps, 1)
+        bar = "=" * done + (">" + "." * (self.WIDTH - done - 1) if done < self.WIDTH else "")
+        line = (
+            f"{steps}/{self._steps} [{bar}] {seconds:.1f} s - loss {loss:.4f} - "
+            f"accuracy {accuracy:.4f} - {rate:,.0f} samples/s"
+        )
+        # Spaces cover what a longer line drawn before left on the screen.
+        self._stream.write("\r" + line + " " * max(self._drawn - len(line), 0))
+        self._stream.flush()
+        self._drawn = len(line)
 
 

@@ -30,6 +30,9 @@ from typing import Any
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.hardware.folders import RUNS_ROOT
 
+# The layout of the run folder's JSON files (run.json, history.json, settings.json,
+# metrics.json), in each as `schema_version`; raised when a key is removed or changes meaning.
+SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.json"
 HISTORY_FILE = "history.json"
@@ -171,6 +174,7 @@ def claim_run_folder(folder: RunFolder, identity: Mapping[str, Any]) -> None:
     if not folder.fresh:
         return
     record = {
+        "schema_version": SCHEMA_VERSION,
         "identity": dict(identity),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -210,7 +214,8 @@ def read_history(folder: Path, epochs_done: int) -> list[dict[str, Any]]:
 
 
 def write_history(folder: Path, history: list[dict[str, Any]]) -> None:
-    atomic_write_json(folder / HISTORY_FILE, {"epochs": history})
+    atomic_write_json(folder / HISTORY_FILE,
+                      {"schema_version": SCHEMA_VERSION, "epochs": history})
 
 
 def completed_epochs(folder: RunFolder) -> int:

@@ -1,4 +1,4 @@
-"""The seed's script, as the tutorial prints it, with the one fix it needs to run.
+"""The tutorial's script, as the tutorial prints it, with the one fix it needs to run.
 
 As printed, `x_train` is 28x28 images fed to a 784-input Dense layer; here the images are
 flattened (`reshape(-1, 784)`). Everything else is the tutorial's code. It is the baseline
@@ -19,7 +19,8 @@ from tensorflow.keras.optimizers import Adam
 
 
 def seed_model(learning_rate: float = 0.001) -> Any:
-    """The seed's MLP, compiled as the seed compiles it. Call it inside `strategy.scope()`."""
+    """The tutorial's MLP, compiled as the tutorial compiles it. Call it inside
+    `strategy.scope()`."""
     model = Sequential([Dense(64, activation='relu', input_shape=(784,)),
                         Dense(64, activation='relu'),
                         Dense(10, activation='softmax')])

@@ -134,7 +134,7 @@ def make_step_functions(
         replica_input_step(x_chunk[i], y_chunk[i])
 
     # One gather per call, not one per step: a gather and the index arithmetic in every step
-    # cost 11% of the seed's MLP step on a CPU (benchmarks/input_cost.py), one per call ~3%.
+    # cost 11% of the tutorial's MLP step on a CPU (benchmarks/input_cost.py), one per call ~3%.
     # An explicit while_loop and no AutoGraph: converting the step's whole call tree (Keras
     # included) roughly doubled the first call's tracing time, which is paid in epoch 1.
     @tf.function(autograph=False)

@@ -21,6 +21,12 @@ FIX_DRIVER_IN_CONTAINER = (
     "needs the NVIDIA driver and the NVIDIA Container Toolkit "
     "(`sudo nvidia-ctk runtime configure --runtime=docker` and restart Docker)"
 )
+FIX_GPU_COMPOSE = (
+    "this machine gives the container no GPU, so docker-compose.gpu.yml cannot be used here: "
+    "set `COMPOSE_FILE=docker-compose.yml` in .env (CPU only), or install the NVIDIA driver "
+    "and the NVIDIA Container Toolkit "
+    "(`sudo nvidia-ctk runtime configure --runtime=docker` and restart Docker)"
+)
 FIX_DRIVER_ON_HOST = (
     "install the NVIDIA driver (`nvidia-smi` must work), or set GPUS=none to train on the CPU"
 )
@@ -35,8 +41,19 @@ SAME_CAUSE_AS_NVML = " (a consequence of the Driver (NVML) line)"
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """Why a skipped check does not apply here. Every check one cause silences (no GPU,
+    --no-tf) gives the same reason, so the report can say it once, as
+    `skip  9 GPU checks  no GPU (GPUS=all: training uses the CPU)`."""
+
+    kind: str  # what the checks are about, for that line's title: "GPU", "TensorFlow"
+    why: str
+
+
+@dataclass(frozen=True)
 class Check:
-    """One judged finding. `bad_setting`: the error is a setting the user must change."""
+    """One judged finding. `bad_setting`: the error is a setting the user must change.
+    `skipped_for`: a skip's shared reason (None: the check's own `found` says why)."""
 
     id: str
     title: str
@@ -45,6 +62,59 @@ class Check:
     expected: str = ""
     fix: str = ""
     bad_setting: bool = False
+    skipped_for: Skipped | None = None
+
+
+@dataclass(frozen=True)
+class SkippedGroup:
+    """Two or more checks skipped for one reason, reported as one line."""
+
+    reason: Skipped
+    checks: tuple[Check, ...]
+
+    @property
+    def title(self) -> str:
+        return f"{len(self.checks)} {self.reason.kind} checks"
+
+
+TF_NOT_PROBED = Skipped("TensorFlow", "not probed (--no-tf)")
+
+
+def no_gpu(facts: Facts) -> Skipped:
+    """The one reason every GPU-only check gives when the run has no GPU."""
+    if not wants_gpus(facts):
+        why = "GPUS=none: training uses the CPU"
+    elif not facts.nvml.listing.available:
+        why = "no GPU driver (NVML): training uses the CPU"
+    elif not facts.gpus:
+        why = f"no GPU (GPUS={facts.request}: training uses the CPU)"
+    else:
+        why = f"no GPU selected (GPUS={facts.request}): training uses the CPU"
+    return Skipped("GPU", why)
+
+
+def fewer_than_two_gpus(facts: Facts) -> Skipped:
+    """Why the checks between GPUs (sameness, links, NCCL) do not apply."""
+    if not facts.selected:
+        return no_gpu(facts)
+    return Skipped("multi-GPU", "one GPU used: nothing to compare or all-reduce")
+
+
+def group_skipped(checks: Iterable[Check]) -> list[Check | SkippedGroup]:
+    """The checks in report order, except that those skipped for a shared reason (two or
+    more) become one group each, after the checks that apply."""
+    checks = list(checks)
+    members: dict[Skipped, list[Check]] = {}
+    for check in checks:
+        if check.status == "skip" and check.skipped_for is not None:
+            members.setdefault(check.skipped_for, []).append(check)
+    grouped = {reason for reason, group in members.items() if len(group) > 1}
+    rows: list[Check | SkippedGroup] = [
+        c for c in checks if c.skipped_for not in grouped or c.status != "skip"
+    ]
+    rows += [SkippedGroup(reason, tuple(members[reason])) for reason in members
+             if reason in grouped]
+    return rows
 
 
 def target_build(facts: Facts) -> compat.TfBuild:
@@ -56,7 +126,14 @@ def target_build(facts: Facts) -> compat.TfBuild:
     return row or compat.pinned()
 
 
+def gpu_compose_file(facts: Facts) -> bool:
+    """Whether the container was started with docker-compose.gpu.yml (MGPU_COMPOSE_GPU=1)."""
+    return facts.environ.get("MGPU_COMPOSE_GPU", "").strip() == "1"
+
+
 def nvml_fix(facts: Facts) -> str:
+    if gpu_compose_file(facts):
+        return FIX_GPU_COMPOSE
     return FIX_DRIVER_IN_CONTAINER if facts.host.in_container.value else FIX_DRIVER_ON_HOST
 
 

@@ -14,8 +14,10 @@ from mgpu_env.doctor.checks.common import (
     MIB,
     SAME_CAUSE_AS_NVML,
     Check,
+    Skipped,
     Status,
     limit_text,
+    no_gpu,
     wants_gpus,
 )
 from mgpu_env.doctor.facts import UNLIMITED, Facts
@@ -33,7 +35,8 @@ def check_device_files(facts: Facts) -> Check:
     )
     if not host.in_container.ok or not host.in_container.value:
         found = "not in a container" if host.in_container.ok else host.in_container.text()
-        return Check("driver.device_files", title, "skip", found, expected)
+        return Check("driver.device_files", title, "skip", found, expected,
+                     skipped_for=Skipped("container", "not in a container"))
     if host.wsl_gpu.ok and host.wsl_gpu.value:
         # WSL2 gives containers the GPU through /dev/dxg and the driver libraries in
         # /usr/lib/wsl/lib; there are no /dev/nvidia* files there, and none are needed.
@@ -48,11 +51,13 @@ def check_device_files(facts: Facts) -> Check:
     if "nvidiactl" in names and has_gpu_file:
         return Check("driver.device_files", title, "ok", found, expected)
     if not wants_gpus(facts):
-        return Check("driver.device_files", title, "skip", found, "not needed with GPUS=none")
+        return Check("driver.device_files", title, "skip", found, "not needed with GPUS=none",
+                     skipped_for=no_gpu(facts))
     status: Status = "warn" if facts.request.kind == "all" else "error"
     if status == "warn" and not facts.nvml.listing.available:
         # One cause, one warning: the driver line already says the container has no GPUs.
-        return Check("driver.device_files", title, "skip", found + SAME_CAUSE_AS_NVML, expected)
+        return Check("driver.device_files", title, "skip", found + SAME_CAUSE_AS_NVML,
+                     expected, skipped_for=no_gpu(facts))
     return Check("driver.device_files", title, status, found, expected, FIX_DRIVER_IN_CONTAINER)
 
 

@@ -4,9 +4,13 @@ it will really open here (`mgpu_env.hardware.cudalibs`)."""
 from __future__ import annotations
 
 from mgpu_env.doctor.checks.common import (
+    TF_NOT_PROBED,
     TF_SKIPPED,
     Check,
+    Skipped,
     Status,
+    fewer_than_two_gpus,
+    no_gpu,
     target_build,
     wants_gpus,
 )
@@ -31,7 +35,8 @@ def check_tf_build(facts: Facts) -> Check:
     expected = f"a CUDA build: CUDA {row.cuda}, cuDNN {row.cudnn} (TensorFlow {row.tensorflow})"
     tf = facts.tensorflow
     if tf is None:
-        return Check("tensorflow.build", title, "skip", TF_SKIPPED, expected)
+        return Check("tensorflow.build", title, "skip", TF_SKIPPED, expected,
+                     skipped_for=TF_NOT_PROBED)
     if not tf.version.ok:
         return Check(
             "tensorflow.build", title, "error", tf.version.text(), expected,
@@ -72,7 +77,8 @@ def check_cudnn(facts: Facts) -> Check:
     expected = f"cuDNN {row.cudnn}.x or a later {row.cudnn.split('.')[0]}.x"
     tf = facts.tensorflow
     if tf is None:
-        return Check("tensorflow.cudnn", title, "skip", TF_SKIPPED, expected)
+        return Check("tensorflow.cudnn", title, "skip", TF_SKIPPED, expected,
+                     skipped_for=TF_NOT_PROBED)
     found = (
         f"{tf.cudnn.value.version} ({tf.cudnn.value.path})"
         if tf.cudnn.ok and tf.cudnn.value is not None
@@ -80,7 +86,7 @@ def check_cudnn(facts: Facts) -> Check:
     )
     info = tf.build.value if tf.build.ok else None
     if info is None or not info.is_cuda_build or not facts.selected:
-        return Check("tensorflow.cudnn", title, "skip", found, expected + " (only with GPUs)")
+        return _cudnn_unused(facts, found, expected + " (only with GPUs)")
     fix = (
         f"install cuDNN {row.cudnn}: `make venv CUDA=1` (the CUDA lock), or "
         f"`pip install 'nvidia-cudnn-cu12=={row.cudnn}.*'` (part of tensorflow[and-cuda]), "
@@ -88,18 +94,44 @@ def check_cudnn(facts: Facts) -> Check:
     )
     if not tf.cudnn.ok or tf.cudnn.value is None:
         return Check("tensorflow.cudnn", title, "error", found, expected, fix)
+    problem = _cudnn_problem(facts)
+    if problem:
+        return Check("tensorflow.cudnn", title, "error", found + problem, expected, fix)
+    return Check("tensorflow.cudnn", title, "ok", found, expected)
+
+
+def _cudnn_problem(facts: Facts) -> str:
+    """Why the cuDNN found cannot serve this build ("" when it can)."""
+    tf = facts.tensorflow
+    if tf is None or tf.cudnn.value is None:
+        return ""
     have = compat.version_tuple(tf.cudnn.value.version)
-    want = compat.version_tuple(row.cudnn)
+    want = compat.version_tuple(target_build(facts).cudnn)
     if have[0] != want[0]:
-        return Check("tensorflow.cudnn", title, "error",
-                     found + ": another major version", expected, fix)
+        return ": another major version"
     if have[:2] < want:
         # TensorFlow refuses it at the first cuDNN call: "Loaded runtime CuDNN library: 9.1.0
         # but source was compiled with: 9.3.0. ... equal or higher minor version".
-        return Check("tensorflow.cudnn", title, "error",
-                     found + ": an older minor than the build's, which TensorFlow refuses",
-                     expected, fix)
-    return Check("tensorflow.cudnn", title, "ok", found, expected)
+        return ": an older minor than the build's, which TensorFlow refuses"
+    return ""
+
+
+def _cudnn_unused(facts: Facts, found: str, expected: str) -> Check:
+    """cuDNN where no GPU will use it: a library that is there is reported as found (ok,
+    or a skip that names its version problem); a missing one is one more GPU-only skip."""
+    tf = facts.tensorflow
+    info = tf.build.value if tf is not None and tf.build.ok else None
+    if info is not None and not info.is_cuda_build:
+        reason = Skipped("GPU", "TensorFlow is a CPU-only build")
+    else:
+        reason = no_gpu(facts)
+    if tf is None or not tf.cudnn.ok or tf.cudnn.value is None:
+        return Check("tensorflow.cudnn", "cuDNN loaded", "skip", found, expected,
+                     skipped_for=reason)
+    problem = _cudnn_problem(facts)
+    status: Status = "skip" if problem else "ok"
+    return Check("tensorflow.cudnn", "cuDNN loaded", status,
+                 f"{found}{problem}; unused here: {reason.why}", expected)
 
 
 # ----------------------------------------------------------------- the CUDA libraries
@@ -128,7 +160,8 @@ def check_cuda_libraries(facts: Facts) -> Check:
     expected = f"all load for CUDA {row.cuda}: {names}"
     stack = facts.cuda
     if stack is None:
-        return Check("cuda.libraries", title, "skip", TF_SKIPPED, expected)
+        return Check("cuda.libraries", title, "skip", TF_SKIPPED, expected,
+                     skipped_for=TF_NOT_PROBED)
     fix = FIX_CUDA_LIBRARIES.format(tf=_tf_release(facts))
     # NCCL is judged on its own line: only an all-reduce between GPUs needs it.
     missing = [name for name in stack.missing if name != "nccl"]
@@ -150,9 +183,9 @@ def check_cuda_libraries(facts: Facts) -> Check:
             f"{name}: {stack.library(name).error}" for name in missing
         ) + (f"; loaded: {', '.join(loaded)}" if loaded else "")
     if not facts.selected:
-        reason = "no GPU selected" if wants_gpus(facts) else "GPUS=none"
         return Check("cuda.libraries", title, "skip",
-                     f"{found}; only GPUs need them ({reason}); to add them: {fix}", expected)
+                     f"{found}; only GPUs need them; to add them: {fix}", expected,
+                     skipped_for=no_gpu(facts))
     return Check("cuda.libraries", title, "error",
                  f"{found}: TensorFlow will not use the GPUs", expected, fix)
 
@@ -175,7 +208,8 @@ def check_nccl(facts: Facts) -> Check:
     ) + " when 2 or more GPUs all-reduce"
     stack = facts.cuda
     if stack is None:
-        return Check("cuda.nccl", title, "skip", TF_SKIPPED, expected)
+        return Check("cuda.nccl", title, "skip", TF_SKIPPED, expected,
+                     skipped_for=TF_NOT_PROBED)
     nccl = stack.library("nccl")
     if nccl.ok and nccl.value is not None:
         found = f"NCCL {nccl.value.version or 'version unknown'} ({nccl.value.path})"
@@ -191,7 +225,8 @@ def check_nccl(facts: Facts) -> Check:
     found = nccl.text()
     if len(facts.selected) < 2:
         return Check("cuda.nccl", title, "skip", found,
-                     expected + f" ({len(facts.selected)} GPU(s) used: nothing to all-reduce)")
+                     expected + f" ({len(facts.selected)} GPU(s) used: nothing to all-reduce)",
+                     skipped_for=fewer_than_two_gpus(facts))
     fix = (
         f"`pip install 'nvidia-nccl-cu12>={row.nccl_min or '2'}'` (or `make venv CUDA=1`, "
         "the image); or CROSS_DEVICE_OPS=hierarchical_copy"
@@ -205,12 +240,16 @@ def check_nccl(facts: Facts) -> Check:
                  "all-reduces through host memory instead (slower)", expected, fix)
 
 
-def _xla_matters(facts: Facts) -> tuple[bool, str]:
+XLA_OFF = Skipped("XLA", "XLA=0: only XLA=1 (and `mgpu doctor --smoke`) needs them")
+
+
+def _xla_matters(facts: Facts) -> tuple[bool, str, Skipped | None]:
+    """Whether XLA's GPU tools matter here, why, and the shared reason when they do not."""
     if not facts.selected:
-        return False, "only GPUs need it (XLA on the CPU compiles with LLVM alone)"
+        return False, "only GPUs need it (XLA on the CPU compiles with LLVM alone)", no_gpu(facts)
     if not facts.xla:
-        return False, "only XLA=1 (and `mgpu doctor --smoke`) needs it"
-    return True, "XLA=1 compiles every GPU step with it"
+        return False, "only XLA=1 (and `mgpu doctor --smoke`) needs it", XLA_OFF
+    return True, "XLA=1 compiles every GPU step with it", None
 
 
 def check_ptxas(facts: Facts) -> Check:
@@ -220,13 +259,15 @@ def check_ptxas(facts: Facts) -> Check:
     expected = f"ptxas {row.cuda} (CUDA of the build) in XLA's search path"
     stack = facts.cuda
     if stack is None:
-        return Check("cuda.ptxas", title, "skip", TF_SKIPPED, expected)
-    matters, why = _xla_matters(facts)
+        return Check("cuda.ptxas", title, "skip", TF_SKIPPED, expected,
+                     skipped_for=TF_NOT_PROBED)
+    matters, why, reason = _xla_matters(facts)
     fix = FIX_NVCC.format(cuda=row.cuda)
     if not stack.ptxas.ok or stack.ptxas.value is None:
         found = stack.ptxas.text()
         if not matters:
-            return Check("cuda.ptxas", title, "skip", f"{found}; {why}", expected)
+            return Check("cuda.ptxas", title, "skip", f"{found}; {why}", expected,
+                         skipped_for=reason)
         return Check("cuda.ptxas", title, "warn", f"{found}; {why}", expected, fix)
     tool = stack.ptxas.value
     found = f"{tool.version} ({tool.path})"
@@ -242,12 +283,13 @@ def check_libdevice(facts: Facts) -> Check:
     expected = "nvvm/libdevice/libdevice.10.bc in the first CUDA root XLA finds"
     stack = facts.cuda
     if stack is None:
-        return Check("cuda.libdevice", title, "skip", TF_SKIPPED, expected)
+        return Check("cuda.libdevice", title, "skip", TF_SKIPPED, expected,
+                     skipped_for=TF_NOT_PROBED)
     if stack.libdevice.ok and stack.libdevice.value:
         return Check("cuda.libdevice", title, "ok", stack.libdevice.value, expected)
-    matters, why = _xla_matters(facts)
+    matters, why, reason = _xla_matters(facts)
     found = f"{stack.libdevice.text()}; {why}"
     if not matters:
-        return Check("cuda.libdevice", title, "skip", found, expected)
+        return Check("cuda.libdevice", title, "skip", found, expected, skipped_for=reason)
     return Check("cuda.libdevice", title, "warn", found, expected,
                  FIX_NVCC.format(cuda=target_build(facts).cuda))

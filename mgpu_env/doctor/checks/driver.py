@@ -5,6 +5,8 @@ from __future__ import annotations
 from mgpu_env.doctor.checks.common import (
     Check,
     Status,
+    gpu_compose_file,
+    no_gpu,
     nvml_fix,
     target_build,
     wants_gpus,
@@ -17,16 +19,21 @@ def check_nvml(facts: Facts) -> Check:
     snapshot = facts.nvml
     listing = snapshot.listing
     title = "Driver (NVML)"
+    intended = gpu_compose_file(facts)
+    compose = " (started with docker-compose.gpu.yml, which is for GPUs)" if intended else ""
     if listing.available:
         version = snapshot.driver_version.text()
-        return Check(
-            "driver.nvml", title, "ok",
-            f"driver {version}, NVML {snapshot.nvml_version.text()}, {len(listing.gpus)} GPU(s)",
-            "NVML loads",
+        found = (
+            f"driver {version}, NVML {snapshot.nvml_version.text()}, {len(listing.gpus)} GPU(s)"
         )
-    found = f"could not collect ({listing.error})"
+        if intended and not listing.gpus:
+            return Check("driver.nvml", title, "warn", found + compose,
+                         "NVML loads and lists the GPUs", nvml_fix(facts))
+        return Check("driver.nvml", title, "ok", found, "NVML loads")
+    found = f"could not collect ({listing.error}){compose}"
     if not wants_gpus(facts):
-        return Check("driver.nvml", title, "skip", found, "not needed with GPUS=none")
+        return Check("driver.nvml", title, "skip", found, "not needed with GPUS=none",
+                     skipped_for=no_gpu(facts))
     status: Status = "warn" if facts.request.kind == "all" else "error"
     consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
     return Check(
@@ -46,7 +53,8 @@ def check_driver_version(facts: Facts) -> Check:
     )
     if not facts.nvml.listing.available or not facts.gpus:
         found = "no GPU" if facts.nvml.listing.available else "no driver"
-        return Check("driver.version", title, "skip", found, expected)
+        return Check("driver.version", title, "skip", found, expected,
+                     skipped_for=no_gpu(facts))
     driver = facts.nvml.driver_version
     if not driver.ok or not driver.value:
         return Check(
@@ -78,7 +86,8 @@ def check_driver_cuda(facts: Facts) -> Check:
     expected = f">= {row.cuda} (the CUDA TensorFlow {row.tensorflow} is built with)"
     if not facts.nvml.listing.available or not facts.gpus:
         found = "no GPU" if facts.nvml.listing.available else "no driver"
-        return Check("driver.cuda", title, "skip", found, expected)
+        return Check("driver.cuda", title, "skip", found, expected,
+                     skipped_for=no_gpu(facts))
     encoded = facts.nvml.cuda_driver_version
     if not encoded.ok or encoded.value is None:
         return Check("driver.cuda", title, "warn", encoded.text(), expected,

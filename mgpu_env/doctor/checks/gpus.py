@@ -13,6 +13,7 @@ from mgpu_env.doctor.checks.common import (
     Check,
     Status,
     cc_text,
+    fewer_than_two_gpus,
     gpu_names,
     indices_text,
     is_not_supported,
@@ -206,7 +207,7 @@ def check_mixed_precision(facts: Facts) -> Check:
         p == MIXED_FLOAT16 for p in _best_policies(device_type, capabilities)
     ):
         return Check("gpu.mixed_precision", title, "ok", found, expected,
-                     "MIXED_PRECISION=1 would use the tensor cores (the seed's FP16 tip)")
+                     "MIXED_PRECISION=1 would use the tensor cores (the tutorial's FP16 tip)")
     return Check("gpu.mixed_precision", title, "ok", found, expected)
 
 
@@ -214,7 +215,8 @@ def check_uniform(facts: Facts) -> Check:
     title = "Same GPU model"
     expected = "every GPU used has the same model (MirroredStrategy waits for the slowest)"
     if len(facts.selected) < 2:
-        return Check("gpu.uniform", title, "skip", f"{len(facts.selected)} GPU(s) used", expected)
+        return Check("gpu.uniform", title, "skip", f"{len(facts.selected)} GPU(s) used", expected,
+                     skipped_for=fewer_than_two_gpus(facts))
     kinds = {(g.name, g.compute_capability.value) for g in facts.selected}
     found = gpu_names(facts.selected)
     if len(kinds) == 1:
@@ -239,7 +241,8 @@ def check_topology(facts: Facts) -> Check:
     expected = "NVLink, or P2P through one PCIe switch or host bridge"
     chosen = {g.index for g in facts.selected}
     if len(chosen) < 2:
-        return Check("gpu.topology", title, "skip", f"{len(chosen)} GPU(s) used", expected)
+        return Check("gpu.topology", title, "skip", f"{len(chosen)} GPU(s) used", expected,
+                     skipped_for=fewer_than_two_gpus(facts))
     links = [lk for lk in facts.nvml.links if lk.a in chosen and lk.b in chosen]
     found = "; ".join(_link_text(lk) for lk in links) or "no link information"
     slow, unknown = [], []

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from mgpu_env.doctor.checks.common import (
     SAME_CAUSE_AS_NVML,
+    TF_NOT_PROBED,
     TF_SKIPPED,
     Check,
     gpu_names,
+    no_gpu,
     nvml_fix,
     wants_gpus,
 )
@@ -36,7 +38,7 @@ def check_request(facts: Facts) -> Check:
         # The driver line is the cause and already says training will use the CPU.
         return Check("visible.request", title, "skip",
                      f"GPUS={facts.request}: no GPU, training will use the CPU"
-                     + SAME_CAUSE_AS_NVML, expected)
+                     + SAME_CAUSE_AS_NVML, expected, skipped_for=no_gpu(facts))
     if selection.uses_cpu:
         return Check(
             "visible.request", title, "warn",
@@ -98,7 +100,8 @@ def check_tf_devices(facts: Facts) -> Check:
     wanted = expected_tf_gpus(facts)
     expected = f"{wanted[0]} ({wanted[1]})" if wanted else "GPUS fits the machine"
     if tf is None:
-        return Check("visible.tensorflow", title, "skip", TF_SKIPPED, expected)
+        return Check("visible.tensorflow", title, "skip", TF_SKIPPED, expected,
+                     skipped_for=TF_NOT_PROBED)
     if not tf.gpus.ok or tf.gpus.value is None:
         return Check("visible.tensorflow", title, "error", tf.gpus.text(), expected,
                      "see the TensorFlow build line above")

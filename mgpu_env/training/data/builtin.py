@@ -3,7 +3,7 @@
 `auto` takes MNIST when `mnist.npz` is already in `DATA_DIR` or in Keras' cache, else the
 built-in digits (`data.resolve`); only an explicit `DATASET=mnist` (or `fashion_mnist`)
 downloads, with a short network timeout. Every one is returned the same way: flattened
-784-value rows of float32 in [0, 1] and int32 labels 0..9, so the seed's 784-input model
+784-value rows of float32 in [0, 1] and int32 labels 0..9, so the tutorial's 784-input model
 works on each of them.
 """
 
