@@ -230,11 +230,11 @@ def test_every_replica_count_trains_on_the_same_global_batches(
 def test_a_resident_feed_splits_calls_to_bound_the_rows_it_gathers(
     logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training import order
+    from mgpu_env.training import feed
 
     whole = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
     # Room for two steps' rows per call (32 rows of 784 float32 + an int32 label per replica).
-    monkeypatch.setattr(order, "CALL_ROWS_BYTES", 2 * 32 * (784 * 4 + 4) + 1)
+    monkeypatch.setattr(feed, "CALL_ROWS_BYTES", 2 * 32 * (784 * 4 + 4) + 1)
     split = _losses_per_call(mirrored(logical_cpus[:2]), "resident", steps_per_call=2)
     # Calls of 2, 2 and 1 steps run the same steps on the same rows: the same bits.
     assert split == whole
@@ -254,12 +254,12 @@ def test_streamed_and_kept_rows_train_on_the_same_batches(
 def test_a_stream_of_short_chunks_trains_on_the_kept_rows_batches(
     logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training import order
+    from mgpu_env.training import stream
 
     kept = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
     # Chunks of 7 steps (32 rows of 784 float32 + an int32 label per replica): calls of 5
     # steps cross chunks, and the third call reaches the run's last chunk, of 6 steps.
-    monkeypatch.setattr(order, "CALL_ROWS_BYTES", 7 * 32 * (784 * 4 + 4) + 1)
+    monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 7 * 32 * (784 * 4 + 4) + 1)
     streamed = _losses_per_call(mirrored(logical_cpus[:2]), "stream")
     np.testing.assert_allclose(streamed, kept, rtol=1e-6)
 

@@ -12,12 +12,6 @@ from typing import Any
 
 import numpy as np
 
-# The most bytes of rows one `train_indexed` call gathers on each device for its steps (the
-# only memory a resident feed adds beyond the rows), and one `StreamFeed` chunk holds: 64 MiB
-# is 320 of the MLP's 64-row batches, more than a training call's 200 steps; rows of large
-# images get fewer per call.
-CALL_ROWS_BYTES = 64 * 1024**2
-
 # Runs `count` more steps of the epochs a runner was made for.
 StepRunner = Callable[[int], None]
 
@@ -32,8 +26,8 @@ def epoch_order(seed: int, epoch: int, size: int, global_batch: int) -> np.ndarr
     return order.astype(np.int64)
 
 
-def call_steps(strategy: Any, global_batch: int, row_bytes: int) -> int:
-    """The most steps whose rows (`row_bytes` each) stay within CALL_ROWS_BYTES on each
+def call_steps(strategy: Any, global_batch: int, row_bytes: int, budget: int) -> int:
+    """The most steps whose rows (`row_bytes` each) stay within `budget` bytes on each
     replica's device: a `ResidentFeed` call's, or a `StreamFeed` chunk's."""
     per_replica = global_batch // strategy.num_replicas_in_sync
-    return max(1, CALL_ROWS_BYTES // max(per_replica * row_bytes, 1))
+    return max(1, budget // max(per_replica * row_bytes, 1))

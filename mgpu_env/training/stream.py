@@ -19,6 +19,11 @@ import numpy as np
 from mgpu_env.training.data import Arrays, FileData, as_float32
 from mgpu_env.training.order import StepRunner, call_steps, epoch_order
 
+# The most bytes of rows one `StreamFeed` chunk holds: 16 MiB is 80 of the MLP's 64-row
+# batches. A stream holds ~10 chunks at its peak (being cut, prefetched on the host and on
+# each device, in use): `benchmarks/stream_memory.py` measured +166 MiB of peak RSS with
+# 16 MiB chunks, +309 MiB with 32 and +587 MiB with 64, for no measurable speed.
+STREAM_CHUNK_BYTES = 16 * 1024**2
 # Rows a loader's stream shuffles among (tf.data's shuffle buffer): a stream too big for
 # memory cannot be permuted whole.
 STREAM_SHUFFLE_BUFFER = 10_000
@@ -67,9 +72,9 @@ class StreamFeed:
     @property
     def steps_per_chunk(self) -> int:
         """The most steps one chunk holds: its rows, as float32 samples and int32 labels,
-        stay within CALL_ROWS_BYTES on each device, as a `ResidentFeed` call's do."""
+        stay within STREAM_CHUNK_BYTES."""
         per_row = (int(np.prod(self.arrays.sample_shape)) + 1) * 4
-        return call_steps(self.strategy, self.global_batch, per_row)
+        return call_steps(self.strategy, self.global_batch, per_row, STREAM_CHUNK_BYTES)
 
     def worker_batches(self, first_epoch: int, epochs: int, workers: int, worker: int) -> Any:
         """The row indices of this worker's per-replica batches, in the order its replicas
