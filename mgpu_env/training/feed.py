@@ -8,7 +8,7 @@ per step: `mgpu bench` measured the element-wise tf.data pipeline (from_tensor_s
 shuffle -> batch -> experimental_distribute_dataset) at 67-73% of the CPU's training
 throughput.
 
-Data that does not fit on the device (over RESIDENT_LIMIT_BYTES) is `StreamFeed`
+Data over the run's keep limit (`training.keep`: from the devices' free memory) is `StreamFeed`
 (`training.stream`, with the other streams): kept in host memory, cut into chunks of many
 steps' batches by one tf.data pipeline per worker through
 `distribute_datasets_from_function`, prefetched to each replica's device.
@@ -38,35 +38,32 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.training.data import Arrays, Data, FileData, Streamed, as_float32
+from mgpu_env.training.keep import FALLBACK, KeepLimit
 from mgpu_env.training.order import StepRunner, call_steps, epoch_order
 from mgpu_env.training.stream import FileStreamFeed, RowStreamFeed, StreamFeed
 
 __all__ = [
-    "RESIDENT_LIMIT_BYTES", "Feed", "FileStreamFeed", "ResidentFeed", "RowStreamFeed",
+    "Feed", "FileStreamFeed", "ResidentFeed", "RowStreamFeed",
     "StreamFeed", "epoch_order", "epoch_steps", "fits_on_device", "make_feed",
 ]
 
-# Above this, a data set's training rows stream from the host instead of being kept on each
-# device: MNIST-sized sets are 0.2 GB, a GPU this image targets has 8 GB or more, and the
-# model, its activations and the optimizer need the rest.
-RESIDENT_LIMIT_BYTES = 2 * 1024**3
 # The most bytes of rows one `train_indexed` call gathers on each device for its steps (the
 # only memory a resident feed adds beyond the rows): 64 MiB is 320 of the MLP's 64-row
 # batches, more than a training call's 200 steps; rows of large images get fewer per call.
 CALL_ROWS_BYTES = 64 * 1024**2
 
 
-def fits_on_device(data: Arrays | FileData) -> bool:
+def fits_on_device(data: Arrays | FileData, keep: KeepLimit) -> bool:
     """Whether the training rows are kept on every device (else they stream from the host),
     counted as the float32 samples and int32 labels the step takes."""
     per_row = int(np.prod(data.sample_shape)) + 1
-    return data.train_size * per_row * 4 <= RESIDENT_LIMIT_BYTES
+    return keep.keeps(data.train_size * per_row * 4)
 
 
-def epoch_steps(data: Data, global_batch: int, workers: int) -> int:
+def epoch_steps(data: Data, global_batch: int, workers: int, keep: KeepLimit) -> int:
     """Steps per epoch: whole global batches; files streamed by file, the whole global
     batches every worker's share of the files gives."""
-    if isinstance(data, FileData) and not fits_on_device(data):
+    if isinstance(data, FileData) and not fits_on_device(data, keep):
         from mgpu_env.training.data.read import steps_per_epoch
 
         return steps_per_epoch(data.train, global_batch, workers)
@@ -151,19 +148,21 @@ Feed = ResidentFeed | StreamFeed | RowStreamFeed | FileStreamFeed
 
 
 def make_feed(
-    strategy: Any, data: Data, global_batch: int, seed: int, *, deterministic: bool = True
+    strategy: Any, data: Data, global_batch: int, seed: int, *, deterministic: bool = True,
+    keep: KeepLimit = FALLBACK,
 ) -> Feed:
-    """The feed for this data: kept on each device when it fits, else streamed from host
-    memory, or from a loader's pipeline when it was too big to read."""
+    """The feed for this data: kept on each device when it is within the run's `keep` limit
+    (`keep.keep_limit`, decided in the plan), else streamed from host memory, or from a
+    loader's pipeline when it was too big to read."""
     if isinstance(data, Streamed):
         return RowStreamFeed(strategy, data.train.rows, data.train.size, global_batch, seed,
                              deterministic)
     if isinstance(data, FileData):
-        if not fits_on_device(data):
+        if not fits_on_device(data, keep):
             return FileStreamFeed(strategy, data, global_batch, seed, deterministic)
         from mgpu_env.training.data.read import read_whole
 
         data = read_whole(data)
-    if fits_on_device(data):
+    if fits_on_device(data, keep):
         return ResidentFeed.place(strategy, data, global_batch, seed)
     return StreamFeed(strategy, data, global_batch, seed, deterministic)
