@@ -44,9 +44,10 @@ class StreamFeed:
     Why chunks (digits, the seed's MLP, 2 cores shared with other work, feeds interleaved
     as in `benchmarks/input_cost.py`, % of synthetic, 1 / 2 replicas): one element per
     replica batch, cut by `tf.numpy_function` in a parallel map, pays a Python call, a
-    tf.data element and a distributed-iterator step per batch: 50% / 74% (before this
-    design). The same chunks `unbatch`ed back into batches inside tf.data kept that
-    per-element cost: 53% / 69% per CPU second. Chunks handed whole to the step: 77% / 89%
+    tf.data element and a distributed-iterator step per batch: 57.0% / 64.9% (the
+    design before this one, `benchmarks/stream_cost.py`, median of 3 runs). The same
+    chunks `unbatch`ed back into batches inside tf.data kept that per-element cost: 53% /
+    69% per CPU second. Chunks handed whole to the step: 77% / 89%
     at 32 steps, 87% / 92% at 128. A gather inside the graph (`tf.gather` in the map)
     measured the same as the NumPy cut at that size, and needs the whole data set as one
     tensor: another whole copy of data too big for a device, and a graph constant over
