@@ -18,7 +18,9 @@ turns interval by interval, so a change of load hits each alike:
   few cores they slow the other feeds too: compare `mgpu bench BENCH_DATA=stream`.
 
 Prints each feed's median samples/s and the median over rounds of the per-round ratio to
-synthetic, with its range.
+synthetic, with its range; then the same ratio of samples per CPU second of this process
+(all its threads): on a machine shared with other work, the CPU a feed costs is steadier
+than the wall clock. `benchmarks/stream_cost.py` repeats this script and sums it up.
 """
 
 from __future__ import annotations
@@ -95,15 +97,19 @@ def main() -> None:
         feeds["stream"] = (streamed, stream.runner(
             streamed.steps, 0, -(-total // stream.steps_per_epoch)))
 
+    cpu_rates: dict[str, list[float]] = {name: [] for name in feeds}
+
     def interval(name: str) -> float:
         state, run = feeds[name]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         run(args.steps)
         state.optimizer.iterations.numpy()  # waits for the steps queued
+        cpu_rates[name].append(args.steps * global_batch / (time.process_time() - cpu_start))
         return args.steps * global_batch / (time.perf_counter() - start)
 
     for name in feeds:  # warm-up: tracing, allocation
         interval(name)
+        cpu_rates[name].clear()
     rates: dict[str, list[float]] = {name: [] for name in feeds}
     for _ in range(args.rounds):
         for name in feeds:
@@ -117,6 +123,12 @@ def main() -> None:
             line += (f"   {100 * statistics.median(ratios):5.1f}% of synthetic "
                      f"(rounds {100 * min(ratios):.0f}-{100 * max(ratios):.0f}%)")
         print(line, flush=True)
+    for name, values in cpu_rates.items():
+        if name != "synthetic":
+            ratios = [v / s for v, s in zip(values, cpu_rates["synthetic"], strict=True)]
+            print(f"  {name:9} per CPU second {100 * statistics.median(ratios):5.1f}% of "
+                  f"synthetic (rounds {100 * min(ratios):.0f}-{100 * max(ratios):.0f}%)",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -152,21 +152,22 @@ class _Strategy(SimpleNamespace):
 
 @pytest.mark.parametrize("train_files", [4, 1], ids=["by-file", "by-record"])
 def test_two_workers_read_every_training_record_once_per_epoch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train_files: int
+    tmp_path: Path, train_files: int
 ) -> None:
     import tensorflow as tf
 
     from mgpu_env.training import feed
+    from mgpu_env.training.keep import KeepLimit
 
-    monkeypatch.setattr(feed, "RESIDENT_LIMIT_BYTES", 0)  # stream, as large data does
+    nothing_kept = KeepLimit(0, "test")  # stream, as large data does
     per_file = 128 // train_files
     folder = write_tfrecords(tmp_path / "tf", files=train_files, per_file=per_file,
                              label_is_index=True)
     data = load("tfrecord", folder)
     assert isinstance(data, FileData)
-    stream = feed.make_feed(_Strategy(), data, global_batch=32, seed=3)
+    stream = feed.make_feed(_Strategy(), data, global_batch=32, seed=3, keep=nothing_kept)
     assert isinstance(stream, feed.FileStreamFeed)
-    assert feed.epoch_steps(data, 32, workers=2) == 4
+    assert feed.epoch_steps(data, 32, workers=2, keep=nothing_kept) == 4
     orders = []
     for epoch in (0, 1):
         seen: list[int] = []

@@ -17,11 +17,12 @@ from tests.test_train_run import metrics, run, train_env
 
 pytestmark = pytest.mark.slow
 
-# Runs `mgpu train` with the kept-rows limit at 0, so a small folder streams from its files
+# Runs `mgpu train` with the keep limit at 0, so a small folder streams from its files
 # (or a loader's tf.data set streams from its pipeline), as data over 2 GiB does.
 STREAMING = (
-    "import runpy, sys; import mgpu_env.training.feed as f, mgpu_env.training.hooks as h; "
-    "f.RESIDENT_LIMIT_BYTES = 0; h.READ_LIMIT_BYTES = 0; sys.argv = ['mgpu', 'train']; "
+    "import runpy, sys; import mgpu_env.training.keep as k, mgpu_env.training.hooks as h; "
+    "k.keep_limit = lambda *a, **kw: k.KeepLimit(0, 'test'); h.READ_LIMIT_BYTES = 0; "
+    "sys.argv = ['mgpu', 'train']; "
     "runpy.run_module('entrypoint', run_name='__main__')"
 )
 

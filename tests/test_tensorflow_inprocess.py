@@ -251,6 +251,19 @@ def test_streamed_and_kept_rows_train_on_the_same_batches(
         np.testing.assert_allclose(streamed, kept, rtol=1e-6)
 
 
+def test_a_stream_of_short_chunks_trains_on_the_kept_rows_batches(
+    logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.training import stream
+
+    kept = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
+    # Chunks of 7 steps (32 rows of 784 float32 + an int32 label per replica): calls of 5
+    # steps cross chunks, and the third call reaches the run's last chunk, of 6 steps.
+    monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 7 * 32 * (784 * 4 + 4) + 1)
+    streamed = _losses_per_call(mirrored(logical_cpus[:2]), "stream")
+    np.testing.assert_allclose(streamed, kept, rtol=1e-6)
+
+
 def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, ...]) -> None:
     from mgpu_env.training.data import Arrays
     from mgpu_env.training.feed import StreamFeed, epoch_order
@@ -265,6 +278,10 @@ def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, .
     np.testing.assert_array_equal(first, order.reshape(12, 4, 2)[:, :2].reshape(-1, 2))
     np.testing.assert_array_equal(second, order.reshape(12, 4, 2)[:, 2:].reshape(-1, 2))
     np.testing.assert_array_equal(feed.worker_batches(0, 1, workers=1, worker=0), order)
+    # Each worker's chunks: its replicas' batches of the same steps, one replica after the other.
+    chunks = feed.worker_chunks(0, 1, workers=2, worker=1)
+    assert len(chunks) == 2 and all(c.shape == (12, 2) for c in chunks)
+    np.testing.assert_array_equal(chunks[1], order.reshape(12, 4, 2)[:, 3])
 
 
 STREAMING_LOADER = """

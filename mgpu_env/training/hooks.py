@@ -48,9 +48,9 @@ DATA_CONTRACT = (
 )
 
 
-# A loader's tf.data.Dataset over this many bytes is streamed, not read into memory: data of
-# this size is not kept on a device either (training.feed.RESIDENT_LIMIT_BYTES), and a
-# pipeline over files may hold far more than the host's memory.
+# A loader's tf.data.Dataset over this many bytes is streamed, not read into memory: a
+# pipeline over files may hold far more than the host's memory (training.keep decides, apart
+# from this, which arrays stay on the devices).
 READ_LIMIT_BYTES = 2 * 1024**3
 
 

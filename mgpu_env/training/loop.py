@@ -262,7 +262,7 @@ def _train_epochs(
     trained_samples, trained_seconds = 0, 0.0
     samples_per_epoch = plan.steps_per_epoch * plan.global_batch_size
     feed = make_feed(trainer.strategy, arrays, plan.global_batch_size, settings.seed,
-                     deterministic=settings.data_deterministic)
+                     deterministic=settings.data_deterministic, keep=plan.keep)
     for epoch in range(start_epoch, settings.epochs):
         if stop.requested:
             _raise_interrupted(plan, stop, epoch)

@@ -24,7 +24,7 @@ from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
-from mgpu_env.training import rundir
+from mgpu_env.training import keep, rundir
 from mgpu_env.training.data import (
     CLASSES,
     FEATURES,
@@ -76,6 +76,7 @@ class TrainPlan:
     notes: tuple[str, ...] = ()
     input_shape: tuple[int, ...] = (FEATURES,)  # one sample's shape, as the model sees it
     num_classes: int = CLASSES
+    keep: keep.KeepLimit = keep.FALLBACK  # the most training data kept on each device
 
     @property
     def model(self) -> str:
@@ -247,13 +248,15 @@ def plan_training(
     input_shape: tuple[int, ...] = (FEATURES,)
     num_classes = CLASSES
     replicas = runtime.replicas
+    workers = runtime.strategy_plan.role.num_workers
+    keep_limit = plan_keep(runtime, workers)
+    notes.append(keep_limit.note())
     global_batch = settings.batch_size * replicas
     if dataset.origin in ("hook", "files"):
         # Its size and shape are known only by calling it (a loader) or counting it (files,
         # cached after the first run), once: the loop reuses the data. A loader may use
         # TensorFlow, so TensorFlow gets its devices and policy first; files are counted
         # with TensorFlow after the same preparation, or (multi-worker) in a child process.
-        workers = runtime.strategy_plan.role.num_workers
         if dataset.origin == "hook":
             runtime.execution.prepare_tensorflow()
         arrays = load_data(dataset, settings.seed, in_process=workers == 1,
@@ -261,7 +264,7 @@ def plan_training(
         dataset = dataclasses.replace(dataset, loaded=arrays)
         train_size, test_size = arrays.train_size, arrays.test_size
         input_shape, num_classes = arrays.sample_shape, arrays.num_classes
-        steps = epoch_steps(arrays, global_batch, workers)
+        steps = epoch_steps(arrays, global_batch, workers, keep_limit)
     else:
         train_size, test_size = KNOWN_SIZES[dataset.name]
         steps = train_size // global_batch
@@ -293,4 +296,18 @@ def plan_training(
         notes=tuple(notes),
         input_shape=input_shape,
         num_classes=num_classes,
+        keep=keep_limit,
     )
+
+
+def plan_keep(runtime: Runtime, workers: int) -> keep.KeepLimit:
+    """The run's keep limit, from the selected GPUs' free memory (a split GPU: each logical
+    device's memory limit) or, on the CPU, the host's available memory."""
+    split, gpus = runtime.split, runtime.selection.gpus
+    if split.memory_limit_mib:
+        free: list[int | None] = list(split.memory_limit_mib)
+    else:
+        free = [gpu.memory_free_mib.value for gpu in gpus]
+    host = None if gpus else keep.host_available_bytes()
+    cpu_replicas = 0 if gpus else runtime.strategy_plan.local_replicas
+    return keep.keep_limit(free, host, cpu_replicas=cpu_replicas, workers=workers)

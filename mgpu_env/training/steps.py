@@ -12,7 +12,8 @@ loop, like Keras' `steps_per_execution`), so Python runs once per n steps, and t
 are read once per call. `train_indexed(rows, order, first, n)` does the same with the rows
 already on each device (`training.feed.ResidentFeed`): each replica gathers its part of the
 call's n global batches by index once, then slices one batch per step, so no input
-pipeline runs per step.
+pipeline runs per step. `train_chunk(chunk, first, n)` slices steps first..first+n-1 the same
+way from a chunk of batches a stream prefetched to each device (`training.stream.StreamFeed`).
 
 With XLA on, only the forward and backward pass of each replica is jit-compiled: the
 gradient all-reduce and the optimizer update stay outside XLA, because they use the
@@ -34,6 +35,7 @@ class StepFunctions:
 
     train_steps: Any  # (distributed iterator, tf.int32 count) -> None
     train_indexed: Any  # (rows, order, tf.int64 first step, tf.int32 count) -> None
+    train_chunk: Any  # ((x, y) of [steps, batch, ...] per replica, tf.int32 first, count) -> None
     evaluate: Any  # (distributed dataset) -> None
     train_loss: Any  # keras.metrics.Mean over per-example losses
     train_accuracy: Any  # keras.metrics.SparseCategoricalAccuracy
@@ -137,18 +139,26 @@ def make_step_functions(
     # cost 11% of the tutorial's MLP step on a CPU (benchmarks/input_cost.py), one per call ~3%.
     # An explicit while_loop and no AutoGraph: converting the step's whole call tree (Keras
     # included) roughly doubled the first call's tracing time, which is paid in epoch 1.
-    @tf.function(autograph=False)
-    def train_indexed(rows: Any, order: Any, first_step: Any, count: Any) -> None:
-        x_all, y_all = rows
-        x_chunk, y_chunk = strategy.run(
-            replica_rows, args=(x_all, y_all, order, first_step, count)
-        )
+    def run_chunk(chunk: Any, first: Any, end: Any) -> None:
+        x_chunk, y_chunk = chunk
 
         def body(i: Any) -> Any:
             strategy.run(replica_chunk_step, args=(x_chunk, y_chunk, i))
             return (i + 1,)
 
-        tf.while_loop(lambda i: i < count, body, (tf.constant(0),))
+        tf.while_loop(lambda i: i < end, body, (first,))
+
+    @tf.function(autograph=False)
+    def train_indexed(rows: Any, order: Any, first_step: Any, count: Any) -> None:
+        x_all, y_all = rows
+        chunk = strategy.run(replica_rows, args=(x_all, y_all, order, first_step, count))
+        run_chunk(chunk, tf.constant(0), count)
+
+    # A streamed chunk's last one may hold fewer steps: one more trace, then a shape that
+    # takes any step count.
+    @tf.function(autograph=False, reduce_retracing=True)
+    def train_chunk(chunk: Any, first: Any, count: Any) -> None:
+        run_chunk(chunk, first, first + count)
 
     def replica_evaluate(x: Any, y: Any) -> None:
         probabilities = model(x, training=False)
@@ -161,7 +171,8 @@ def make_step_functions(
             strategy.run(replica_evaluate, args=(x, y))
 
     return StepFunctions(
-        train_steps, train_indexed, evaluate, train_loss, train_accuracy, test_loss, test_accuracy
+        train_steps, train_indexed, train_chunk, evaluate, train_loss, train_accuracy,
+        test_loss, test_accuracy,
     )
 
 
