@@ -59,6 +59,20 @@ def run_env(tmp_path: Path, **settings: str) -> dict[str, str]:
     return env
 
 
+def finish(workers: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Each worker's result, in order; every worker is killed if one overruns TIMEOUT_S."""
+    results = []
+    try:
+        for worker in workers:
+            stdout, stderr = worker.communicate(timeout=TIMEOUT_S)
+            results.append(subprocess.CompletedProcess(worker.args, worker.returncode,
+                                                       stdout, stderr))
+    finally:
+        for worker in workers:
+            worker.kill()
+    return results
+
+
 def start(tmp_path: Path, args: list[str], command: str = "run",
           **settings: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
@@ -193,15 +207,7 @@ def test_worker_hosts_gives_two_processes_one_cluster(tmp_path: Path) -> None:
     hosts = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
     workers = [start(tmp_path, [str(script)], WORKER_HOSTS=hosts, WORKER_INDEX=str(index),
                      WORKER_TIMEOUT="60") for index in (0, 1)]
-    results = []
-    try:
-        for worker in workers:
-            stdout, stderr = worker.communicate(timeout=TIMEOUT_S)
-            results.append(subprocess.CompletedProcess(worker.args, worker.returncode,
-                                                       stdout, stderr))
-    finally:
-        for worker in workers:
-            worker.kill()
+    results = finish(workers)
     for index, result in enumerate(results):
         assert result.returncode == 0, result.stderr
         got = seen(result)

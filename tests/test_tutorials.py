@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.test_multiworker_run import free_ports
-from tests.test_run_launcher import REPO, TIMEOUT_S, start, write
+from tests.test_run_launcher import REPO, finish, start, write
 
 pytestmark = pytest.mark.slow
 TUTORIALS = REPO / "tests" / "tutorials"
@@ -54,16 +54,7 @@ def two_workers_run(tmp_path: Path, script: Path,
     }
     workers = [start(tmp_path, [str(script)], WORKER_INDEX=str(index), **environment)
                for index in (0, 1)]
-    results = []
-    try:
-        for worker in workers:
-            stdout, stderr = worker.communicate(timeout=TIMEOUT_S)
-            results.append(subprocess.CompletedProcess(worker.args, worker.returncode,
-                                                       stdout, stderr))
-    finally:
-        for worker in workers:
-            worker.kill()
-    return results
+    return finish(workers)
 
 
 def test_the_model_fit_tutorial_trains_unmodified_on_two_workers(tmp_path: Path) -> None:
