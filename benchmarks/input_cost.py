@@ -1,7 +1,7 @@
 """What feeding the step costs, with the feeds' intervals interleaved in one process.
 
     .venv/bin/python benchmarks/input_cost.py [--replicas 2] [--dataset digits]
-        [--steps 200] [--rounds 8] [--stream]
+        [--steps 200] [--lead-in STEPS] [--rounds 8] [--stream]
 
 `mgpu bench` measures each point in a process of its own, one after the other: on a machine
 shared with other work, the load changes between points and the input's cost drowns in it.
@@ -15,7 +15,10 @@ turns interval by interval, so a change of load hits each alike:
   what `mgpu train` uses for data that fits);
 - stream (with `--stream`): the tf.data path for data that does not fit (`StreamFeed`).
   Its pipeline's threads keep working ahead between its own intervals, so on a machine of
-  few cores they slow the other feeds too: compare `mgpu bench BENCH_DATA=stream`.
+  few cores they slow the other feeds too, and its interval would start with chunks cut in
+  the others' time: each interval therefore starts with `--lead-in` untimed steps (as many
+  as `--steps` by default), which use up what was cut ahead, so the timed steps pay for
+  their own input.
 
 Prints each feed's median samples/s and the median over rounds of the per-round ratio to
 synthetic, with its range; then the same ratio of samples per CPU second of this process
@@ -49,6 +52,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="steps per interval")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument(
+        "--lead-in", type=int, default=None,
+        help="untimed steps at the start of each interval (default: as many as --steps)",
+    )
     args = parser.parse_args()
 
     from mgpu_env.hardware.devices import DeviceSplit, apply_split
@@ -83,7 +90,8 @@ def main() -> None:
         return (generator.uniform((BATCH, FEATURES)),
                 generator.uniform((BATCH,), maxval=10, dtype=tf.int32))
 
-    total = args.steps * (args.rounds + 1)
+    lead_in = args.steps if args.lead_in is None else args.lead_in
+    total = (lead_in + args.steps) * (args.rounds + 1)
     feeds: dict[str, tuple[Any, Any]] = {}
     synthetic = trainer()
     batch = SameBatch(strategy.experimental_distribute_values_from_function(synthetic_batch))
@@ -93,7 +101,7 @@ def main() -> None:
     feeds["real"] = (real, resident.runner(real.steps, 0, -(-total // resident.steps_per_epoch)))
     if args.stream:
         streamed = trainer()
-        stream = StreamFeed(strategy, arrays, global_batch, SEED)
+        stream = StreamFeed(strategy, arrays, global_batch, SEED, steps_per_call=args.steps)
         feeds["stream"] = (streamed, stream.runner(
             streamed.steps, 0, -(-total // stream.steps_per_epoch)))
 
@@ -101,6 +109,9 @@ def main() -> None:
 
     def interval(name: str) -> float:
         state, run = feeds[name]
+        if lead_in:
+            run(lead_in)
+            state.optimizer.iterations.numpy()
         start, cpu_start = time.perf_counter(), time.process_time()
         run(args.steps)
         state.optimizer.iterations.numpy()  # waits for the steps queued

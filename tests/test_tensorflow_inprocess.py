@@ -9,7 +9,7 @@ no subprocess, so these stay in the fast tier.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +178,8 @@ def test_a_whole_run_in_process_on_four_replicas(
 
 
 def _losses_per_call(
-    strategy: Any, feed_kind: str, calls: int = 3, steps_per_call: int | None = None
+    strategy: Any, feed_kind: str, calls: int = 3, steps_per_call: int | None = None,
+    stream_call: int = 5, on_steps: Callable[[Any], Any] | None = None,
 ) -> list[float]:
     """Train the seed's MLP a few calls of 5 steps from a feed; the mean loss of each call."""
     import tensorflow as tf
@@ -200,13 +201,15 @@ def _losses_per_call(
     )
     feed: Any = (
         ResidentFeed.place(strategy, arrays, global_batch, seed=3) if feed_kind == "resident"
-        else StreamFeed(strategy, arrays, global_batch, seed=3) if feed_kind == "stream"
+        else StreamFeed(strategy, arrays, global_batch, seed=3, steps_per_call=stream_call)
+        if feed_kind == "stream"
         else RowStreamFeed(strategy, tf.data.Dataset.from_tensor_slices((x, y)), len(x),
                            global_batch, seed=3)
     )
     if steps_per_call is not None:
         assert feed.steps_per_call == steps_per_call
-    run = feed.runner(trainer.steps, first_epoch=1, epochs=2)  # calls cross the epochs
+    steps = trainer.steps if on_steps is None else on_steps(trainer.steps)
+    run = feed.runner(steps, first_epoch=1, epochs=2)  # calls cross the epochs
     losses = []
     for _ in range(calls):
         trainer.steps.reset_train_metrics()
@@ -257,11 +260,59 @@ def test_a_stream_of_short_chunks_trains_on_the_kept_rows_batches(
     from mgpu_env.training import stream
 
     kept = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
-    # Chunks of 7 steps (32 rows of 784 float32 + an int32 label per replica): calls of 5
-    # steps cross chunks, and the third call reaches the run's last chunk, of 6 steps.
+    # Chunks of 7 steps (32 rows of 784 float32 + an int32 label per replica, and a caller
+    # said to ask for 7 at a time): calls of 5 steps cross chunks, and the third call reaches
+    # the run's last chunk, of 6 steps.
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 7 * 32 * (784 * 4 + 4) + 1)
-    streamed = _losses_per_call(mirrored(logical_cpus[:2]), "stream")
+    streamed = _losses_per_call(mirrored(logical_cpus[:2]), "stream", stream_call=7)
     np.testing.assert_allclose(streamed, kept, rtol=1e-6)
+
+
+def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
+    logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.training import stream
+
+    class Counted:
+        """The step functions, counting the calls a runner makes of each."""
+
+        def __init__(self, steps: Any) -> None:
+            self.steps, self.calls = steps, {"train_chunk": 0, "train_chunks": 0}
+
+        def __getattr__(self, name: str) -> Any:
+            function = getattr(self.steps, name)
+            if name not in self.calls:
+                return function
+
+            def counted(*args: Any) -> Any:
+                self.calls[name] += 1
+                return function(*args)
+
+            return counted
+
+    counted: list[Counted] = []
+
+    def count_steps(steps: Any) -> Counted:
+        counted.append(Counted(steps))
+        return counted[-1]
+
+    kept = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
+    # Room for 7 steps, calls of 5: chunks of 5 (the largest divisor of 5 that fits).
+    monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 7 * 32 * (784 * 4 + 4) + 1)
+    streamed = _losses_per_call(mirrored(logical_cpus[:2]), "stream", stream_call=5,
+                                on_steps=count_steps)
+    np.testing.assert_allclose(streamed, kept, rtol=1e-6)
+    assert counted[0].calls == {"train_chunk": 0, "train_chunks": 3}
+
+
+def test_chunks_divide_the_callers_calls_where_that_costs_little() -> None:
+    from mgpu_env.training.stream import aligned_chunk
+
+    assert aligned_chunk(83, 200) == 50  # training's calls of 200, the MLP's 16 MiB chunks
+    assert aligned_chunk(83, 50) == 50  # mgpu bench's intervals of 50
+    assert aligned_chunk(7, 5) == 5
+    assert aligned_chunk(100, 199) == 100  # 199 is prime: one-step chunks would cost more
+    assert aligned_chunk(1, 200) == 1  # a step's rows over the budget: one step a chunk
 
 
 def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, ...]) -> None:

@@ -29,12 +29,11 @@ from mgpu_env.training.build import Trainer, build_trainer
 from mgpu_env.training.data import Data, load_data
 from mgpu_env.training.feed import make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
+from mgpu_env.training.order import STEPS_PER_CALL
 from mgpu_env.training.plan import RUN_SETTINGS, TRAIN_SETTINGS, TrainPlan
 from mgpu_env.training.report import Reporter
 from mgpu_env.training.signals import Interrupted, StopRequest, stop_on_signals
 
-# Steps run per tf.function call: Python (and a signal check) runs once per call.
-STEPS_PER_CALL = 200
 CHECKPOINTS_KEPT = 3
 
 

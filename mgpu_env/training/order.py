@@ -15,6 +15,10 @@ import numpy as np
 # Runs `count` more steps of the epochs a runner was made for.
 StepRunner = Callable[[int], None]
 
+# The most steps training asks a runner for at once (`loop.train`): Python runs once per call,
+# and a stop request (a signal, a non-finite loss) is acted on at the next call's end.
+STEPS_PER_CALL = 200
+
 
 def epoch_order(seed: int, epoch: int, size: int, global_batch: int) -> np.ndarray:
     """The rows of one epoch, in training order: a permutation drawn from (seed, epoch), cut

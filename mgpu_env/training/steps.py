@@ -13,7 +13,8 @@ are read once per call. `train_indexed(rows, order, first, n)` does the same wit
 already on each device (`training.feed.ResidentFeed`): each replica gathers its part of the
 call's n global batches by index once, then slices one batch per step, so no input
 pipeline runs per step. `train_chunk(chunk, first, n)` slices steps first..first+n-1 the same
-way from a chunk of batches a stream prefetched to each device (`training.stream.StreamFeed`).
+way from a chunk of batches a stream prefetched to each device (`training.stream.StreamFeed`),
+and `train_chunks(iterator, k)` runs k whole chunks taken from the stream inside the call.
 
 With XLA on, only the forward and backward pass of each replica is jit-compiled: the
 gradient all-reduce and the optimizer update stay outside XLA, because they use the
@@ -36,6 +37,7 @@ class StepFunctions:
     train_steps: Any  # (distributed iterator, tf.int32 count) -> None
     train_indexed: Any  # (rows, order, tf.int64 first step, tf.int32 count) -> None
     train_chunk: Any  # ((x, y) of [steps, batch, ...] per replica, tf.int32 first, count) -> None
+    train_chunks: Any  # (distributed iterator of such chunks, tf.int32 chunk count) -> None
     evaluate: Any  # (distributed dataset) -> None
     train_loss: Any  # keras.metrics.Mean over per-example losses
     train_accuracy: Any  # keras.metrics.SparseCategoricalAccuracy
@@ -160,6 +162,21 @@ def make_step_functions(
     def train_chunk(chunk: Any, first: Any, count: Any) -> None:
         run_chunk(chunk, first, first + count)
 
+    # Whole chunks taken from the stream inside the call: a call of many chunks' steps is one
+    # call, as a kept feed's is. Each call from Python costs about as much as a few steps of
+    # the MLP, so a call per chunk kept the stream near 83-86% of synthetic where aligned
+    # whole-chunk calls reach 93-98% (`benchmarks/input_cost.py --stream`).
+    @tf.function(autograph=False)
+    def train_chunks(iterator: Any, chunks: Any) -> None:
+        def body(c: Any) -> Any:
+            chunk = next(iterator)
+            # Every replica's chunk holds the same steps; the last one of a run fewer.
+            length = tf.shape(strategy.experimental_local_results(chunk[0])[0])[0]
+            run_chunk(chunk, tf.constant(0), length)
+            return (c + 1,)
+
+        tf.while_loop(lambda c: c < chunks, body, (tf.constant(0),))
+
     def replica_evaluate(x: Any, y: Any) -> None:
         probabilities = model(x, training=False)
         test_loss.update_state(loss_object(y, probabilities))
@@ -171,8 +188,8 @@ def make_step_functions(
             strategy.run(replica_evaluate, args=(x, y))
 
     return StepFunctions(
-        train_steps, train_indexed, train_chunk, evaluate, train_loss, train_accuracy,
-        test_loss, test_accuracy,
+        train_steps, train_indexed, train_chunk, train_chunks, evaluate, train_loss,
+        train_accuracy, test_loss, test_accuracy,
     )
 
 

@@ -17,13 +17,18 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.training.data import Arrays, FileData, as_float32
-from mgpu_env.training.order import StepRunner, call_steps, epoch_order
+from mgpu_env.training.order import STEPS_PER_CALL, StepRunner, call_steps, epoch_order
 
-# The most bytes of rows one `StreamFeed` chunk holds: 16 MiB is 80 of the MLP's 64-row
-# batches. A stream holds ~10 chunks at its peak (being cut, prefetched on the host and on
-# each device, in use): `benchmarks/stream_memory.py` measured +166 MiB of peak RSS with
-# 16 MiB chunks, +309 MiB with 32 and +587 MiB with 64, for no measurable speed.
-STREAM_CHUNK_BYTES = 16 * 1024**2
+# The most bytes of rows one `StreamFeed` chunk holds: 64 MiB is 334 of the MLP's 64-row
+# batches, so training's calls of 200 steps take one chunk each. Per CPU second the stream
+# kept 91% of synthetic with chunks of 50 steps and 96-98% with chunks of 200
+# (`benchmarks/input_cost.py --stream --steps 800 --lead-in 600`, one replica); peak RSS
+# over 2,000 steps (`benchmarks/stream_memory.py --steps 2000`): +124 MiB with 16 MiB
+# chunks, +357 MiB with 64 MiB ones and one chunk cut at a time.
+STREAM_CHUNK_BYTES = 64 * 1024**2
+# Chunks cut at once: one NumPy gather of a chunk takes a few percent of the time its steps
+# take, so a second cutter is headroom for a slow read (a memory-mapped file), not speed.
+STREAM_PARALLEL_CUTS = 2
 # Rows a loader's stream shuffles among (tf.data's shuffle buffer): a stream too big for
 # memory cannot be permuted whole.
 STREAM_SHUFFLE_BUFFER = 10_000
@@ -41,18 +46,18 @@ class StreamFeed:
     per step, as `ResidentFeed`'s calls do. They follow the same epoch order as
     `ResidentFeed`, so a run's batches (and losses) do not depend on whether its data fits.
 
-    Why chunks (digits, the seed's MLP, 2 cores shared with other work, feeds interleaved
-    as in `benchmarks/input_cost.py`, % of synthetic, 1 / 2 replicas): one element per
-    replica batch, cut by `tf.numpy_function` in a parallel map, pays a Python call, a
-    tf.data element and a distributed-iterator step per batch: 57.0% / 64.9% (the
-    design before this one, `benchmarks/stream_cost.py`, median of 3 runs). The same
-    chunks `unbatch`ed back into batches inside tf.data kept that per-element cost: 53% /
-    69% per CPU second. Chunks handed whole to the step: 77% / 89%
-    at 32 steps, 87% / 92% at 128. A gather inside the graph (`tf.gather` in the map)
-    measured the same as the NumPy cut at that size, and needs the whole data set as one
-    tensor: another whole copy of data too big for a device, and a graph constant over
-    protobuf's 2 GB limit. `benchmarks/stream_cost.py` at 16 MiB chunks (80 steps), median
-    of 3 runs: streamed 82.9% / 86.2%, kept 87.7% / 95.1%.
+    Why chunks, and why calls of whole chunks (digits, the tutorial's MLP, 2 cores shared with
+    other work, feeds interleaved as in `benchmarks/input_cost.py`, % of synthetic, 1 / 2
+    replicas): one element per replica batch, cut by `tf.numpy_function` in a parallel map,
+    pays a Python call, a tf.data element and a distributed-iterator step per batch: 57.0% /
+    64.9% (`benchmarks/stream_cost.py`, median of 3 runs). The same chunks `unbatch`ed back
+    into batches inside tf.data kept that per-element cost: 53% / 69% per CPU second. Chunks
+    of 80 steps handed to the step one call each: 82.9% / 86.2%. A gather inside the graph
+    (`tf.gather` in the map) measured the same as the NumPy cut, and needs the whole data set
+    as one tensor: another whole copy of data too big for a device, and a graph constant
+    over protobuf's 2 GB limit. Chunks that divide the caller's calls, taken from the
+    stream inside the call (`StepFunctions.train_chunks`), so a call of 200 steps is one
+    call as a kept feed's is: see STREAM_CHUNK_BYTES.
     """
 
     strategy: Any
@@ -62,6 +67,9 @@ class StreamFeed:
     # Unused: chunks are always taken in order (each replica must take chunks of one length
     # at a time), and whole chunks gain nothing from finishing out of turn.
     deterministic: bool = True
+    # The steps the caller's runs ask for at once (training's calls; `mgpu bench`'s
+    # intervals): chunks are cut to divide it, so a call takes whole chunks.
+    steps_per_call: int = STEPS_PER_CALL
 
     @property
     def size(self) -> int:
@@ -73,10 +81,18 @@ class StreamFeed:
 
     @property
     def steps_per_chunk(self) -> int:
-        """The most steps one chunk holds: its rows, as float32 samples and int32 labels,
-        stay within STREAM_CHUNK_BYTES."""
+        """The steps one chunk holds: its rows, as float32 samples and int32 labels, stay
+        within STREAM_CHUNK_BYTES, and divide `steps_per_call` where that costs at most
+        half of them."""
         per_row = (int(np.prod(self.arrays.sample_shape)) + 1) * 4
-        return call_steps(self.strategy, self.global_batch, per_row, STREAM_CHUNK_BYTES)
+        most = call_steps(self.strategy, self.global_batch, per_row, STREAM_CHUNK_BYTES)
+        return aligned_chunk(most, self.steps_per_call)
+
+    def chunk_lengths(self, epochs: int) -> list[int]:
+        """The steps of each chunk of a run of `epochs` epochs, in order: the last is shorter
+        when the run's steps are not a whole number of chunks."""
+        total, per_chunk = self.steps_per_epoch * epochs, self.steps_per_chunk
+        return [min(per_chunk, total - first) for first in range(0, total, per_chunk)]
 
     def worker_batches(self, first_epoch: int, epochs: int, workers: int, worker: int) -> Any:
         """The row indices of this worker's per-replica batches, in the order its replicas
@@ -131,33 +147,47 @@ class StreamFeed:
                 return x, y
 
             data = tf.data.Dataset.range(len(chunks)).map(
-                cut, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+                cut, num_parallel_calls=STREAM_PARALLEL_CUTS, deterministic=True
             )
             return data.prefetch(1).with_options(stream_options(deterministic=True))
 
         return _distribute(self.strategy, per_worker)
 
     def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
-        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call: each
-        call runs within one chunk, so a count that crosses chunks takes two calls."""
+        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call.
+
+        Whole chunks run in one call that takes them from the stream itself
+        (`train_chunks`); a count that ends inside a chunk takes that chunk to the host's
+        side and runs its first steps (`train_chunk`), and the next count finishes it.
+        Counts of `steps_per_call` take only whole chunks: one call each.
+        """
         import tensorflow as tf
 
         iterator = iter(self.dataset(first_epoch, epochs))
-        total, per_chunk = self.steps_per_epoch * epochs, self.steps_per_chunk
-        chunk: Any = None
-        position = 0  # steps of the run taken
+        lengths = self.chunk_lengths(epochs)
+        taken = 0  # chunks taken from the stream
+        held: Any = None  # a chunk begun by an earlier count
+        held_done = held_left = 0
 
         def run(count: int) -> None:
-            nonlocal chunk, position
+            nonlocal taken, held, held_done, held_left
             while count > 0:
-                within = position % per_chunk
-                if within == 0:
-                    chunk = next(iterator)
-                length = min(per_chunk, total - (position - within))
-                calls = min(count, length - within)
-                steps.train_chunk(chunk, tf.constant(within), tf.constant(calls))
-                position += calls
-                count -= calls
+                if held_left:
+                    calls = min(count, held_left)
+                    steps.train_chunk(held, tf.constant(held_done), tf.constant(calls))
+                    held_done, held_left = held_done + calls, held_left - calls
+                    count -= calls
+                    continue
+                whole = covered = 0
+                while taken + whole < len(lengths) and covered + lengths[taken + whole] <= count:
+                    covered += lengths[taken + whole]
+                    whole += 1
+                if whole:
+                    steps.train_chunks(iterator, tf.constant(whole))
+                    taken, count = taken + whole, count - covered
+                    continue
+                held, held_done, held_left = next(iterator), 0, lengths[taken]
+                taken += 1
 
         return run
 
@@ -263,6 +293,16 @@ class FileStreamFeed:
     def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
         return _iterator_runner(steps, self.dataset(first_epoch, epochs))
+
+
+def aligned_chunk(most: int, steps_per_call: int) -> int:
+    """The steps of a chunk of at most `most`: all of a call's when they fit, else the largest
+    divisor of the call's steps, unless that is under half of `most` (a call of 199 steps
+    would make chunks of one step: chunks of `most`, and calls of up to three pieces)."""
+    if steps_per_call <= most:
+        return steps_per_call
+    divisor = max(d for d in range(1, most + 1) if steps_per_call % d == 0)
+    return divisor if 2 * divisor >= most else most
 
 
 def _distribute(strategy: Any, per_worker: Callable[[Any], Any]) -> Any:
