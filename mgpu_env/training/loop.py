@@ -278,7 +278,10 @@ def _train_epochs(
             loss = float(steps.train_loss.result())
             accuracy = float(steps.train_accuracy.result())
             if not math.isfinite(loss):
-                _raise_non_finite(plan, epoch, done, loss)
+                _raise_non_finite(plan, epoch, done, f"The training loss became {loss}")
+            if not bool(steps.weights_finite()):
+                _raise_non_finite(plan, epoch, done, "The model's weights became NaN or "
+                                  f"infinite (the loss reads {loss:.4f})")
             reporter.steps_done(done, loss, accuracy)
             if stop.requested and done < plan.steps_per_epoch:
                 # Mid-epoch state is not saved: resuming restarts this epoch from the last
@@ -367,13 +370,13 @@ def _restore(checkpoint: Any, manager: Any, epoch_counter: Any) -> int:
     return int(epoch_counter.numpy())
 
 
-def _raise_non_finite(plan: TrainPlan, epoch: int, done: int, loss: float) -> None:
-    """Stop at once on a NaN or infinite loss, as Keras' TerminateOnNaN does: the weights
-    are already non-finite, so this epoch is never saved and the last good checkpoint stays
-    the one a new start resumes from."""
+def _raise_non_finite(plan: TrainPlan, epoch: int, done: int, what: str) -> None:
+    """Stop at once on a NaN or infinite loss, as Keras' TerminateOnNaN does, or on NaN or
+    infinite weights: the weights are already non-finite, so this epoch is never saved and
+    the last good checkpoint stays the one a new start resumes from."""
     kept = f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed"
     raise RunFailed(
-        f"The training loss became {loss} in epoch {epoch + 1} (within its first {done} "
+        f"{what} in epoch {epoch + 1} (within its first {done} "
         f"steps): training stopped and nothing of this epoch was saved; {kept}.\n"
         "  Cause: NaN or infinite values in streamed samples (data read whole is checked "
         f"before training), or a learning rate too high (LEARNING_RATE="

@@ -39,6 +39,7 @@ class StepFunctions:
     train_chunk: Any  # ((x, y) of [steps, batch, ...] per replica, tf.int32 first, count) -> None
     train_chunks: Any  # (distributed iterator of such chunks, tf.int32 chunk count) -> None
     evaluate: Any  # (distributed dataset) -> None
+    weights_finite: Any  # () -> tf.bool: every trainable weight is finite
     train_loss: Any  # keras.metrics.Mean over per-example losses
     train_accuracy: Any  # keras.metrics.SparseCategoricalAccuracy
     test_loss: Any
@@ -187,9 +188,18 @@ def make_step_functions(
         for x, y in dataset:
             strategy.run(replica_evaluate, args=(x, y))
 
+    # A NaN in the samples can leave the loss finite: on the CPU, ReLU turns NaN into 0, so
+    # the activations after the first layer are zeros and the loss settles at chance
+    # (ln 2 for 2 classes) while the first layer's weights turn NaN through its gradient.
+    # The training loop checks the weights once per call, beside the loss.
+    @tf.function(autograph=False)
+    def weights_finite() -> Any:
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(weight))
+                              for weight in model.trainable_variables])
+
     return StepFunctions(
-        train_steps, train_indexed, train_chunk, train_chunks, evaluate, train_loss,
-        train_accuracy, test_loss, test_accuracy,
+        train_steps, train_indexed, train_chunk, train_chunks, evaluate, weights_finite,
+        train_loss, train_accuracy, test_loss, test_accuracy,
     )
 
 
