@@ -105,6 +105,20 @@ def input_pipeline_cost(synthetic_throughput: float, real_throughput: float) -> 
     return 1.0 - real_throughput / synthetic_throughput
 
 
+def round_costs(
+    synthetic_seconds: Sequence[float], data_seconds: Sequence[float]
+) -> list[float]:
+    """`input_pipeline_cost` of each round, from the two intervals of that round (same
+    steps, same global batch): 1 - synthetic's time / the data's time."""
+    if len(synthetic_seconds) != len(data_seconds):
+        raise ValueError(f"rounds pair one interval of each: got {len(synthetic_seconds)} "
+                         f"synthetic and {len(data_seconds)} data intervals")
+    return [
+        input_pipeline_cost(1.0 / synthetic, 1.0 / data)
+        for synthetic, data in zip(synthetic_seconds, data_seconds, strict=True)
+    ]
+
+
 def summarize_point(
     interval_seconds: Sequence[float], steps_per_interval: int, global_batch: int, replicas: int
 ) -> dict[str, Any]:
