@@ -21,8 +21,9 @@ PIPED_WIDTH = 200  # wider than any table mgpu bench prints
 def command(flags: SettingFlags) -> None:
     """Sweep replica counts (and precision, XLA, data) and measure throughput and efficiency.
 
-    Each point runs in its own process: warm-up steps, then BENCH_INTERVALS timed intervals
-    of BENCH_STEPS steps. Writes bench.json and bench.png under OUTPUT_DIR.
+    Each replica count runs in its own process: warm-up steps, then BENCH_INTERVALS rounds
+    of one timed interval of BENCH_STEPS steps per data variant, in turns. Writes
+    bench.json and bench.png under OUTPUT_DIR.
     """
     runtime = build_runtime(resolve(flags), command="bench")  # a GPU the machine lacks: exit 2
     runtime.apply()
@@ -112,9 +113,9 @@ def render_table(data: dict[str, Any]) -> Table:
 def render_costs(costs: list[dict[str, Any]]) -> Table:
     """The input pipeline's cost, one row per data point: median over rounds and range."""
     table = Table(title="input pipeline's cost: samples/s lost against synthetic",
-                  caption="lost: median over rounds of 1 - samples/s / synthetic's "
-                  "samples/s in the same round; rounds: their range; noise: the middle "
-                  "half of the rounds is not all above 0")
+                  caption="lost: 1 - samples/s / synthetic's in the same round, median "
+                  "over the rounds; rounds: lowest to highest; noise?: yes when the middle "
+                  "half of the rounds is not on one side of 0")
     _add_columns(table, "variant", "n", "lost", "rounds", "ms/step", "noise?")
     for cost in costs:
         lost = cost["throughput_lost_spread"]
@@ -144,19 +145,16 @@ def render_input_alone(verdicts: list[dict[str, Any]]) -> Table:
 
 
 def input_alone_line(verdict: dict[str, Any]) -> str:
-    """One line per data variant: whether its input keeps up with the replicas measured."""
+    """One line per data variant: whether its input keeps up with the replicas measured
+    (the numbers are in the table above it)."""
     what = f"input alone, {verdict['variant']}:"
     if not verdict["measured"]:
-        return f"{what} not timed ({verdict['skipped']})"
-    rows = verdict["by_replicas"]
-    counts = [str(row["replicas"]) for row in rows]
+        return f"{what} {verdict['skipped']}"
     if verdict["keeps_up"]:
-        return (f"{what} keeps up with the step at {' and '.join(counts)} replica(s), "
-                f"taking at most {max(r['step_samples_per_s'] for r in rows):,.0f} samples/s")
-    short = next(row for row in rows if not row["keeps_up"])
-    return (f"{what} limits the step from {short['replicas']} replica(s): it gives "
-            f"{short['input_alone_samples_per_s']:,.0f} samples/s, the step takes "
-            f"{short['step_samples_per_s']:,.0f}")
+        counts = [str(row["replicas"]) for row in verdict["by_replicas"]]
+        listed = ", ".join(counts[:-1]) + " and " + counts[-1] if len(counts) > 1 else counts[0]
+        return f"{what} keeps up with the step at {listed} replica(s)"
+    return f"{what} limits the step from {verdict['limits_from']} replica(s)"
 
 
 def _add_columns(table: Table, *names: str) -> None:

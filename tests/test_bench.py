@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -100,6 +101,7 @@ def fake_runner(
         if spec.data == "stream":
             result["input_alone"] = {"samples_per_s": stream_alone, "samples": 64_000,
                                      "elements": 40, "seconds": 64_000 / stream_alone}
+            result["steps_per_chunk"] = 83
         return result
 
     def run(group: Group, timeout_s: float | None = None) -> list[dict[str, Any]]:
@@ -300,6 +302,20 @@ def test_input_alone_says_from_which_replica_count_the_stream_limits_the_step() 
     fast = run_bench(runtime_of(settings(VIRTUAL_DEVICES="2", BENCH_DATA="all")), environ={},
                      runner=fake_runner(stream_alone=20_000.0)).as_dict()["input_alone"][1]
     assert (fast["keeps_up"], fast["limits_from"]) == (True, None)
+
+
+@pytest.mark.parametrize(("steps", "advice"), [("50", "BENCH_STEPS=83 "), ("200", "=249 "),
+                                               ("166", None)])
+def test_a_note_says_when_the_streams_chunks_do_not_divide_the_intervals(
+    steps: str, advice: str | None
+) -> None:
+    notes = run_fake(BENCH_DATA="all", BENCH_STEPS=steps)["notes"]
+    chunk_notes = [note for note in notes if "chunks of 83 steps" in note]
+    if advice is None:
+        assert not chunk_notes
+    else:
+        (note,) = chunk_notes
+        assert f"BENCH_STEPS={steps} is not a multiple of 83" in note and advice in note
 
 
 def test_seed_comparison_reuses_the_sweeps_point_and_reports_the_ratio() -> None:
@@ -620,11 +636,12 @@ def test_cli_prints_the_costs_and_whether_the_input_keeps_up(
     assert "20.0%" in out and "33.3%" in out  # kept 1 - 1/1.25, streamed 1 - 1/1.5
     verdicts = [line for line in out.splitlines() if line.startswith("input alone, ")]
     assert verdicts == [
-        "input alone, fp32+real-data: not timed (kept on each device: no input pipeline "
-        "runs per step)",
-        "input alone, fp32+stream-data: limits the step from 2 replica(s): it gives 8,000 "
-        "samples/s, the step takes 11,520",
+        "input alone, fp32+real-data: kept on each device: no pipeline to time",
+        "input alone, fp32+stream-data: limits the step from 2 replica(s)",
     ]
+    assert all(len(line) <= 80 for line in verdicts)
+    # The numbers behind it: 8,000 samples/s alone, 6,400 and 11,520 taken by the step.
+    assert re.search(r"fp32\+stream-data\W+2\W+8,000\W+11,520\W+no", out)
 
 
 def test_cli_exits_1_when_a_point_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-KEPT_REASON = "kept on each device: no input pipeline runs per step"
+KEPT_REASON = "kept on each device: no pipeline to time"
 # Elements timed at the least: a stream holds a few ready (prefetched on the host and on
 # each device) when the clock starts, and their head start must be a small part of it.
 MIN_TIMED_ELEMENTS = 32
@@ -67,7 +67,7 @@ def time_elements(
     seconds = clock() - start
     if count == 0:
         return {"samples_per_s": None, "samples": 0, "elements": 0, "seconds": 0.0,
-                "skipped": "the stream ended within its warm-up: nothing left to time"}
+                "skipped": "too short to time: the stream ended in its warm-up"}
     return {"samples_per_s": samples / seconds, "samples": samples, "elements": count,
             "seconds": seconds}
 

@@ -41,6 +41,7 @@ from mgpu_env.bench.report import (
     SCHEMA_VERSION,
     BenchReport,
     add_efficiencies,
+    chunk_notes,
     input_alone_verdicts,
     input_costs,
     point_record,
@@ -205,6 +206,7 @@ def run_bench(
                 on_point(record, done, total)
     report.points.extend(measured[spec] for spec in specs)
     add_efficiencies(report.points)
+    report.notes.extend(chunk_notes(report.points))
     if comparison is not None:
         seed_spec, mgpu_spec = comparison
         seed, twin = measured[seed_spec], measured[mgpu_spec]

@@ -160,6 +160,7 @@ def measure_variants(
     variant, all in this process, on `strategy`. Then each streamed feed alone."""
     from mgpu_env.bench.input_alone import measure_input_alone
     from mgpu_env.bench.rounds import time_interleaved
+    from mgpu_env.training.feed import StreamFeed
 
     first = specs[0]
     data = point_data(next((s for s in specs if s.data != "synthetic"), first))
@@ -178,6 +179,8 @@ def measure_variants(
         result["precision_reason"] = execution.precision.reason
         if variant.feed is not None:
             result["data_source"] = variant.data_source
+            if isinstance(variant.feed, StreamFeed):
+                result["steps_per_chunk"] = variant.feed.steps_per_chunk
             result["input_alone"] = measure_input_alone(
                 variant.feed, strategy, spec.warmup_steps * spec.global_batch,
                 spec.steps_per_interval * spec.intervals * spec.global_batch,
