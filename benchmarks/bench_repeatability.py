@@ -1,16 +1,16 @@
 """Does `mgpu bench`'s input cost hold from run to run? Runs it several times and compares.
 
     .venv/bin/python benchmarks/bench_repeatability.py [--runs 2] [--steps 166]
-        [--intervals 30] [--warmup 50] [SETTING=VALUE ...]
+        [--intervals 30] [--warmup 50] [--keep DIR] [SETTING=VALUE ...]
 
 Runs `mgpu bench` `--runs` times one after the other (by default `GPUS=none
 VIRTUAL_DEVICES=2 BENCH_DATA=all`, the CPU split into 2 logical devices; SETTING=VALUE
 arguments add or replace settings, e.g. DATASET=mnist BENCH_MODEL=resnet), each into a
-folder of its own, and prints for each input pipeline's cost (data x replicas x precision x
-XLA) every run's value (the median over rounds, with the rounds' interquartile range) and
-the largest disagreement between two runs in percentage points; then what each run's
-stream gave alone. The goal: every cost within 5 points between two runs. Exits 1 when one
-is not.
+folder of its own (kept with --keep), and prints for each input pipeline's cost (data x
+replicas x precision x XLA) every run's value (the median over rounds, ± its 95%
+confidence) and the largest disagreement between two runs in percentage points; the same
+per CPU second of the process (CPU devices); then what each run's stream gave alone. The
+goal: every cost within 5 points between two runs. Exits 1 when one is not.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=166, help="BENCH_STEPS")
     parser.add_argument("--intervals", type=int, default=30, help="BENCH_INTERVALS")
     parser.add_argument("--warmup", type=int, default=50, help="BENCH_WARMUP")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep each run's bench.json and bench.png under DIR/runN")
     parser.add_argument("settings", nargs="*", metavar="SETTING=VALUE")
     args = parser.parse_args()
     extra = dict(item.split("=", 1) for item in args.settings)
@@ -66,14 +68,17 @@ def main() -> int:
 
     costs: dict[str, list[tuple[float, float]]] = {}
     alone: dict[str, list[float | None]] = {}
+    cpu_costs: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-repeat-") as temp:
         for run in range(args.runs):
-            data = one_run(env, Path(temp) / f"run{run + 1}")
+            data = one_run(env, (args.keep or Path(temp)) / f"run{run + 1}")
             for cost in data["input_pipeline_cost"]:
-                iqr = cost["throughput_lost_spread"]["iqr"]
                 costs.setdefault(cost_key(cost), []).append(
-                    (100 * cost["throughput_lost"], 100 * iqr)
+                    (100 * cost["throughput_lost"], 100 * cost["throughput_lost_ci95"])
                 )
+                if "cpu_throughput_lost" in cost:
+                    cpu_costs.setdefault(cost_key(cost), []).append(
+                        100 * cost["cpu_throughput_lost"])
             for verdict in data["input_alone"]:
                 for row in verdict.get("by_replicas", ()):
                     key = f"{verdict['variant']}, {row['replicas']} replica(s)"
@@ -83,14 +88,17 @@ def main() -> int:
                 for c in data["input_pipeline_cost"]), flush=True)
 
     print("input pipeline's cost, % of synthetic samples/s lost (median over rounds, "
-          "IQR of rounds):")
+          "± its 95% confidence):")
     worst = 0.0
     for key, values in costs.items():
         points = [value for value, _ in values]
         disagreement = max(points) - min(points)
         worst = max(worst, disagreement)
-        runs = "  ".join(f"{value:5.1f}% (IQR {iqr:4.1f})" for value, iqr in values)
+        runs = "  ".join(f"{value:5.1f}% ±{ci:4.1f}" for value, ci in values)
         print(f"  {key:34} {runs}  largest disagreement {disagreement:4.1f} points")
+    for key, cpu in cpu_costs.items():
+        print(f"  per CPU second, {key:20} " + "  ".join(f"{v:5.1f}%" for v in cpu)
+              + f"  largest disagreement {max(cpu) - min(cpu):4.1f} points")
     for key, rates in alone.items():
         shown_rates = ", ".join(f"{r:,.0f}" if r else "-" for r in rates)
         print(f"  input alone, {key}: {shown_rates} samples/s")

@@ -114,13 +114,14 @@ def render_costs(costs: list[dict[str, Any]]) -> Table:
     """The input pipeline's cost, one row per data point: median over rounds and range."""
     table = Table(title="input pipeline's cost: samples/s lost against synthetic",
                   caption="lost: 1 - samples/s / synthetic's in the same round, median "
-                  "over the rounds; rounds: lowest to highest; noise?: yes when the middle "
-                  "half of the rounds is not on one side of 0")
-    _add_columns(table, "variant", "n", "lost", "rounds", "ms/step", "noise?")
+                  "over the rounds; ±: its 95% confidence (1.58 x IQR / sqrt(rounds)); "
+                  "rounds: lowest to highest; noise?: yes when ± reaches 0")
+    _add_columns(table, "variant", "n", "lost", "±", "rounds", "ms/step", "noise?")
     for cost in costs:
         lost = cost["throughput_lost_spread"]
         table.add_row(
             cost["variant"], str(cost["replicas"]), f"{100 * cost['throughput_lost']:.1f}%",
+            f"{100 * cost['throughput_lost_ci95']:.1f}",
             f"{100 * lost['minimum']:.0f} to {100 * lost['maximum']:.0f}%",
             f"{cost['step_time_added_ms']:+.2f}", "no" if cost["significant"] else "yes",
         )

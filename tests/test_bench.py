@@ -255,9 +255,11 @@ def test_the_input_cost_is_paired_round_by_round() -> None:
     # The machine's load changes from round to round; the two intervals of a round share
     # it. Medians alone (2.0 s each) would say the kept data costs nothing.
     synthetic, kept = [1.0, 2.0, 4.0], [1.25, 2.0, 8.0]
+    cpu = {"synthetic": [1.0, 1.0, 1.0], "real": [1.1, 1.1, 1.0]}  # this process's CPU time
 
     def runner(group: Group) -> list[dict[str, Any]]:
-        return [{"interval_seconds": synthetic if spec.data == "synthetic" else kept}
+        return [{"interval_seconds": synthetic if spec.data == "synthetic" else kept,
+                 "interval_cpu_seconds": cpu[spec.data], "device_type": "CPU"}
                 for spec in group]
 
     chosen = settings(BENCH_DATA="both", BENCH_INTERVALS="3", BENCH_STEPS="10")
@@ -269,14 +271,17 @@ def test_the_input_cost_is_paired_round_by_round() -> None:
     lost = cost["throughput_lost_spread"]
     assert (lost["minimum"], lost["maximum"]) == pytest.approx((0.0, 0.5))
     assert (lost["q1"], lost["q3"]) == pytest.approx((0.1, 0.35))
-    assert cost["significant"] is True  # q1 > 0
+    # 1.58 x IQR / sqrt(3 rounds): three rounds this far apart do not tell it from 0.
+    assert cost["throughput_lost_ci95"] == pytest.approx(1.58 * 0.25 / 3**0.5)
+    assert cost["significant"] is False
     assert cost["step_time_added_ms"] == pytest.approx(25.0)  # median of 25, 0, 400 ms/step
+    assert cost["cpu_throughput_lost"] == pytest.approx(1 - 1 / 1.1)  # per CPU second
     assert data["schema_version"] == 2
     assert {p["child"] for p in data["points"]} == {0}
 
 
 def test_a_cost_whose_rounds_straddle_zero_is_noise() -> None:
-    synthetic, kept = [1.0, 1.0, 1.0, 1.0], [0.8, 1.1, 1.2, 0.9]
+    synthetic, kept = [1.0] * 4, [0.8, 1.1, 1.2, 0.9]
 
     def runner(group: Group) -> list[dict[str, Any]]:
         return [{"interval_seconds": synthetic if spec.data == "synthetic" else kept}
@@ -286,6 +291,13 @@ def test_a_cost_whose_rounds_straddle_zero_is_noise() -> None:
     (cost,) = run_bench(runtime_of(chosen), environ={}, runner=runner).as_dict()[
         "input_pipeline_cost"]
     assert cost["significant"] is False
+    # The same spread over 100 rounds pins the median down: a 2% cost is then measured.
+    synthetic, kept = [1.0] * 100, [1.0 / (1 - c) for c in [-0.05, 0.02, 0.02, 0.09] * 25]
+    chosen = settings(BENCH_DATA="both", BENCH_INTERVALS="100")
+    (cost,) = run_bench(runtime_of(chosen), environ={}, runner=runner).as_dict()[
+        "input_pipeline_cost"]
+    assert cost["throughput_lost"] == pytest.approx(0.02)
+    assert cost["significant"] is True
 
 
 def test_input_alone_says_from_which_replica_count_the_stream_limits_the_step() -> None:
@@ -702,4 +714,11 @@ def test_real_sweep_feeds_kept_and_streamed_data_on_two_logical_cpus(tmp_path: P
     sources = {p["data"]: p["worker"].get("data_source", "") for p in data["points"]}
     assert "kept on each device" in sources["real"]
     assert "streamed from host memory by tf.data" in sources["stream"]
+    # Two children, one per replica count, each measuring the three data variants.
+    assert {(p["replicas"], p["child"]) for p in data["points"]} == {(1, 0), (2, 1)}
     assert len(data["input_pipeline_cost"]) == 4
+    assert all(len(c["throughput_lost_rounds"]) == 2 for c in data["input_pipeline_cost"])
+    (kept, streamed) = data["input_alone"]
+    assert (kept["data"], kept["measured"]) == ("real", False)
+    assert [row["replicas"] for row in streamed["by_replicas"]] == [1, 2]
+    assert "input alone, fp32+stream-data: " in result.stdout

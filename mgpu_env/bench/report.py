@@ -12,16 +12,23 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env.bench.plan import DevicePlan, PointSpec
-from mgpu_env.bench.stats import efficiencies, round_costs, spread, summarize_point
+from mgpu_env.bench.stats import (
+    efficiencies,
+    median_ci95,
+    round_costs,
+    spread,
+    summarize_point,
+)
 from mgpu_env.training import rundir
 
 BENCH_JSON = "bench.json"
 # 2: the input's cost is paired round by round (`throughput_lost` is the median over rounds,
-# `significant` their middle half on one side of 0); points record their child, their
+# `significant` its confidence interval clear of 0); points record their child, their
 # intervals' starts and what their stream gives alone (`input_alone`).
 SCHEMA_VERSION = 2
 # A point record's keys taken from its child's result (the rest is under "worker").
-POINT_KEYS = ("interval_seconds", "interval_starts", "measured_with", "input_alone")
+POINT_KEYS = ("interval_seconds", "interval_starts", "interval_cpu_seconds", "measured_with",
+              "input_alone")
 
 
 @dataclass
@@ -140,6 +147,7 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         rounds = round_costs(twin["interval_seconds"], real["interval_seconds"])
         lost = spread(rounds)
+        ci95 = median_ci95(lost)
         added_ms = [
             1000.0 * (d - s) / real["steps_per_interval"]
             for s, d in zip(twin["interval_seconds"], real["interval_seconds"], strict=True)
@@ -153,13 +161,19 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "synthetic_samples_per_s": twin["samples_per_s"]["median"],
             "real_samples_per_s": real["samples_per_s"]["median"],
             "throughput_lost": lost.median,
+            "throughput_lost_ci95": ci95,
             "throughput_lost_rounds": rounds,
             "throughput_lost_spread": {k: v for k, v in lost.as_dict().items()
                                        if k not in ("mean", "ci95", "count")},
             "step_time_added_ms": statistics.median(added_ms),
-            # The middle half of the rounds on one side of 0: not just noise.
-            "significant": lost.q1 > 0 or lost.q3 < 0,
+            # The median's confidence interval leaves out 0: not just noise.
+            "significant": abs(lost.median) > ci95,
         })
+        cpu = (twin.get("interval_cpu_seconds"), real.get("interval_cpu_seconds"))
+        if real["worker"].get("device_type") == "CPU" and cpu[0] and cpu[1]:
+            # On CPU devices the step's work is this process's CPU time, which other work
+            # on the machine slows less than the wall clock.
+            costs[-1]["cpu_throughput_lost"] = statistics.median(round_costs(*cpu))
     return costs
 
 

@@ -17,11 +17,13 @@ from typing import Any
 
 @dataclass
 class Timings:
-    """One variant's timed intervals, in round order: how long each took, and when each
-    started (seconds from the first timed interval of the process)."""
+    """One variant's timed intervals, in round order: how long each took, when each
+    started (seconds from the first timed interval of the process), and the CPU time this
+    process (all its threads) spent in each."""
 
     seconds: list[float] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
 
 
 def round_orders(variants: int, rounds: int) -> list[list[int]]:
@@ -54,6 +56,7 @@ def time_interleaved(
     steps_per_interval: int,
     intervals: int,
     clock: Callable[[], float] = time.perf_counter,
+    cpu_clock: Callable[[], float] = time.process_time,
 ) -> list[Timings]:
     """Warm up each variant in turn, run one untimed round, then time `intervals` rounds,
     each one interval of `steps_per_interval` steps of every variant, in `round_orders`'
@@ -78,9 +81,10 @@ def time_interleaved(
     origin: float | None = None
     for order in round_orders(len(runs), intervals):
         for variant in order:
-            start = clock()
+            start, cpu_start = clock(), cpu_clock()
             origin = start if origin is None else origin
             runs[variant](steps_per_interval)
             timings[variant].seconds.append(clock() - start)
+            timings[variant].cpu_seconds.append(cpu_clock() - cpu_start)
             timings[variant].starts.append(start - origin)
     return timings

@@ -105,6 +105,13 @@ def input_pipeline_cost(synthetic_throughput: float, real_throughput: float) -> 
     return 1.0 - real_throughput / synthetic_throughput
 
 
+def median_ci95(summary: Spread) -> float:
+    """Half-width of the ~95% confidence interval of a median: 1.58 x IQR / sqrt(n), the
+    notches of a box plot (McGill, Tukey and Larsen, 1978). How far the median of another
+    run of as many rounds may well land."""
+    return 1.58 * summary.iqr / math.sqrt(summary.count)
+
+
 def round_costs(
     synthetic_seconds: Sequence[float], data_seconds: Sequence[float]
 ) -> list[float]:

@@ -22,13 +22,16 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgpu_env.bench.models import ModelShape
 from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
 from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
 from mgpu_env.training.data import Arrays, Data, DatasetChoice, Streamed
+
+if TYPE_CHECKING:
+    from mgpu_env.training.feed import Feed
 
 
 class SameBatch:
@@ -140,7 +143,7 @@ class Variant:
     spec: PointSpec
     trainer: Any
     run_steps: Callable[[int], int]
-    feed: Any = None  # the training module's feed (None: synthetic)
+    feed: Feed | None = None  # the training module's feed (None: synthetic)
     data_source: str | None = None
 
 
@@ -174,6 +177,7 @@ def measure_variants(
                          execution.split.names, variant.trainer.model.count_params(),
                          execution.precision.policy)
         result["interval_starts"] = timing.starts
+        result["interval_cpu_seconds"] = timing.cpu_seconds
         result["measured_with"] = [s.data for s in specs]
         result["cross_device_ops"] = execution.strategy.cross_device_ops
         result["precision_reason"] = execution.precision.reason
