@@ -115,7 +115,8 @@ def render_costs(costs: list[dict[str, Any]]) -> Table:
     table = Table(title="input pipeline's cost: samples/s lost against synthetic",
                   caption="lost: 1 - samples/s / synthetic's in the same round, median "
                   "over the rounds; ±: its 95% confidence (1.58 x IQR / sqrt(rounds)); "
-                  "rounds: lowest to highest; noise?: yes when ± reaches 0")
+                  "rounds: lowest to highest; noise?: yes when ± reaches 0 (under 6 "
+                  "rounds, also when they do not all agree)")
     _add_columns(table, "variant", "n", "lost", "±", "rounds", "ms/step", "noise?")
     for cost in costs:
         lost = cost["throughput_lost_spread"]
@@ -130,9 +131,12 @@ def render_costs(costs: list[dict[str, Any]]) -> Table:
 
 def render_input_alone(verdicts: list[dict[str, Any]]) -> Table:
     """What each streamed input gave with no step, against what the step takes."""
+    rows = [row for verdict in verdicts for row in verdict.get("by_replicas", ())]
+    caption = "step: samples/s of synthetic data (the step with its input free)"
+    if any(row["step_from"] != "synthetic" for row in rows):
+        caption += "; *: no synthetic point, the streamed point's own"
     table = Table(title="input alone: samples/s with no step, against the step's",
-                  caption="step: samples/s of synthetic data (the step with its input "
-                  "free)")
+                  caption=caption)
     _add_columns(table, "variant", "n", "input alone", "step", "keeps up")
     for verdict in verdicts:
         for row in verdict.get("by_replicas", ()):

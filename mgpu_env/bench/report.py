@@ -26,6 +26,8 @@ BENCH_JSON = "bench.json"
 # `significant` its confidence interval clear of 0); points record their child, their
 # intervals' starts and what their stream gives alone (`input_alone`).
 SCHEMA_VERSION = 2
+# Rounds from which a median's notch (`stats.median_ci95`) alone says whether a cost is noise.
+NOTCH_ROUNDS = 6
 # A point record's keys taken from its child's result (the rest is under "worker").
 POINT_KEYS = ("interval_seconds", "interval_starts", "interval_cpu_seconds", "measured_with",
               "input_alone")
@@ -166,14 +168,18 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "throughput_lost_spread": {k: v for k, v in lost.as_dict().items()
                                        if k not in ("mean", "ci95", "count")},
             "step_time_added_ms": statistics.median(added_ms),
-            # The median's confidence interval leaves out 0: not just noise.
-            "significant": abs(lost.median) > ci95,
+            # The median's confidence interval leaves out 0: not just noise. A notch of
+            # fewer rounds is too narrow to trust alone: every round must agree too.
+            "significant": abs(lost.median) > ci95 and (
+                lost.count >= NOTCH_ROUNDS or lost.minimum > 0 or lost.maximum < 0),
         })
-        cpu = (twin.get("interval_cpu_seconds"), real.get("interval_cpu_seconds"))
-        if real["worker"].get("device_type") == "CPU" and cpu[0] and cpu[1]:
-            # On CPU devices the step's work is this process's CPU time, which other work
-            # on the machine slows less than the wall clock.
-            costs[-1]["cpu_throughput_lost"] = statistics.median(round_costs(*cpu))
+        cpu_synthetic = twin.get("interval_cpu_seconds")
+        cpu_real = real.get("interval_cpu_seconds")
+        if real["worker"].get("device_type") == "CPU" and cpu_synthetic and cpu_real:
+            # On CPU devices the same per CPU second of this process (all its threads):
+            # a second view, beside the wall clock's, of what the input adds to the work.
+            costs[-1]["cpu_throughput_lost"] = statistics.median(
+                round_costs(cpu_synthetic, cpu_real))
     return costs
 
 
