@@ -3,11 +3,13 @@
     .venv/bin/python benchmarks/input_cost.py [--replicas 2] [--dataset digits]
         [--steps 200] [--lead-in STEPS] [--rounds 8] [--stream]
 
-`mgpu bench` measures each point in a process of its own, one after the other: on a machine
-shared with other work, the load changes between points and the input's cost drowns in it.
-Here the same step (the training module's, on the seed's MLP, batch 64 per replica, fp32,
-CPU split into `--replicas` logical devices) is fed three ways in one process, taking
-turns interval by interval, so a change of load hits each alike:
+`mgpu bench BENCH_DATA=all` now takes turns the same way (`mgpu_env/bench/rounds.py`, one
+process per replica count); before, it measured each point in a process of its own, one
+after the other, and on a machine shared with other work the load changed between points
+and the input's cost drowned in it. Here the same step (the training module's, on the
+seed's MLP, batch 64 per replica, fp32, CPU split into `--replicas` logical devices) is fed
+three ways in one process, taking turns interval by interval, so a change of load hits
+each alike:
 
 - synthetic: one batch already on each device, reused every step (`mgpu bench`'s
   `SameBatch`): the step with no input at all;

@@ -21,8 +21,9 @@ PIPED_WIDTH = 200  # wider than any table mgpu bench prints
 def command(flags: SettingFlags) -> None:
     """Sweep replica counts (and precision, XLA, data) and measure throughput and efficiency.
 
-    Each point runs in its own process: warm-up steps, then BENCH_INTERVALS timed intervals
-    of BENCH_STEPS steps. Writes bench.json and bench.png under OUTPUT_DIR.
+    Each replica count runs in its own process: warm-up steps, then BENCH_INTERVALS rounds
+    of one timed interval of BENCH_STEPS steps per data variant, in turns. Writes
+    bench.json and bench.png under OUTPUT_DIR.
     """
     runtime = build_runtime(resolve(flags), command="bench")  # a GPU the machine lacks: exit 2
     runtime.apply()
@@ -48,19 +49,14 @@ def command(flags: SettingFlags) -> None:
     console.print(render_table(data))
     for note in data["notes"]:
         console.print(f"note: {note}")
-    for cost in data["input_pipeline_cost"]:
-        what = (f"input pipeline, {cost['data']} data ({cost['replicas']} replica(s), "
-                f"{cost['precision']}): ")
-        if cost["significant"] and cost["throughput_lost"] > 0:
-            console.print(
-                f"{what}{100 * cost['throughput_lost']:.1f}% of synthetic throughput lost, "
-                f"{cost['step_time_added_ms']:+.2f} ms per step"
-            )
-        else:
-            console.print(
-                f"{what}no cost measurable: real vs synthetic data differ by "
-                f"{-100 * cost['throughput_lost']:+.1f}%, within the noise of the intervals"
-            )
+    if data["input_pipeline_cost"]:
+        console.print(render_costs(data["input_pipeline_cost"]))
+    if data["input_alone"]:
+        alone = render_input_alone(data["input_alone"])
+        if alone.row_count:
+            console.print(alone)
+        for verdict in data["input_alone"]:
+            console.print(input_alone_line(verdict))
     comparison = data["seed_comparison"]
     if comparison is not None:
         if comparison.get("ratio") is None:
@@ -93,12 +89,8 @@ def render_table(data: dict[str, Any]) -> Table:
     table = Table(title=title, caption="samples/s: median over timed intervals; IQR: "
                   "q3-q1; CI: 95% of the mean; eff.: samples/s / (n x samples/s at base)")
     columns = ["variant"] if len(variants) > 1 else []
-    columns += ["n", "batch", "samples/s", "IQR", "CI", "/replica", "step ms", "eff."]
-    for name in columns:
-        if name == "variant":
-            table.add_column(name, overflow="fold")
-        else:
-            table.add_column(name, justify="right")
+    _add_columns(table, *columns, "n", "batch", "samples/s", "IQR", "CI", "/replica",
+                 "step ms", "eff.")
     for point in data["points"]:
         row = [point["variant"]] if len(variants) > 1 else []
         row += [str(point["replicas"]), str(point["global_batch"])]
@@ -116,3 +108,64 @@ def render_table(data: dict[str, Any]) -> Table:
             f"{100 * point['efficiency']:.0f}%",
         )
     return table
+
+
+def render_costs(costs: list[dict[str, Any]]) -> Table:
+    """The input pipeline's cost, one row per data point: median over rounds and range."""
+    table = Table(title="input pipeline's cost: samples/s lost against synthetic",
+                  caption="lost: 1 - samples/s / synthetic's in the same round, median "
+                  "over the rounds; ±: its 95% confidence (1.58 x IQR / sqrt(rounds)); "
+                  "rounds: lowest to highest; noise?: yes when ± reaches 0 (under 6 "
+                  "rounds, also when they do not all agree)")
+    _add_columns(table, "variant", "n", "lost", "±", "rounds", "ms/step", "noise?")
+    for cost in costs:
+        lost = cost["throughput_lost_spread"]
+        table.add_row(
+            cost["variant"], str(cost["replicas"]), f"{100 * cost['throughput_lost']:.1f}%",
+            f"{100 * cost['throughput_lost_ci95']:.1f}",
+            f"{100 * lost['minimum']:.0f} to {100 * lost['maximum']:.0f}%",
+            f"{cost['step_time_added_ms']:+.2f}", "no" if cost["significant"] else "yes",
+        )
+    return table
+
+
+def render_input_alone(verdicts: list[dict[str, Any]]) -> Table:
+    """What each streamed input gave with no step, against what the step takes."""
+    rows = [row for verdict in verdicts for row in verdict.get("by_replicas", ())]
+    caption = "step: samples/s of synthetic data (the step with its input free)"
+    if any(row["step_from"] != "synthetic" for row in rows):
+        caption += "; *: no synthetic point, the streamed point's own"
+    table = Table(title="input alone: samples/s with no step, against the step's",
+                  caption=caption)
+    _add_columns(table, "variant", "n", "input alone", "step", "keeps up")
+    for verdict in verdicts:
+        for row in verdict.get("by_replicas", ()):
+            table.add_row(
+                verdict["variant"], str(row["replicas"]),
+                f"{row['input_alone_samples_per_s']:,.0f}", f"{row['step_samples_per_s']:,.0f}"
+                + ("" if row["step_from"] == "synthetic" else "*"),
+                "yes" if row["keeps_up"] else "no",
+            )
+    return table
+
+
+def input_alone_line(verdict: dict[str, Any]) -> str:
+    """One line per data variant: whether its input keeps up with the replicas measured
+    (the numbers are in the table above it)."""
+    what = f"input alone, {verdict['variant']}:"
+    if not verdict["measured"]:
+        return f"{what} {verdict['skipped']}"
+    if verdict["keeps_up"]:
+        counts = [str(row["replicas"]) for row in verdict["by_replicas"]]
+        listed = ", ".join(counts[:-1]) + " and " + counts[-1] if len(counts) > 1 else counts[0]
+        return f"{what} keeps up with the step at {listed} replica(s)"
+    return f"{what} limits the step from {verdict['limits_from']} replica(s)"
+
+
+def _add_columns(table: Table, *names: str) -> None:
+    """Numbers right-aligned; the variant's name folded when the terminal is narrow."""
+    for name in names:
+        if name == "variant":
+            table.add_column(name, overflow="fold")
+        else:
+            table.add_column(name, justify="right")

@@ -6,8 +6,11 @@ Children are replaced by a fake runner with known timings, so everything here bu
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,21 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from mgpu_env.bench import sweep as bench
+from mgpu_env.bench.input_alone import (
+    KEPT_REASON,
+    MIN_TIMED_ELEMENTS,
+    element_samples,
+    measure_input_alone,
+    time_dataset,
+)
 from mgpu_env.bench.plot import plot_bench
+from mgpu_env.bench.rounds import round_orders, time_interleaved
 from mgpu_env.bench.sweep import (
+    Group,
     PointSpec,
+    attach_executions,
     comparison_points,
+    group_points,
     parse_child_output,
     plan_devices,
     plan_points,
@@ -54,13 +68,18 @@ def gpu_selection(count: int, capability: tuple[int, int] = (8, 0)) -> GpuSelect
     return GpuSelection(GpuRequest("all"), gpus, ",".join(str(i) for i in range(count)))
 
 
+LOAD = (1.0, 0.98, 1.02, 1.0)  # the machine's load in each round: slows every variant alike
+
+
 def fake_runner(
     base_step_s: float = 0.01, efficiency: float = 0.9, seed_slowdown: float = 3.0,
-    real_slowdown: float = 1.25, stream_slowdown: float = 1.5,
-) -> Callable[[PointSpec], dict[str, Any]]:
-    """Timings of a device where each extra replica costs (1 - efficiency) of a step."""
+    real_slowdown: float = 1.25, stream_slowdown: float = 1.5, stream_alone: float = 8000.0,
+) -> Callable[[Group], list[dict[str, Any]]]:
+    """Timings of a device where each extra replica costs (1 - efficiency) of a step; the
+    stream gives `stream_alone` samples/s with no step (the synthetic step takes 6,400 at
+    1 replica of batch 64, 11,520 at 2)."""
 
-    def run(spec: PointSpec, timeout_s: float | None = None) -> dict[str, Any]:
+    def one(spec: PointSpec) -> dict[str, Any]:
         # weak scaling: n replicas take base / efficiency(n) per step of n x batch
         step = base_step_s if spec.replicas == 1 else base_step_s / efficiency
         if spec.runner == "seed":
@@ -70,13 +89,23 @@ def fake_runner(
         if spec.data == "stream":
             step *= stream_slowdown
         interval = step * spec.steps_per_interval
-        return {
-            "interval_seconds": [interval * f for f in (1.0, 0.98, 1.02, 1.0)][: spec.intervals],
+        result: dict[str, Any] = {
+            "interval_seconds": [interval * f for f in LOAD][: spec.intervals],
             "device_type": "CPU",
             "devices": [f"/device:CPU:{i}" for i in range(spec.replicas)],
             "logical_devices": spec.virtual_devices > 0,
             "parameters": 55050,
         }
+        if spec.data == "real":
+            result["input_alone"] = {"samples_per_s": None, "skipped": KEPT_REASON}
+        if spec.data == "stream":
+            result["input_alone"] = {"samples_per_s": stream_alone, "samples": 64_000,
+                                     "elements": 40, "seconds": 64_000 / stream_alone}
+            result["steps_per_chunk"] = 83
+        return result
+
+    def run(group: Group, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        return [one(spec) for spec in group]
 
     return run
 
@@ -222,13 +251,104 @@ def test_all_data_pairs_the_kept_and_the_streamed_input_with_synthetic() -> None
     assert costs["stream", 1] == pytest.approx(1 - 1 / 1.5)
 
 
+def test_the_input_cost_is_paired_round_by_round() -> None:
+    # The machine's load changes from round to round; the two intervals of a round share
+    # it. Medians alone (2.0 s each) would say the kept data costs nothing.
+    synthetic, kept = [1.0, 2.0, 4.0], [1.25, 2.0, 8.0]
+    cpu = {"synthetic": [1.0, 1.0, 1.0], "real": [1.1, 1.1, 1.0]}  # this process's CPU time
+
+    def runner(group: Group) -> list[dict[str, Any]]:
+        return [{"interval_seconds": synthetic if spec.data == "synthetic" else kept,
+                 "interval_cpu_seconds": cpu[spec.data], "device_type": "CPU"}
+                for spec in group]
+
+    chosen = settings(BENCH_DATA="both", BENCH_INTERVALS="3", BENCH_STEPS="10")
+    data = run_bench(runtime_of(chosen), environ={}, runner=runner).as_dict()
+    (cost,) = data["input_pipeline_cost"]
+    assert cost["synthetic_samples_per_s"] == cost["real_samples_per_s"]
+    assert cost["throughput_lost_rounds"] == pytest.approx([0.2, 0.0, 0.5])
+    assert cost["throughput_lost"] == pytest.approx(0.2)
+    lost = cost["throughput_lost_spread"]
+    assert (lost["minimum"], lost["maximum"]) == pytest.approx((0.0, 0.5))
+    assert (lost["q1"], lost["q3"]) == pytest.approx((0.1, 0.35))
+    # 1.58 x IQR / sqrt(3 rounds): three rounds this far apart do not tell it from 0.
+    assert cost["throughput_lost_ci95"] == pytest.approx(1.58 * 0.25 / 3**0.5)
+    assert cost["significant"] is False
+    assert cost["step_time_added_ms"] == pytest.approx(25.0)  # median of 25, 0, 400 ms/step
+    assert cost["cpu_throughput_lost"] == pytest.approx(1 - 1 / 1.1)  # per CPU second
+    assert data["schema_version"] == 2
+    assert {p["child"] for p in data["points"]} == {0}
+
+
+def test_a_cost_whose_rounds_straddle_zero_is_noise() -> None:
+    # Under 6 rounds, a narrow notch is not enough: one round of 4 saw a gain.
+    synthetic, kept = [1.0] * 4, [1.0 / (1 - c) for c in (0.10, 0.11, 0.11, -0.02)]
+    chosen = settings(BENCH_DATA="both", BENCH_INTERVALS="4")
+
+    def runner(group: Group) -> list[dict[str, Any]]:
+        return [{"interval_seconds": synthetic if spec.data == "synthetic" else kept}
+                for spec in group]
+
+    (cost,) = run_bench(runtime_of(chosen), environ={}, runner=runner).as_dict()[
+        "input_pipeline_cost"]
+    assert cost["throughput_lost"] > cost["throughput_lost_ci95"]
+    assert cost["significant"] is False
+    # Rounds on both sides of 0, median 0.
+    synthetic, kept = [1.0] * 4, [0.8, 1.1, 1.2, 0.9]
+    (cost,) = run_bench(runtime_of(chosen), environ={}, runner=runner).as_dict()[
+        "input_pipeline_cost"]
+    assert cost["significant"] is False
+    # Over 100 rounds a spread from -5% to 9% pins the median down: 2% is then measured.
+    synthetic, kept = [1.0] * 100, [1.0 / (1 - c) for c in [-0.05, 0.02, 0.02, 0.09] * 25]
+    chosen = settings(BENCH_DATA="both", BENCH_INTERVALS="100")
+    (cost,) = run_bench(runtime_of(chosen), environ={}, runner=runner).as_dict()[
+        "input_pipeline_cost"]
+    assert cost["throughput_lost"] == pytest.approx(0.02)
+    assert cost["significant"] is True
+
+
+def test_input_alone_says_from_which_replica_count_the_stream_limits_the_step() -> None:
+    data = run_fake(VIRTUAL_DEVICES="2", BENCH_DATA="all")
+    kept, streamed = data["input_alone"]
+    assert (kept["variant"], kept["measured"], kept["skipped"]) == (
+        "fp32+real-data", False, KEPT_REASON)
+    assert streamed["variant"] == "fp32+stream-data"
+    # 8,000 samples/s alone; the synthetic step takes 6,400 at 1 replica, 11,520 at 2.
+    assert [(r["replicas"], r["step_samples_per_s"], r["keeps_up"])
+            for r in streamed["by_replicas"]] == [
+        (1, pytest.approx(6400.0), True), (2, pytest.approx(11520.0), False)]
+    assert (streamed["keeps_up"], streamed["limits_from"]) == (False, 2)
+    fast = run_bench(runtime_of(settings(VIRTUAL_DEVICES="2", BENCH_DATA="all")), environ={},
+                     runner=fake_runner(stream_alone=20_000.0)).as_dict()["input_alone"][1]
+    assert (fast["keeps_up"], fast["limits_from"]) == (True, None)
+    # No synthetic point: the stream's own samples/s (6,400 / 1.5 at 1 replica) stand in.
+    (alone,) = run_fake(BENCH_DATA="stream")["input_alone"]
+    (row,) = alone["by_replicas"]
+    assert (row["step_from"], row["step_samples_per_s"]) == ("this point",
+                                                             pytest.approx(6400 / 1.5))
+
+
+@pytest.mark.parametrize(("steps", "advice"), [("50", "BENCH_STEPS=83 "), ("200", "=249 "),
+                                               ("166", None)])
+def test_a_note_says_when_the_streams_chunks_do_not_divide_the_intervals(
+    steps: str, advice: str | None
+) -> None:
+    notes = run_fake(BENCH_DATA="all", BENCH_STEPS=steps)["notes"]
+    chunk_notes = [note for note in notes if "chunks of 83 steps" in note]
+    if advice is None:
+        assert not chunk_notes
+    else:
+        (note,) = chunk_notes
+        assert f"BENCH_STEPS={steps} is not a multiple of 83" in note and advice in note
+
+
 def test_seed_comparison_reuses_the_sweeps_point_and_reports_the_ratio() -> None:
     calls: list[PointSpec] = []
     runner = fake_runner(seed_slowdown=3.0)
 
-    def counting(spec: PointSpec) -> dict[str, Any]:
-        calls.append(spec)
-        return runner(spec)
+    def counting(group: Group) -> list[dict[str, Any]]:
+        calls.extend(group)
+        return runner(group)
 
     chosen = settings(VIRTUAL_DEVICES="2", BENCH_COMPARE="1")
     data = run_bench(runtime_of(chosen), environ={}, runner=counting).as_dict()
@@ -243,9 +363,9 @@ def test_seed_comparison_runs_its_own_fp32_point_when_the_sweep_has_none() -> No
     calls: list[PointSpec] = []
     runner = fake_runner()
 
-    def counting(spec: PointSpec) -> dict[str, Any]:
-        calls.append(spec)
-        return runner(spec)
+    def counting(group: Group) -> list[dict[str, Any]]:
+        calls.extend(group)
+        return runner(group)
 
     chosen = settings(BENCH_COMPARE="1", MIXED_PRECISION="bf16")
     data = run_bench(runtime_of(chosen), environ={}, runner=counting).as_dict()
@@ -269,10 +389,10 @@ def test_seed_comparison_leaves_a_dataset_loader_out() -> None:
 def test_a_failed_point_is_recorded_and_the_sweep_goes_on() -> None:
     runner = fake_runner()
 
-    def flaky(spec: PointSpec) -> dict[str, Any]:
-        if spec.replicas == 2:
+    def flaky(group: Group) -> list[dict[str, Any]]:
+        if group[0].replicas == 2:
             raise bench.RunFailed("out of memory")
-        return runner(spec)
+        return runner(group)
 
     chosen = settings(VIRTUAL_DEVICES="4")
     report = run_bench(runtime_of(chosen), environ={}, runner=flaky)
@@ -292,14 +412,38 @@ def test_a_point_past_bench_timeout_is_stopped_and_recorded(
         raise subprocess.TimeoutExpired(args[0], timeout or 0)
 
     monkeypatch.setattr(bench.subprocess, "run", hung_child)
-    chosen = settings(VIRTUAL_DEVICES="2", BENCH_TIMEOUT="45")
+    chosen = settings(VIRTUAL_DEVICES="2", BENCH_TIMEOUT="45", BENCH_DATA="both")
     report = run_bench(runtime_of(chosen), environ={})
-    assert timeouts == [45, 45]
-    assert [p["error"] for p in report.failed] == ["timed out after 45 s"] * 2
+    assert timeouts == [90, 90]  # one child per replica count, 45 s for each of its 2 points
+    assert [p["error"] for p in report.failed] == ["timed out after 90 s"] * 4
+
+
+def test_a_failed_group_child_marks_each_of_its_points_failed() -> None:
+    runner = fake_runner()
+    groups: list[list[tuple[int, str]]] = []
+
+    def flaky(group: Group) -> list[dict[str, Any]]:
+        groups.append([(spec.replicas, spec.data) for spec in group])
+        if group[0].replicas == 2:
+            raise bench.RunFailed(f"{bench.describe_group(group)}: out of memory")
+        return runner(group)
+
+    chosen = settings(VIRTUAL_DEVICES="2", BENCH_DATA="all")
+    report = run_bench(runtime_of(chosen), environ={}, runner=flaky)
+    # One child per replica count, measuring the three data variants together.
+    assert groups == [[(1, "synthetic"), (1, "real"), (1, "stream")],
+                      [(2, "synthetic"), (2, "real"), (2, "stream")]]
+    assert sorted(p["data"] for p in report.failed) == ["real", "stream", "synthetic"]
+    assert {p["replicas"] for p in report.failed} == {2}
+    assert {p["error"] for p in report.failed} == {
+        "the 2-replica point (fp32; synthetic, real, stream data): out of memory"
+    }
+    costs = report.as_dict()["input_pipeline_cost"]
+    assert [(c["data"], c["replicas"]) for c in costs] == [("real", 1), ("stream", 1)]
 
 
 def test_impossible_all_reduce_is_refused_before_any_child() -> None:
-    def never(spec: PointSpec) -> dict[str, Any]:
+    def never(group: Group) -> list[dict[str, Any]]:
         raise AssertionError("no child may start")
 
     chosen = settings(VIRTUAL_DEVICES="2", CROSS_DEVICE_OPS="nccl")
@@ -311,6 +455,143 @@ def test_bf16_on_old_gpus_is_refused_before_any_child() -> None:
     chosen = settings(MIXED_PRECISION="bf16")
     with pytest.raises(ConfigError, match="bf16"):
         run_bench(runtime_of(chosen, gpu_selection(1, (7, 0)).gpus), runner=fake_runner())
+
+
+# ---------------------------------------------------------------- interleaved rounds
+
+
+@pytest.mark.parametrize("variants", [2, 3, 4, 5])
+def test_over_a_cycle_each_variant_follows_every_other_equally_often(variants: int) -> None:
+    cycle = 2 * variants if variants % 2 else variants
+    orders = round_orders(variants, cycle)
+    assert all(sorted(order) == list(range(variants)) for order in orders)
+    follows = Counter(itertools.chain.from_iterable(itertools.pairwise(o) for o in orders))
+    assert set(follows) == set(itertools.permutations(range(variants), 2))
+    assert len(set(follows.values())) == 1
+
+
+def test_two_variants_swap_every_round() -> None:
+    assert round_orders(2, 4) == [[0, 1], [1, 0], [0, 1], [1, 0]]
+    assert round_orders(1, 3) == [[0], [0], [0]]
+
+
+def test_interleaved_rounds_time_one_interval_of_each_variant_in_turn() -> None:
+    now, log = [0.0], []
+
+    def steps_of(name: str, step_s: float) -> Callable[[int], None]:
+        def run(count: int) -> None:
+            log.append((name, count))
+            now[0] += count * step_s
+
+        return run
+
+    names = ["synthetic", "real", "stream"]
+    runs = [steps_of(n, s) for n, s in zip(names, [1.0, 1.25, 1.5], strict=True)]
+    timings = time_interleaved(runs, 7, 5, 4, clock=lambda: now[0])
+    # Warm-up: each variant on its own; then one untimed round; then the timed rounds.
+    assert log[:6] == [("synthetic", 5), ("synthetic", 2), ("real", 5), ("real", 2),
+                       ("stream", 5), ("stream", 2)]
+    assert log[6:9] == [(n, 5) for n in names]
+    assert log[9:] == [(names[v], 5) for order in round_orders(3, 4) for v in order]
+    assert [t.seconds for t in timings] == [[5.0] * 4, [6.25] * 4, [7.5] * 4]
+    rounds = [sorted(t.starts[i] for t in timings) for i in range(4)]
+    assert rounds[0][0] == 0.0
+    assert all(a[-1] < b[0] for a, b in itertools.pairwise(rounds))
+
+
+# ------------------------------------------------------- real TensorFlow, in this process
+
+
+def mirrored_over(devices: tuple[str, ...]) -> Any:
+    from mgpu_env.runtime.strategy import make_strategy, plan_strategy
+
+    return make_strategy(plan_strategy("auto", devices, "CPU", 1))
+
+
+def small_arrays(rows: int = 100, features: int = 3) -> Any:
+    import numpy as np
+
+    from mgpu_env.training.data import Arrays
+
+    rng = np.random.default_rng(0)
+    x = rng.random((rows, features), dtype=np.float32)
+    y = (np.arange(rows) % 10).astype(np.int32)
+    return Arrays("small", x, y, x[:10], y[:10])
+
+
+def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_end(
+    logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.training import stream
+
+    # Chunks of 5 steps: 4 rows of 3 float32 features and a label each per replica.
+    monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 4 * (3 + 1) * 4)
+    strategy = mirrored_over(logical_cpus[:2])
+    feed = stream.StreamFeed(strategy, small_arrays(), 8, 42)
+    assert (feed.steps_per_epoch, feed.steps_per_chunk) == (12, 5)
+    # 2 epochs: 24 batches but 5 elements (chunks of 5, 5, 5, 5 and 4 steps per replica).
+    # The first is the warm-up; the budget is never reached: the stream ends first.
+    timed = time_dataset(feed.dataset(0, 2), strategy, True, 1, 10**9)
+    assert (timed["elements"], timed["samples"]) == (4, (5 + 5 + 5 + 4) * 8)
+    assert timed["samples_per_s"] > 0
+    # Sized by measure_input_alone: enough epochs for the least elements it times.
+    alone = measure_input_alone(feed, strategy, 8, 0)
+    assert (alone["elements"], alone["samples"]) == (MIN_TIMED_ELEMENTS, 32 * 5 * 8)
+    # One element of a stream with nothing after it: nothing to time, and no error.
+    short = time_dataset(stream.StreamFeed(strategy, small_arrays(20), 8, 42).dataset(0, 1),
+                         strategy, True, 1, 10**9)
+    assert short["samples_per_s"] is None and "warm-up" in short["skipped"]
+
+
+def test_a_loaders_stream_alone_counts_per_replica_batches(
+    logical_cpus: tuple[str, ...]
+) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.training.feed import ResidentFeed, RowStreamFeed
+
+    strategy = mirrored_over(logical_cpus[:2])
+    arrays = small_arrays()
+    rows = tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train))
+    feed = RowStreamFeed(strategy, rows, arrays.train_size, 8, 42)
+    alone = measure_input_alone(feed, strategy, 8, 80)
+    # Each element is one global batch, 4 rows on each of the 2 replicas.
+    assert (alone["elements"], alone["samples"]) == (MIN_TIMED_ELEMENTS, 32 * 8)
+    kept = measure_input_alone(ResidentFeed.place(strategy, arrays, 8, 42), strategy, 8, 80)
+    assert kept == {"samples_per_s": None, "skipped": KEPT_REASON}
+    assert element_samples([(tf.zeros((3, 4, 2)), tf.zeros((3, 4)))], chunked=True) == 12
+    assert element_samples([(tf.zeros((3, 4, 2)), tf.zeros((3, 4)))], chunked=False) == 3
+
+
+def test_one_child_measures_its_data_variants_in_alternating_rounds(
+    logical_cpus: tuple[str, ...]
+) -> None:
+    """The group child's own code, on 2 of this process's logical CPUs: synthetic, kept and
+    streamed digits, one trainer each, their intervals taking turns."""
+    from mgpu_env.bench.worker import measure_variants
+    from mgpu_env.runtime import Execution
+
+    chosen = settings(VIRTUAL_DEVICES="2", DATASET="digits", BENCH_DATA="all",
+                      BATCH_SIZE="16", BENCH_WARMUP="2", BENCH_STEPS="3", BENCH_INTERVALS="3")
+    runtime = runtime_of(chosen)
+    devices = plan_devices(chosen, runtime.selection, {})
+    specs = attach_executions(plan_points(chosen, devices), devices, runtime)
+    (group,) = [g for g in group_points(specs) if g[0].replicas == 2]
+    results = measure_variants(group, mirrored_over(logical_cpus[:2]),
+                               Execution.from_json(group[0].execution))
+    assert [r["measured_with"] for r in results] == [["synthetic", "real", "stream"]] * 3
+    assert all(len(r["interval_seconds"]) == len(r["interval_starts"]) == 3 for r in results)
+    # Sorted by start, the intervals follow the rounds' orders: they alternate.
+    started = sorted((start, v) for v, r in enumerate(results)
+                     for start in r["interval_starts"])
+    assert [v for _, v in started] == [v for order in round_orders(3, 3) for v in order]
+    synthetic, kept, streamed = results
+    assert "input_alone" not in synthetic
+    assert kept["input_alone"]["skipped"] == KEPT_REASON
+    alone = streamed["input_alone"]
+    # Each element is a chunk of whole steps' batches for each replica: 32 samples a step.
+    assert alone["samples_per_s"] > 0 and alone["samples"] % 32 == 0
+    assert alone["elements"] >= MIN_TIMED_ELEMENTS
 
 
 # ---------------------------------------------------------------------------- the plot
@@ -365,8 +646,30 @@ def test_cli_writes_json_and_png_and_prints_the_table(
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_cli_prints_the_costs_and_whether_the_input_keeps_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(bench, "run_child", fake_runner())
+    result = CliRunner().invoke(
+        app, ["bench", "--virtual-devices", "2", "--bench-data", "all"],
+        env={"GPUS": "none", "OUTPUT_DIR": str(tmp_path)},
+    )
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "input pipeline's cost" in out
+    assert "20.0%" in out and "33.3%" in out  # kept 1 - 1/1.25, streamed 1 - 1/1.5
+    verdicts = [line for line in out.splitlines() if line.startswith("input alone, ")]
+    assert verdicts == [
+        "input alone, fp32+real-data: kept on each device: no pipeline to time",
+        "input alone, fp32+stream-data: limits the step from 2 replica(s)",
+    ]
+    assert all(len(line) <= 80 for line in verdicts)
+    # The numbers behind it: 8,000 samples/s alone, 6,400 and 11,520 taken by the step.
+    assert re.search(r"fp32\+stream-data\W+2\W+8,000\W+11,520\W+no", out)
+
+
 def test_cli_exits_1_when_a_point_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def failing(spec: PointSpec, timeout_s: float | None = None) -> dict[str, Any]:
+    def failing(group: Group, timeout_s: float | None = None) -> list[dict[str, Any]]:
         raise bench.RunFailed("the child died")
 
     monkeypatch.setattr(bench, "run_child", failing)
@@ -423,4 +726,11 @@ def test_real_sweep_feeds_kept_and_streamed_data_on_two_logical_cpus(tmp_path: P
     sources = {p["data"]: p["worker"].get("data_source", "") for p in data["points"]}
     assert "kept on each device" in sources["real"]
     assert "streamed from host memory by tf.data" in sources["stream"]
+    # Two children, one per replica count, each measuring the three data variants.
+    assert {(p["replicas"], p["child"]) for p in data["points"]} == {(1, 0), (2, 1)}
     assert len(data["input_pipeline_cost"]) == 4
+    assert all(len(c["throughput_lost_rounds"]) == 2 for c in data["input_pipeline_cost"])
+    (kept, streamed) = data["input_alone"]
+    assert (kept["data"], kept["measured"]) == ("real", False)
+    assert [row["replicas"] for row in streamed["by_replicas"]] == [1, 2]
+    assert "input alone, fp32+stream-data: " in result.stdout

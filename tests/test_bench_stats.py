@@ -10,6 +10,7 @@ from mgpu_env.bench.stats import (
     efficiencies,
     input_pipeline_cost,
     interval_throughputs,
+    round_costs,
     scaling_efficiency,
     spread,
     summarize_point,
@@ -77,6 +78,13 @@ def test_input_pipeline_cost() -> None:
     assert input_pipeline_cost(100.0, 100.0) == 0.0
     with pytest.raises(ValueError):
         input_pipeline_cost(0.0, 1.0)
+
+
+def test_round_costs_pair_the_intervals_of_each_round() -> None:
+    # Round 2 ran under twice the load for both: its cost is the same as round 1's.
+    assert round_costs([1.0, 2.0, 1.0], [1.25, 2.5, 1.0]) == pytest.approx([0.2, 0.2, 0.0])
+    with pytest.raises(ValueError, match="rounds pair"):
+        round_costs([1.0, 2.0], [1.0])
 
 
 def test_summarize_point() -> None:

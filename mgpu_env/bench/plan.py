@@ -73,6 +73,29 @@ class PointSpec:
         return cls(**json.loads(text))
 
 
+Group = tuple[PointSpec, ...]  # points one child measures, their intervals interleaved
+
+
+def group_points(specs: Sequence[PointSpec]) -> list[Group]:
+    """The points that differ only in their data, each group for one child, in the order
+    of their first point: their intervals take turns there, so a change of the machine's
+    load hits each data variant alike (`rounds`)."""
+    groups: dict[PointSpec, list[PointSpec]] = {}
+    for spec in specs:
+        groups.setdefault(dataclasses.replace(spec, data=""), []).append(spec)
+    return [tuple(group) for group in groups.values()]
+
+
+def describe_group(group: Group) -> str:
+    """How errors name a group: "the 2-replica point (fp32; synthetic, real data)"."""
+    first = group[0]
+    what = first.variant.split("+")
+    what = [part for part in what if not part.endswith("-data")]
+    if len(group) > 1 or first.data != "synthetic":
+        what.append(", ".join(spec.data for spec in group) + " data")
+    return f"the {first.replicas}-replica point ({'; '.join(what)})"
+
+
 @dataclass(frozen=True)
 class DevicePlan:
     """Which devices the sweep spreads over, and how each replica count gets its devices."""

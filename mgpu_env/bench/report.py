@@ -5,17 +5,32 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mgpu_env.bench.plan import DevicePlan, PointSpec
-from mgpu_env.bench.stats import efficiencies, input_pipeline_cost, summarize_point
+from mgpu_env.bench.stats import (
+    efficiencies,
+    median_ci95,
+    round_costs,
+    spread,
+    summarize_point,
+)
 from mgpu_env.training import rundir
 
 BENCH_JSON = "bench.json"
-SCHEMA_VERSION = 1
+# 2: the input's cost is paired round by round (`throughput_lost` is the median over rounds,
+# `significant` its confidence interval clear of 0); points record their child, their
+# intervals' starts and what their stream gives alone (`input_alone`).
+SCHEMA_VERSION = 2
+# Rounds from which a median's notch (`stats.median_ci95`) alone says whether a cost is noise.
+NOTCH_ROUNDS = 6
+# A point record's keys taken from its child's result (the rest is under "worker").
+POINT_KEYS = ("interval_seconds", "interval_starts", "interval_cpu_seconds", "measured_with",
+              "input_alone")
 
 
 @dataclass
@@ -58,6 +73,7 @@ class BenchReport:
                 for variant, points in series.items()
             },
             "input_pipeline_cost": input_costs(self.points),
+            "input_alone": input_alone_verdicts(self.points),
             "seed_comparison": self.seed_comparison,
             "notes": self.notes,
         }
@@ -75,6 +91,7 @@ def point_record(spec: PointSpec, child: Mapping[str, Any]) -> dict[str, Any]:
         "data": spec.data,
         "runner": spec.runner,
         "per_replica_batch": spec.per_replica_batch,
+        "steps_per_interval": spec.steps_per_interval,
         "global_batch": spec.global_batch,
         "virtual_devices": spec.virtual_devices,
         "cuda_visible_devices": spec.cuda_visible_devices,
@@ -87,8 +104,8 @@ def point_record(spec: PointSpec, child: Mapping[str, Any]) -> dict[str, Any]:
             child["interval_seconds"], spec.steps_per_interval, spec.global_batch, spec.replicas
         )
     )
-    record["interval_seconds"] = child["interval_seconds"]
-    record["worker"] = {k: v for k, v in child.items() if k != "interval_seconds"}
+    record.update({k: child[k] for k in POINT_KEYS if k in child})
+    record["worker"] = {k: v for k, v in child.items() if k not in POINT_KEYS}
     return record
 
 
@@ -108,38 +125,120 @@ def add_efficiencies(points: list[dict[str, Any]]) -> None:
         point["efficiency_base_replicas"] = min(table)
 
 
-def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each real- or stream-data point with a synthetic twin: the throughput its input
-    path costs."""
-    synthetic = {
-        (p["replicas"], p["mixed_precision"], p["xla"], p["runner"]): p
-        for p in points
-        if p["data"] == "synthetic" and not p.get("error")
+def _twin_key(point: Mapping[str, Any]) -> tuple[Any, ...]:
+    return point["replicas"], point["mixed_precision"], point["xla"], point["runner"]
+
+
+def _synthetic_twins(points: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    return {
+        _twin_key(p): p for p in points if p["data"] == "synthetic" and not p.get("error")
     }
+
+
+def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each real- or stream-data point measured in one child with its synthetic twin:
+    the share of throughput its input path costs, round by round (the two intervals of a
+    round shared the machine's load), and the median and spread over the rounds."""
+    synthetic = _synthetic_twins(points)
     costs = []
     for real in points:
         if real["data"] == "synthetic" or real.get("error"):
             continue
-        twin = synthetic.get((real["replicas"], real["mixed_precision"], real["xla"],
-                              real["runner"]))
-        if twin is None:
+        twin = synthetic.get(_twin_key(real))
+        if twin is None or twin.get("child") != real.get("child"):
             continue
-        synth_tp = twin["samples_per_s"]["median"]
-        real_tp = real["samples_per_s"]["median"]
+        rounds = round_costs(twin["interval_seconds"], real["interval_seconds"])
+        lost = spread(rounds)
+        ci95 = median_ci95(lost)
+        added_ms = [
+            1000.0 * (d - s) / real["steps_per_interval"]
+            for s, d in zip(twin["interval_seconds"], real["interval_seconds"], strict=True)
+        ]
         costs.append({
             "replicas": real["replicas"],
             "data": real["data"],
+            "variant": real["variant"],
             "precision": real["precision"],
             "xla": real["xla"],
-            "synthetic_samples_per_s": synth_tp,
-            "real_samples_per_s": real_tp,
-            "throughput_lost": input_pipeline_cost(synth_tp, real_tp),
-            "step_time_added_ms": real["step_time_ms"]["median"] - twin["step_time_ms"]["median"],
-            # The two means differ by more than their 95% CIs together: not just noise.
-            "significant": abs(twin["samples_per_s"]["mean"] - real["samples_per_s"]["mean"])
-            > twin["samples_per_s"]["ci95"] + real["samples_per_s"]["ci95"],
+            "synthetic_samples_per_s": twin["samples_per_s"]["median"],
+            "real_samples_per_s": real["samples_per_s"]["median"],
+            "throughput_lost": lost.median,
+            "throughput_lost_ci95": ci95,
+            "throughput_lost_rounds": rounds,
+            "throughput_lost_spread": {k: v for k, v in lost.as_dict().items()
+                                       if k not in ("mean", "ci95", "count")},
+            "step_time_added_ms": statistics.median(added_ms),
+            # The median's confidence interval leaves out 0: not just noise. A notch of
+            # fewer rounds is too narrow to trust alone: every round must agree too.
+            "significant": abs(lost.median) > ci95 and (
+                lost.count >= NOTCH_ROUNDS or lost.minimum > 0 or lost.maximum < 0),
         })
+        cpu_synthetic = twin.get("interval_cpu_seconds")
+        cpu_real = real.get("interval_cpu_seconds")
+        if real["worker"].get("device_type") == "CPU" and cpu_synthetic and cpu_real:
+            # On CPU devices the same per CPU second of this process (all its threads):
+            # a second view, beside the wall clock's, of what the input adds to the work.
+            costs[-1]["cpu_throughput_lost"] = statistics.median(
+                round_costs(cpu_synthetic, cpu_real))
     return costs
+
+
+def input_alone_verdicts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per data variant: what its input gave alone at each replica count against what the
+    step takes there (the synthetic twin's samples/s: the step with its input free; the
+    point's own without a twin), and from which replica count, if any, the input limits."""
+    synthetic = _synthetic_twins(points)
+    series: dict[str, list[dict[str, Any]]] = {}
+    for point in points:
+        if point["data"] != "synthetic" and not point.get("error") and "input_alone" in point:
+            series.setdefault(point["variant"], []).append(point)
+    verdicts = []
+    for variant, measured in series.items():
+        measured = sorted(measured, key=lambda p: p["replicas"])
+        first = measured[0]
+        verdict: dict[str, Any] = {"variant": variant, "data": first["data"],
+                                   "precision": first["precision"], "xla": first["xla"]}
+        alone = [p for p in measured if p["input_alone"].get("samples_per_s")]
+        if not alone:
+            verdict.update(measured=False, skipped=first["input_alone"].get("skipped"))
+            verdicts.append(verdict)
+            continue
+        rows = []
+        for point in alone:
+            twin = synthetic.get(_twin_key(point))
+            step = (twin or point)["samples_per_s"]["median"]
+            given = point["input_alone"]["samples_per_s"]
+            rows.append({"replicas": point["replicas"], "input_alone_samples_per_s": given,
+                         "step_samples_per_s": step,
+                         "step_from": "synthetic" if twin else "this point",
+                         "keeps_up": given >= step})
+        short = [row["replicas"] for row in rows if not row["keeps_up"]]
+        verdict.update(measured=True, by_replicas=rows, keeps_up=not short,
+                       limits_from=short[0] if short else None)
+        verdicts.append(verdict)
+    return verdicts
+
+
+def chunk_notes(points: list[dict[str, Any]]) -> list[str]:
+    """A note when a stream's chunks do not divide the timed intervals: some intervals then
+    take a new chunk and some none, and the median over rounds falls between them. (Digits,
+    the MLP, chunks of 83 steps, 1 replica, 40 rounds of 50 steps: 1.0% lost in the rounds
+    whose stream interval took no chunk, 9.6% in those that took one, 4.1% overall; 11.7%
+    in 40 rounds of 83 steps.)"""
+    notes = []
+    for chunk, steps in sorted({
+        (p["worker"]["steps_per_chunk"], p["steps_per_interval"])
+        for p in points if not p.get("error") and "steps_per_chunk" in p.get("worker", {})
+    }):
+        if steps % chunk:
+            fit = chunk * -(-steps // chunk)
+            notes.append(
+                f"the stream feeds the step chunks of {chunk} steps; BENCH_STEPS={steps} is "
+                f"not a multiple of {chunk}, so some intervals take a new chunk and some "
+                f"none, and the stream's cost moves from run to run: BENCH_STEPS={fit} (or "
+                "another multiple) steadies it"
+            )
+    return notes
 
 
 def seed_comparison(seed: dict[str, Any], mgpu: dict[str, Any]) -> dict[str, Any]:

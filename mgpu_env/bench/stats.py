@@ -105,6 +105,27 @@ def input_pipeline_cost(synthetic_throughput: float, real_throughput: float) -> 
     return 1.0 - real_throughput / synthetic_throughput
 
 
+def median_ci95(summary: Spread) -> float:
+    """Half-width of the ~95% confidence interval of a median: 1.58 x IQR / sqrt(n), the
+    notches of a box plot (McGill, Tukey and Larsen, 1978). How far the median of another
+    run of as many rounds may well land."""
+    return 1.58 * summary.iqr / math.sqrt(summary.count)
+
+
+def round_costs(
+    synthetic_seconds: Sequence[float], data_seconds: Sequence[float]
+) -> list[float]:
+    """`input_pipeline_cost` of each round, from the two intervals of that round (same
+    steps, same global batch): 1 - synthetic's time / the data's time."""
+    if len(synthetic_seconds) != len(data_seconds):
+        raise ValueError(f"rounds pair one interval of each: got {len(synthetic_seconds)} "
+                         f"synthetic and {len(data_seconds)} data intervals")
+    return [
+        input_pipeline_cost(1.0 / synthetic, 1.0 / data)
+        for synthetic, data in zip(synthetic_seconds, data_seconds, strict=True)
+    ]
+
+
 def summarize_point(
     interval_seconds: Sequence[float], steps_per_interval: int, global_batch: int, replicas: int
 ) -> dict[str, Any]:

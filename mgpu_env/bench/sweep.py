@@ -1,17 +1,19 @@
 """`mgpu bench`: does N replicas give N times the speed, and what is lost to sync and input?
 
-The parent process plans a sweep (replica counts x precision x XLA x data), runs every
-point in a child process of its own (`python -m mgpu_env.bench.worker`), because a
-logical-device split and CUDA_VISIBLE_DEVICES are fixed once per process, collects one JSON
-line from each child, and aggregates: median and spread of samples/s over several timed
-intervals (warm-up excluded), per-replica samples/s, step time, scaling efficiency against
-the fewest replicas, the input pipeline's cost, and optionally the ratio to the seed's
-plain `model.fit`. Nothing here imports TensorFlow; the children do.
+The parent process plans a sweep (replica counts x precision x XLA x data) and runs the
+points that differ only in their data in one child process (`python -m
+mgpu_env.bench.worker`), their intervals taking turns (`rounds`), a child per replica count,
+precision and XLA setting, because a logical-device split and CUDA_VISIBLE_DEVICES are
+fixed once per process. It collects one JSON line from each child and aggregates: median
+and spread of samples/s over several timed intervals (warm-up excluded), per-replica
+samples/s, step time, scaling efficiency against the fewest replicas, the input pipeline's
+cost round by round, what a streamed input gives alone, and optionally the ratio to the
+seed's plain `model.fit`. Nothing here imports TensorFlow; the children do.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,9 +25,12 @@ from typing import Any
 from mgpu_env.bench.plan import (
     RESULT_PREFIX,
     DevicePlan,
+    Group,
     PointSpec,
     attach_executions,
     comparison_points,
+    describe_group,
+    group_points,
     plan_devices,
     plan_points,
     power_of_two_counts,
@@ -36,6 +41,8 @@ from mgpu_env.bench.report import (
     SCHEMA_VERSION,
     BenchReport,
     add_efficiencies,
+    chunk_notes,
+    input_alone_verdicts,
     input_costs,
     point_record,
     seed_comparison,
@@ -55,11 +62,14 @@ __all__ = [
     "SCHEMA_VERSION",
     "BenchReport",
     "DevicePlan",
+    "Group",
     "PointSpec",
     "add_efficiencies",
     "attach_executions",
     "comparison_points",
     "default_output_dir",
+    "group_points",
+    "input_alone_verdicts",
     "input_costs",
     "plan_devices",
     "plan_points",
@@ -75,7 +85,8 @@ __all__ = [
 
 # ------------------------------------------------------------------------------ children
 
-ChildRunner = Callable[[PointSpec], dict[str, Any]]  # run_child with its timeout bound
+# run_child with its timeout bound: a group of points -> each point's result
+ChildRunner = Callable[[Group], list[dict[str, Any]]]
 
 
 def child_environment(spec: PointSpec, environ: Mapping[str, str]) -> dict[str, str]:
@@ -94,23 +105,27 @@ def parse_child_output(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-def run_child(spec: PointSpec, timeout_s: float | None = None) -> dict[str, Any]:
-    """Measure one point in a fresh Python process; raises RunFailed if it fails."""
+def run_child(group: Group, timeout_s: float | None = None) -> list[dict[str, Any]]:
+    """Measure a group of points (`group_points`) in a fresh Python process: each point's
+    result, in order. Raises RunFailed if it fails."""
     completed = subprocess.run(
-        [sys.executable, "-m", "mgpu_env.bench.worker", spec.to_json()],
-        env=child_environment(spec, os.environ), capture_output=True, text=True,
+        [sys.executable, "-m", "mgpu_env.bench.worker",
+         json.dumps([dataclasses.asdict(spec) for spec in group])],
+        # The points of a group differ only in their data: one environment serves them all.
+        env=child_environment(group[0], os.environ), capture_output=True, text=True,
         timeout=timeout_s, check=False,
     )
     result = parse_child_output(completed.stdout)
     if result is not None and "error" in result:
-        raise RunFailed(f"the {spec.replicas}-replica point ({spec.variant}): {result['error']}")
-    if completed.returncode != 0 or result is None:
+        raise RunFailed(f"{describe_group(group)}: {result['error']}")
+    if completed.returncode != 0 or result is None or len(result["points"]) != len(group):
         tail = "\n    ".join((completed.stderr or completed.stdout).strip().splitlines()[-6:])
         raise RunFailed(
-            f"the {spec.replicas}-replica point ({spec.variant}) failed with exit code "
-            f"{completed.returncode}:\n    {tail}"
+            f"{describe_group(group)} failed with exit code {completed.returncode}:\n"
+            f"    {tail}"
         )
-    return result
+    points: list[dict[str, Any]] = result["points"]
+    return points
 
 
 # ------------------------------------------------------------------------------ the sweep
@@ -137,7 +152,9 @@ def run_bench(
 
         hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
     if runner is None:
-        runner = functools.partial(run_child, timeout_s=settings.bench_timeout)
+        def runner(group: Group) -> list[dict[str, Any]]:
+            # BENCH_TIMEOUT is each point's: a child measuring three variants gets three.
+            return run_child(group, timeout_s=settings.bench_timeout * len(group))
     devices = plan_devices(settings, runtime.selection, environ)
     specs = attach_executions(
         plan_points(settings, devices, runtime.compute_capabilities(), runtime.cpu_flags),
@@ -161,25 +178,35 @@ def run_bench(
             "timing": "time.perf_counter around each interval, ended by fetching the loss "
             "to the host; warm-up (tracing, compilation) excluded",
             "spread": "median, quartiles, min/max and mean with its 95% CI over intervals",
-            "process_per_point": True,
+            "process_per_point": False,
+            "interleaved": "the points that differ only in their data run in one process: "
+            "each warmed up, then rounds of one interval of each in turn (the order changes "
+            "every round), so a change of the machine's load hits them alike",
+            "input_cost": "1 - samples/s of the data / samples/s of synthetic, per round "
+            "(the two intervals of one round); median and spread over the rounds",
+            "input_alone": "a streamed feed's distributed dataset iterated with no step, "
+            "after the rounds, in the same process; samples counted from the elements",
         },
         notes=list(devices.notes),
     )
-    queue = list(specs)
+    groups = group_points(specs)
     if comparison is not None:
         # The seed runs first; its mgpu twin is reused from the sweep when it is there.
-        queue.insert(0, comparison[0])
+        groups.insert(0, (comparison[0],))
         if comparison[1] not in specs:
-            queue.insert(1, comparison[1])
+            groups.insert(1, (comparison[1],))
     measured: dict[PointSpec, dict[str, Any]] = {}
-    for done, spec in enumerate(queue, start=1):
-        record = _measure(spec, runner)
-        measured[spec] = record
-        if spec in specs:
-            report.points.append(record)
-        if on_point:
-            on_point(record, done, len(queue))
+    total, done = sum(len(group) for group in groups), 0
+    for child, group in enumerate(groups):
+        for spec, record in zip(group, _measure(group, runner), strict=True):
+            record["child"] = child
+            measured[spec] = record
+            done += 1
+            if on_point:
+                on_point(record, done, total)
+    report.points.extend(measured[spec] for spec in specs)
     add_efficiencies(report.points)
+    report.notes.extend(chunk_notes(report.points))
     if comparison is not None:
         seed_spec, mgpu_spec = comparison
         seed, twin = measured[seed_spec], measured[mgpu_spec]
@@ -187,14 +214,15 @@ def run_bench(
     return report
 
 
-def _measure(spec: PointSpec, runner: ChildRunner) -> dict[str, Any]:
+def _measure(group: Group, runner: ChildRunner) -> list[dict[str, Any]]:
+    """Each point's record; every point of a group whose child failed has its error."""
     try:
-        child = runner(spec)
+        children = runner(group)
     except RunFailed as err:
-        child = {"error": str(err)}
+        children = [{"error": str(err)}] * len(group)
     except subprocess.TimeoutExpired as err:
-        child = {"error": f"timed out after {err.timeout:.0f} s"}
-    return point_record(spec, child)
+        children = [{"error": f"timed out after {err.timeout:.0f} s"}] * len(group)
+    return [point_record(spec, child) for spec, child in zip(group, children, strict=True)]
 
 
 def default_output_dir(settings: Settings) -> Path:

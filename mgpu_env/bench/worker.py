@@ -1,11 +1,14 @@
-"""One point of `mgpu bench`, in a process of its own: `python -m mgpu_env.bench.worker SPEC`.
+"""One point of `mgpu bench` with its data variants, in a process of its own:
+`python -m mgpu_env.bench.worker SPECS`.
 
-SPEC is a `PointSpec` as JSON. The parent has already put this point's GPUs in
-CUDA_VISIBLE_DEVICES; the worker splits devices (VIRTUAL_DEVICES is fixed once per
-process, hence one process per point), builds the strategy, model and step, runs the
-warm-up, times `intervals` intervals of `steps_per_interval` steps, and prints one line:
-RESULT_PREFIX + JSON. Each timed interval ends by fetching a value to the host, so
-asynchronous execution is finished inside the interval.
+SPECS is a JSON list of `PointSpec`s that differ only in their data (synthetic, kept,
+streamed), or the seed's one. The parent has already put the point's GPUs in
+CUDA_VISIBLE_DEVICES; the worker splits devices (VIRTUAL_DEVICES is fixed once per process,
+hence one process per replica count), builds the strategy and one model and step per
+variant, warms each up, times `intervals` rounds of one interval of `steps_per_interval`
+steps of each variant in turn, and prints one line: RESULT_PREFIX + JSON, {"points": [one
+result per spec]} or {"error": ...}. Each timed interval ends by fetching a value to the
+host, so asynchronous execution is finished inside the interval.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import platform
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgpu_env.bench.models import ModelShape
 from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
@@ -27,26 +30,8 @@ from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
 from mgpu_env.training.data import Arrays, Data, DatasetChoice, Streamed
 
-
-def time_intervals(
-    run_steps: Callable[[int], Any], warmup_steps: int, steps_per_interval: int, intervals: int
-) -> list[float]:
-    """Run `warmup_steps` untimed, then time `intervals` calls of `steps_per_interval` steps.
-
-    `run_steps(n)` must run n steps and return only once they are done (it fetches a value
-    to the host).
-    """
-    remaining = warmup_steps
-    while remaining > 0:  # warm-up: tracing, compilation, allocator and cache warm-up
-        chunk = min(remaining, steps_per_interval)
-        run_steps(chunk)
-        remaining -= chunk
-    durations = []
-    for _ in range(intervals):
-        start = time.perf_counter()
-        run_steps(steps_per_interval)
-        durations.append(time.perf_counter() - start)
-    return durations
+if TYPE_CHECKING:
+    from mgpu_env.training.feed import Feed
 
 
 class SameBatch:
@@ -150,19 +135,73 @@ def image_maker(input_shape: tuple[int, ...]) -> Any:
     return to_image
 
 
-def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
-    """Measure the packaged training step (several steps per tf.function call)."""
+@dataclass
+class Variant:
+    """One data variant of a group, ready to run: `run_steps(n)` runs n steps and returns
+    once they are done."""
+
+    spec: PointSpec
+    trainer: Any
+    run_steps: Callable[[int], int]
+    feed: Feed | None = None  # the training module's feed (None: synthetic)
+    data_source: str | None = None
+
+
+def measure_group(specs: Sequence[PointSpec]) -> list[dict[str, Any]]:
+    """Measure the packaged training step on each data variant of one sweep point (same
+    replicas, precision and XLA): `measure_variants` on the parent's decisions."""
+    # The parent's decisions for this point: device split, precision, all-reduce.
+    execution = Execution.from_json(specs[0].execution)
+    execution.prepare_tensorflow()
+    return measure_variants(specs, execution.make_strategy(), execution)
+
+
+def measure_variants(
+    specs: Sequence[PointSpec], strategy: Any, execution: Execution
+) -> list[dict[str, Any]]:
+    """Each variant's intervals, interleaved (`rounds.time_interleaved`): one trainer per
+    variant, all in this process, on `strategy`. Then each streamed feed alone."""
+    from mgpu_env.bench.input_alone import measure_input_alone
+    from mgpu_env.bench.rounds import time_interleaved
+    from mgpu_env.training.feed import StreamFeed
+
+    first = specs[0]
+    data = point_data(next((s for s in specs if s.data != "synthetic"), first))
+    variants = [_variant(spec, strategy, data, execution) for spec in specs]
+    timings = time_interleaved([v.run_steps for v in variants], first.warmup_steps,
+                               first.steps_per_interval, first.intervals)
+    results = []
+    for variant, timing in zip(variants, timings, strict=True):
+        spec = variant.spec
+        result = _result(spec, timing.seconds, execution.split.device_type,
+                         execution.split.names, variant.trainer.model.count_params(),
+                         execution.precision.policy)
+        result["interval_starts"] = timing.starts
+        result["interval_cpu_seconds"] = timing.cpu_seconds
+        result["measured_with"] = [s.data for s in specs]
+        result["cross_device_ops"] = execution.strategy.cross_device_ops
+        result["precision_reason"] = execution.precision.reason
+        if variant.feed is not None:
+            result["data_source"] = variant.data_source
+            if isinstance(variant.feed, StreamFeed):
+                result["steps_per_chunk"] = variant.feed.steps_per_chunk
+            result["input_alone"] = measure_input_alone(
+                variant.feed, strategy, spec.warmup_steps * spec.global_batch,
+                spec.steps_per_interval * spec.intervals * spec.global_batch,
+            )
+        results.append(result)
+    return results
+
+
+def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Execution) -> Variant:
+    """A trainer of its own for one data variant, and how it runs steps."""
     import tensorflow as tf
 
     from mgpu_env.bench.models import build_model
     from mgpu_env.training.build import build_trainer
     from mgpu_env.training.data import FEATURES
+    from mgpu_env.training.feed import StreamFeed
 
-    # The parent's decisions for this point: device split, precision, all-reduce.
-    execution = Execution.from_json(spec.execution)
-    execution.prepare_tensorflow()
-    strategy = execution.make_strategy()
-    data = point_data(spec)
     rows = data.arrays.sample_shape if data.arrays is not None else data.shape.input_shape
     # The training module's step: n steps per tf.function call, XLA on the per-replica
     # forward and backward pass only, loss scaling agreed between replicas. Built-in rows
@@ -174,7 +213,7 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
         prepare_input=image_maker(data.shape.input_shape)
         if rows == (FEATURES,) and data.shape.input_shape != rows else None,
     )
-
+    feed, data_source = None, None
     if spec.data == "synthetic":
         batches = SameBatch(_synthetic_batch(spec, strategy, data.shape))
 
@@ -183,9 +222,13 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
     else:
         warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
         feed, data_source = real_feed(spec, strategy, data)
-        total = spec.warmup_steps + spec.steps_per_interval * spec.intervals
-        # As many epochs as the warm-up and the intervals take: they follow one another
-        # as in training, each in its own order.
+        total = spec.warmup_steps + spec.steps_per_interval * (spec.intervals + 1)
+        if isinstance(feed, StreamFeed):
+            # A chunk more: the run's last chunk is shorter, and its one more trace of the
+            # step must not land in a timed interval.
+            total += feed.steps_per_chunk
+        # As many epochs as the warm-up, the untimed round and the intervals take: they
+        # follow one another as in training, each in its own order.
         feed_steps = feed.runner(trainer.steps, 0, -(-total // feed.steps_per_epoch))
 
     def run_steps(n: int) -> int:
@@ -193,16 +236,7 @@ def measure_mgpu(spec: PointSpec) -> dict[str, Any]:
         # Reading a variable to the host waits for the steps queued before it.
         return int(trainer.optimizer.iterations.numpy())
 
-    durations = time_intervals(
-        run_steps, spec.warmup_steps, spec.steps_per_interval, spec.intervals
-    )
-    result = _result(spec, durations, execution.split.device_type, execution.split.names,
-                     trainer.model.count_params(), execution.precision.policy)
-    result["cross_device_ops"] = execution.strategy.cross_device_ops
-    result["precision_reason"] = execution.precision.reason
-    if spec.data != "synthetic":
-        result["data_source"] = data_source
-    return result
+    return Variant(spec, trainer, run_steps, feed, data_source)
 
 
 def measure_seed(spec: PointSpec) -> dict[str, Any]:
@@ -275,15 +309,19 @@ def _result(
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m mgpu_env.bench.worker '<PointSpec JSON>'", file=sys.stderr)
+        print("usage: python -m mgpu_env.bench.worker '<JSON list of PointSpec>'",
+              file=sys.stderr)
         return 2
-    spec = PointSpec.from_json(argv[1])
+    specs = [PointSpec(**fields) for fields in json.loads(argv[1])]
     try:
-        result = measure_seed(spec) if spec.runner == "seed" else measure_mgpu(spec)
+        if specs[0].runner == "seed":
+            results = [measure_seed(spec) for spec in specs]
+        else:
+            results = measure_group(specs)
     except MgpuError as err:  # a message for the user: no traceback
         print(RESULT_PREFIX + json.dumps({"error": str(err)}), flush=True)
         return err.exit_code
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    print(RESULT_PREFIX + json.dumps({"points": results}), flush=True)
     return 0
 
 

@@ -249,7 +249,8 @@ class Settings:
     )
     bench_intervals: int = setting(
         "BENCH_INTERVALS", "5",
-        "Timed intervals per point; mgpu bench reports their median and spread.",
+        "Timed intervals per point, in rounds that alternate the data variants; mgpu bench "
+        "reports their median and spread.",
         parse_int(2, 1000), "a whole number from 2 to 1000", metavar="N", scope="bench",
     )
     bench_compare: bool = setting(
@@ -261,7 +262,8 @@ class Settings:
     bench_timeout: int = setting(
         "BENCH_TIMEOUT", "900",
         "Seconds one mgpu bench point may take before it is stopped and recorded as failed "
-        "(a hung all-reduce never hangs the whole sweep).",
+        "(a hung all-reduce never hangs the whole sweep); a process measuring several data "
+        "variants together gets that for each.",
         parse_int(10, 86_400), "a whole number of seconds from 10 to 86400", metavar="S",
         scope="bench",
     )

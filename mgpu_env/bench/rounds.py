@@ -1,0 +1,90 @@
+"""Interleaved timing: the data variants of one sweep point take turns in one process.
+
+Points measured one after the other, each in a process of its own, meet different loads on
+a machine shared with other work: the same kept data once lost 9.4%, 26.8% and 29% of
+synthetic throughput in three runs minutes apart. Taking turns interval by interval in one
+process (as `benchmarks/input_cost.py` does) gives each variant the same load, so the ratio
+of two intervals of one round is steady even when the machine is not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Timings:
+    """One variant's timed intervals, in round order: how long each took, when each
+    started (seconds from the first timed interval of the process), and the CPU time this
+    process (all its threads) spent in each."""
+
+    seconds: list[float] = field(default_factory=list)
+    starts: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
+
+
+def round_orders(variants: int, rounds: int) -> list[list[int]]:
+    """The order the variants take in each round: a Williams design, so that over its
+    cycle each variant follows every other equally often (with 2 variants, they swap
+    every round; with 3, six orders). Whatever a variant leaves running after its interval
+    (a stream's prefetching threads) then lands on each of the others alike, not always on
+    the same one."""
+    if variants < 1 or rounds < 0:
+        raise ValueError(f"need 1 or more variants and 0 or more rounds, got {variants}, "
+                         f"{rounds}")
+    # The first row 0, 1, k-1, 2, k-2, ...; the others shifted by 1 each (mod k). For an odd
+    # count the mirrored rows complete the balance.
+    first, low, high = [0], 1, variants - 1
+    while len(first) < variants:
+        first.append(low)
+        low += 1
+        if len(first) < variants:
+            first.append(high)
+            high -= 1
+    cycle = [[(v + shift) % variants for v in first] for shift in range(variants)]
+    if variants % 2 and variants > 1:
+        cycle += [row[::-1] for row in cycle]
+    return [cycle[r % len(cycle)] for r in range(rounds)]
+
+
+def time_interleaved(
+    runs: Sequence[Callable[[int], Any]],
+    warmup_steps: int,
+    steps_per_interval: int,
+    intervals: int,
+    clock: Callable[[], float] = time.perf_counter,
+    cpu_clock: Callable[[], float] = time.process_time,
+) -> list[Timings]:
+    """Warm up each variant in turn, run one untimed round, then time `intervals` rounds,
+    each one interval of `steps_per_interval` steps of every variant, in `round_orders`'
+    order.
+
+    `runs[v](n)` must run n steps of variant v and return only once they are done (it
+    fetches a value to the host). Interval i of every variant belongs to round i: pairs of
+    them share the machine's load of that moment.
+    """
+    for run in runs:  # warm-up: tracing, compilation, allocator and pipeline start-up
+        remaining = warmup_steps
+        while remaining > 0:
+            chunk = min(remaining, steps_per_interval)
+            run(chunk)
+            remaining -= chunk
+    # An untimed round: the variants' alternation reaches its steady state (the caches each
+    # leaves to the next, a stream's pipeline refilling behind its intervals) before the
+    # clock runs.
+    for run in runs:
+        run(steps_per_interval)
+    timings = [Timings() for _ in runs]
+    origin: float | None = None
+    for order in round_orders(len(runs), intervals):
+        for variant in order:
+            start, cpu_start = clock(), cpu_clock()
+            origin = start if origin is None else origin
+            runs[variant](steps_per_interval)
+            timings[variant].seconds.append(clock() - start)
+            timings[variant].cpu_seconds.append(cpu_clock() - cpu_start)
+            timings[variant].starts.append(start - origin)
+    return timings
