@@ -488,9 +488,10 @@ def test_interleaved_rounds_time_one_interval_of_each_variant_in_turn() -> None:
     names = ["synthetic", "real", "stream"]
     runs = [steps_of(n, s) for n, s in zip(names, [1.0, 1.25, 1.5], strict=True)]
     timings = time_interleaved(runs, 7, 5, 4, clock=lambda: now[0])
-    # Warm-up: each variant on its own; then one untimed round; then the timed rounds.
-    assert log[:6] == [("synthetic", 5), ("synthetic", 2), ("real", 5), ("real", 2),
-                       ("stream", 5), ("stream", 2)]
+    # Warm-up: each variant on its own, 7 steps rounded up to whole intervals (a stream's
+    # timed intervals then start at a chunk's start); one untimed round; the timed rounds.
+    assert log[:6] == [("synthetic", 5), ("synthetic", 5), ("real", 5), ("real", 5),
+                       ("stream", 5), ("stream", 5)]
     assert log[6:9] == [(n, 5) for n in names]
     assert log[9:] == [(names[v], 5) for order in round_orders(3, 4) for v in order]
     assert [t.seconds for t in timings] == [[5.0] * 4, [6.25] * 4, [7.5] * 4]

@@ -50,6 +50,13 @@ def round_orders(variants: int, rounds: int) -> list[list[int]]:
     return [cycle[r % len(cycle)] for r in range(rounds)]
 
 
+def warmup_intervals(warmup_steps: int, steps_per_interval: int) -> int:
+    """The warm-up in whole intervals (at least `warmup_steps`): a stream's chunks divide
+    the intervals (`StreamFeed.steps_per_call`), so every timed interval then starts at a
+    chunk's start and takes whole chunks in one call, as training's calls do."""
+    return -(-warmup_steps // steps_per_interval)
+
+
 def time_interleaved(
     runs: Sequence[Callable[[int], Any]],
     warmup_steps: int,
@@ -67,11 +74,8 @@ def time_interleaved(
     them share the machine's load of that moment.
     """
     for run in runs:  # warm-up: tracing, compilation, allocator and pipeline start-up
-        remaining = warmup_steps
-        while remaining > 0:
-            chunk = min(remaining, steps_per_interval)
-            run(chunk)
-            remaining -= chunk
+        for _ in range(warmup_intervals(warmup_steps, steps_per_interval)):
+            run(steps_per_interval)
     # An untimed round: the variants' alternation reaches its steady state (the caches each
     # leaves to the next, a stream's pipeline refilling behind its intervals) before the
     # clock runs.

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from mgpu_env.bench.models import ModelShape
 from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
+from mgpu_env.bench.rounds import warmup_intervals
 from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
 from mgpu_env.training.data import Arrays, Data, DatasetChoice, Streamed
@@ -111,8 +112,9 @@ def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str
         return feed, f"{data.choice.describe()}, streamed from its pipeline by tf.data"
     assert isinstance(data.arrays, Arrays)  # point_data reads a folder of files whole
     if spec.data == "stream":
+        # Chunks that divide the intervals, as they divide training's calls.
         feed = StreamFeed(strategy, data.arrays, spec.global_batch, spec.seed,
-                          spec.deterministic)
+                          spec.deterministic, steps_per_call=spec.steps_per_interval)
         return feed, f"{data.choice.describe()}, streamed from host memory by tf.data"
     feed = ResidentFeed.place(strategy, data.arrays, spec.global_batch, spec.seed)
     return feed, f"{data.choice.describe()}, kept on each device"
@@ -222,7 +224,9 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
     else:
         warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
         feed, data_source = real_feed(spec, strategy, data)
-        total = spec.warmup_steps + spec.steps_per_interval * (spec.intervals + 1)
+        total = spec.steps_per_interval * (
+            warmup_intervals(spec.warmup_steps, spec.steps_per_interval) + spec.intervals + 1
+        )
         if isinstance(feed, StreamFeed):
             # A chunk more: the run's last chunk is shorter, and its one more trace of the
             # step must not land in a timed interval.
