@@ -14,7 +14,15 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import SettingError, parse_dataset
 from mgpu_env.training.data import Arrays, FileData, check_finite, files
 from mgpu_env.training.data.files import load_files
-from tests.filedata import write_images, write_layout, write_npy, write_tfrecords
+from tests.filedata import (
+    flip_record_byte,
+    image_bytes,
+    replace_keeping_stat,
+    write_images,
+    write_layout,
+    write_npy,
+    write_tfrecords,
+)
 
 parse = parse_dataset("auto", "mnist", "digits")
 
@@ -183,3 +191,78 @@ def test_two_workers_read_every_training_record_once_per_epoch(
     again = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
     replay = [int(v) for _, y in stream.worker_dataset(again, 1).as_numpy_iterator() for v in y]
     assert replay == orders[1][:64], "an epoch's order depends on SEED and the epoch only"
+
+
+def test_bad_records_names_each_damaged_file_and_its_first_bad_record(tmp_path: Path) -> None:
+    from mgpu_env.training.data.verify import bad_records
+
+    folder = write_tfrecords(tmp_path / "tf", files=3, per_file=16)
+    data = load("tfrecord", folder)
+    assert isinstance(data, FileData)
+    assert bad_records(data) == [] and bad_records(data, "test") == []
+    first, _, third = sorted(folder.glob("*train*"))
+    flip_record_byte(first, record=5)
+    flip_record_byte(third, record=0)
+    found = bad_records(data)
+    assert [(bad.path, bad.record) for bad in found] == [(str(first), 5), (str(third), 0)]
+    assert found[0].describe() == (
+        f"{first} record 5 cannot be read ({found[0].problem})"
+    )
+    assert found[0].problem.startswith("corrupted record at ")
+    # A label no longer a class is found too (on the CPU, training stops on it).
+    import dataclasses
+
+    fewer = bad_records(dataclasses.replace(data, num_classes=3), "test")
+    assert [(b.record, b.problem) for b in fewer] == [(3, "label 3 is not a class 0..2")]
+
+
+def test_bad_records_names_images_that_no_longer_decode(tmp_path: Path) -> None:
+    from mgpu_env.training.data.verify import bad_records
+
+    folder = write_images(tmp_path / "im")
+    jpeg = folder / "train" / "cat" / "2.png"  # decode_image reads the bytes, not the name
+    jpeg.write_bytes(image_bytes(np.zeros((8, 8, 3), np.uint8), "jpeg"))
+    data = load("images", folder)
+    assert isinstance(data, FileData)
+    replace_keeping_stat(jpeg, jpeg.read_bytes()[:30] + bytes(jpeg.stat().st_size - 30))
+    garbage = folder / "test" / "dog" / "1.png"
+    replace_keeping_stat(garbage, bytes(garbage.stat().st_size))
+    train, test = bad_records(data), bad_records(data, "test")
+    assert [(b.path, b.record) for b in train] == [(str(jpeg), None)]
+    assert "JPEG" in train[0].problem and train[0].describe().startswith(
+        f"{jpeg} cannot be decoded (")
+    assert [b.path for b in test] == [str(garbage)]
+    assert test[0].problem.startswith("Unknown image file format")
+
+
+def test_a_read_error_stops_the_run_naming_the_file_only_when_a_file_explains_it(
+    tmp_path: Path,
+) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.config.errors import RunFailed
+    from mgpu_env.training.corrupt import bad_records_message, stop_on_bad_records
+    from mgpu_env.training.data.verify import BadRecord, tensorflow_message
+
+    folder = write_tfrecords(tmp_path / "tf", files=2, per_file=8)
+    data = load("tfrecord", folder)
+    assert isinstance(data, FileData)
+    error = tf.errors.DataLossError(None, None, "corrupted record at 12 [[{{node x}}]]")
+    assert tensorflow_message(error) == "corrupted record at 12"
+    # No file explains it, or it is no read error (nothing re-read): it goes on up.
+    with pytest.raises(tf.errors.DataLossError), stop_on_bad_records(data, "train", 1, "r"):
+        raise error
+    memory = tf.errors.ResourceExhaustedError(None, None, "out of memory")
+    with pytest.raises(type(memory)), stop_on_bad_records(data, "train", 1, "r"):
+        raise memory
+    damaged = sorted(folder.glob("*train*"))[1]
+    flip_record_byte(damaged, record=2)
+    named = (rf"(?s){damaged.name} record 2 cannot be read \(corrupted record at \d+\), met "
+             r"in epoch 4: .* epoch 3 is kept.*\.mgpu-dataset\.json.*resume with: resume")
+    with pytest.raises(RunFailed, match=named), stop_on_bad_records(data, "train", 3, "resume"):
+        raise error
+    bad = [BadRecord(f"/d/{i}.png", None, "Invalid PNG") for i in range(6)]
+    message = bad_records_message(data, bad, None, "resume")
+    assert message.startswith("/d/0.png cannot be decoded (Invalid PNG), met in the evaluation")
+    assert "Also bad: /d/1.png, /d/2.png, /d/3.png and 2 more" in message
+    assert "no epoch had completed" in bad_records_message(data, bad[:1], 0, "resume")
