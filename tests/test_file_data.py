@@ -266,3 +266,66 @@ def test_a_read_error_stops_the_run_naming_the_file_only_when_a_file_explains_it
     assert message.startswith("/d/0.png cannot be decoded (Invalid PNG), met in the evaluation")
     assert "Also bad: /d/1.png, /d/2.png, /d/3.png and 2 more" in message
     assert "no epoch had completed" in bad_records_message(data, bad[:1], 0, "resume")
+
+
+def rss_file_mib() -> float:
+    """This process's resident pages of mapped files (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) / 1024
+    pytest.skip("no RssFile in /proc/self/status (not Linux)")
+
+
+def test_rows_of_a_mapped_npy_are_read_without_mapping_its_pages(tmp_path: Path) -> None:
+    from mgpu_env.training.data import release_pages, take_rows
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (65_536, 1024), np.uint8)  # 64 MiB
+    np.save(tmp_path / "x.npy", x)
+    mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
+    rows = rng.integers(0, len(x), (40, 256))  # a chunk's shape: (steps, batch)
+    before = rss_file_mib()
+    taken = take_rows(mapped, rows)
+    assert rss_file_mib() - before < 8, "the file's pages stayed in this process's memory"
+    assert taken.shape == (40, 256, 1024) and np.array_equal(taken, x[rows])
+    # Big-endian floats, and what pread cannot serve (a view, Fortran order, plain arrays).
+    floats = rng.random((500, 3, 2)).astype(">f4")
+    np.save(tmp_path / "f.npy", floats)
+    np.save(tmp_path / "fortran.npy", np.asfortranarray(floats))
+    some = np.array([399, 0, 7, 7])
+    for array, expected in (
+        (np.load(tmp_path / "f.npy", mmap_mode="r"), floats[some]),
+        (np.load(tmp_path / "f.npy", mmap_mode="r")[100:], floats[100:][some]),
+        (np.load(tmp_path / "fortran.npy", mmap_mode="r"), floats[some]),
+        (floats, floats[some]),
+    ):
+        assert np.array_equal(take_rows(array, some), expected)
+    whole = float(np.asarray(mapped, np.float32).sum())  # every page read, mapped
+    assert whole > 0 and rss_file_mib() - before > 32
+    release_pages(mapped)
+    assert rss_file_mib() - before < 8
+
+
+def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
+    tmp_path: Path, logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.runtime.strategy import make_strategy, plan_strategy
+    from mgpu_env.training import stream
+
+    # Chunks of 5 steps: 8 rows per replica of 8x8 float32 samples and an int32 label.
+    monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 8 * (64 + 1) * 4)
+    mapped = load("npy", write_npy(tmp_path / "np", train=300))
+    assert isinstance(mapped, Arrays) and isinstance(mapped.x_train, np.memmap)
+    in_memory = Arrays("same", np.array(mapped.x_train), mapped.y_train, mapped.x_test,
+                       mapped.y_test, mapped.num_classes)
+    strategy = make_strategy(plan_strategy("auto", logical_cpus[:2], "CPU", 1))
+
+    def chunks(arrays: Arrays) -> list[np.ndarray]:
+        feed = stream.StreamFeed(strategy, arrays, global_batch=16, seed=1)
+        return [np.concatenate([v.numpy() for v in strategy.experimental_local_results(x)])
+                for x, _ in feed.dataset(0, epochs=2)]
+
+    read, held = chunks(mapped), chunks(in_memory)
+    assert len(read) == len(held) > 1
+    for a, b in zip(read, held, strict=True):
+        assert a.dtype == np.float32 and np.array_equal(a, b)
