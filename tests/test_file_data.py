@@ -250,16 +250,16 @@ def test_a_read_error_stops_the_run_naming_the_file_only_when_a_file_explains_it
     error = tf.errors.DataLossError(None, None, "corrupted record at 12 [[{{node x}}]]")
     assert tensorflow_message(error) == "corrupted record at 12"
     # No file explains it, or it is no read error (nothing re-read): it goes on up.
-    with pytest.raises(tf.errors.DataLossError), stop_on_bad_records(data, "train", 1, "r"):
+    with pytest.raises(tf.errors.DataLossError), stop_on_bad_records(data, ("train",), 1, "r"):
         raise error
     memory = tf.errors.ResourceExhaustedError(None, None, "out of memory")
-    with pytest.raises(type(memory)), stop_on_bad_records(data, "train", 1, "r"):
+    with pytest.raises(type(memory)), stop_on_bad_records(data, ("train",), 1, "r"):
         raise memory
     damaged = sorted(folder.glob("*train*"))[1]
     flip_record_byte(damaged, record=2)
     named = (rf"(?s){damaged.name} record 2 cannot be read \(corrupted record at \d+\), met "
              r"in epoch 4: .* epoch 3 is kept.*\.mgpu-dataset\.json.*resume with: resume")
-    with pytest.raises(RunFailed, match=named), stop_on_bad_records(data, "train", 3, "resume"):
+    with pytest.raises(RunFailed, match=named), stop_on_bad_records(data, ("train",), 3, "resume"):
         raise error
     bad = [BadRecord(f"/d/{i}.png", None, "Invalid PNG") for i in range(6)]
     message = bad_records_message(data, bad, None, "resume")

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from mgpu_env.config.errors import RunFailed
 from mgpu_env.training.data import Data, FileData
 from mgpu_env.training.data.files import cache_path
-from mgpu_env.training.data.verify import BadRecord, bad_records
+from mgpu_env.training.data.verify import BadRecord, Split, bad_records
 
 # The bad files a message lists by name; more are counted.
 LISTED = 3
@@ -34,17 +34,18 @@ def read_errors() -> tuple[type[Exception], ...]:
 
 
 @contextlib.contextmanager
-def stop_on_bad_records(data: Data, split: str, epoch: int | None, resume: str
+def stop_on_bad_records(data: Data, splits: tuple[Split, ...], epoch: int | None, resume: str
                         ) -> Iterator[None]:
-    """Turn a read error in `data`'s `split` files into RunFailed naming them. `epoch`: the
-    epoch being trained (0-based; None: the evaluation after the last); `resume`: the
-    command that resumes the run. Any other error, or one no file explains, goes on up."""
+    """Turn a read error in the files of `data`'s `splits` into RunFailed naming them.
+    `epoch`: the epoch being trained (0-based; None: the evaluation after the last);
+    `resume`: the command that resumes the run. Any other error, or one no file explains,
+    goes on up."""
     try:
         yield
     except read_errors() as err:
         if not isinstance(data, FileData):
             raise
-        found = bad_records(data, split)
+        found = [bad for split in splits for bad in bad_records(data, split)]
         if not found:
             raise
         raise RunFailed(bad_records_message(data, found, epoch, resume)) from err

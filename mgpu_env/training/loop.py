@@ -264,7 +264,7 @@ def _train_epochs(
     trained_samples, trained_seconds = 0, 0.0
     samples_per_epoch = plan.steps_per_epoch * plan.global_batch_size
     resume = resume_command(plan.output_dir)
-    with stop_on_bad_records(arrays, "train", start_epoch, resume):  # read whole when kept
+    with stop_on_bad_records(arrays, ("train", "test"), start_epoch, resume):  # read if kept
         feed = make_feed(trainer.strategy, arrays, plan.global_batch_size, settings.seed,
                          deterministic=settings.data_deterministic, keep=plan.keep)
     for epoch in range(start_epoch, settings.epochs):
@@ -277,7 +277,7 @@ def _train_epochs(
         done = 0
         while done < plan.steps_per_epoch:
             count = min(STEPS_PER_CALL, plan.steps_per_epoch - done)
-            with stop_on_bad_records(arrays, "train", epoch, resume):
+            with stop_on_bad_records(arrays, ("train",), epoch, resume):
                 run_steps(count)
             session.progress()
             done += count
@@ -327,7 +327,7 @@ def _evaluate(
     steps.test_loss.reset_state()
     steps.test_accuracy.reset_state()
     session.progress("evaluating")
-    with stop_on_bad_records(arrays, "test", None, resume_command(plan.output_dir)):
+    with stop_on_bad_records(arrays, ("test",), None, resume_command(plan.output_dir)):
         steps.evaluate(trainer.strategy.experimental_distribute_dataset(
             test_dataset(arrays, plan.global_batch_size)
         ))

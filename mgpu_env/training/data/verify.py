@@ -7,7 +7,9 @@ first met during training, where TensorFlow's error names neither the file nor t
 (the files are read interleaved, in a shuffled order). `bad_records` finds them, on the
 error path only: each file on its own, every record read, parsed, decoded and its label
 checked, by tf.data at its own speed; records that fail are dropped (`ignore_errors`), so
-the first index missing from a file's records is its first bad one.
+the first index missing from a file's records is its first bad one. Every file of the split
+is read, not only this worker's share: every worker that stops names the same files, and
+the user can mend them all at once.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -24,6 +26,8 @@ from mgpu_env.training.data.sets import FileData, FilePart
 
 # Indices of the readable records fetched from tf.data at a time.
 INDEX_BATCH = 65_536
+
+Split = Literal["train", "test"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class BadRecord:
         return f"{where} {verb} ({self.problem})"
 
 
-def bad_records(data: FileData, split: str = "train") -> list[BadRecord]:
+def bad_records(data: FileData, split: Split = "train") -> list[BadRecord]:
     """Every file of `split` ("train" or "test") that holds a record that cannot be read:
     the first such record of each, in file order. Empty when every record reads."""
     part = data.train if split == "train" else data.test
