@@ -69,3 +69,28 @@ def write_npy(folder: Path, train: int = 64, test: int = 16, shape: tuple[int, .
 
 def write_layout(folder: Path, **layout: object) -> None:
     (folder / "dataset.json").write_text(json.dumps(layout))
+
+
+def replace_keeping_stat(path: Path, data: bytes) -> None:
+    """Write `data` (of the file's size) over the file and put its modification time back,
+    as bit rot leaves a file: the counts' cache, keyed by name, size and mtime, still holds."""
+    import os
+
+    stat = path.stat()
+    assert len(data) == stat.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def flip_record_byte(path: Path, record: int) -> bytes:
+    """Flip a byte in the middle of a TFRecord record's payload, so its CRC fails; the file
+    keeps its size and mtime. Returns the file's bytes as they were."""
+    original = path.read_bytes()
+    data = bytearray(original)
+    offset = 0
+    for _ in range(record):  # each record: length (8), its CRC (4), payload, payload CRC (4)
+        offset += 16 + int.from_bytes(data[offset : offset + 8], "little")
+    length = int.from_bytes(data[offset : offset + 8], "little")
+    data[offset + 12 + length // 2] ^= 0xFF
+    replace_keeping_stat(path, bytes(data))
+    return original

@@ -14,7 +14,15 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import SettingError, parse_dataset
 from mgpu_env.training.data import Arrays, FileData, check_finite, files
 from mgpu_env.training.data.files import load_files
-from tests.filedata import write_images, write_layout, write_npy, write_tfrecords
+from tests.filedata import (
+    flip_record_byte,
+    image_bytes,
+    replace_keeping_stat,
+    write_images,
+    write_layout,
+    write_npy,
+    write_tfrecords,
+)
 
 parse = parse_dataset("auto", "mnist", "digits")
 
@@ -183,3 +191,141 @@ def test_two_workers_read_every_training_record_once_per_epoch(
     again = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
     replay = [int(v) for _, y in stream.worker_dataset(again, 1).as_numpy_iterator() for v in y]
     assert replay == orders[1][:64], "an epoch's order depends on SEED and the epoch only"
+
+
+def test_bad_records_names_each_damaged_file_and_its_first_bad_record(tmp_path: Path) -> None:
+    from mgpu_env.training.data.verify import bad_records
+
+    folder = write_tfrecords(tmp_path / "tf", files=3, per_file=16)
+    data = load("tfrecord", folder)
+    assert isinstance(data, FileData)
+    assert bad_records(data) == [] and bad_records(data, "test") == []
+    first, _, third = sorted(folder.glob("*train*"))
+    flip_record_byte(first, record=5)
+    flip_record_byte(third, record=0)
+    found = bad_records(data)
+    assert [(bad.path, bad.record) for bad in found] == [(str(first), 5), (str(third), 0)]
+    assert found[0].describe() == (
+        f"{first} record 5 cannot be read ({found[0].problem})"
+    )
+    assert found[0].problem.startswith("corrupted record at ")
+    # A label no longer a class is found too (on the CPU, training stops on it).
+    import dataclasses
+
+    fewer = bad_records(dataclasses.replace(data, num_classes=3), "test")
+    assert [(b.record, b.problem) for b in fewer] == [(3, "label 3 is not a class 0..2")]
+
+
+def test_bad_records_names_images_that_no_longer_decode(tmp_path: Path) -> None:
+    from mgpu_env.training.data.verify import bad_records
+
+    folder = write_images(tmp_path / "im")
+    jpeg = folder / "train" / "cat" / "2.png"  # decode_image reads the bytes, not the name
+    jpeg.write_bytes(image_bytes(np.zeros((8, 8, 3), np.uint8), "jpeg"))
+    data = load("images", folder)
+    assert isinstance(data, FileData)
+    replace_keeping_stat(jpeg, jpeg.read_bytes()[:30] + bytes(jpeg.stat().st_size - 30))
+    garbage = folder / "test" / "dog" / "1.png"
+    replace_keeping_stat(garbage, bytes(garbage.stat().st_size))
+    train, test = bad_records(data), bad_records(data, "test")
+    assert [(b.path, b.record) for b in train] == [(str(jpeg), None)]
+    assert "JPEG" in train[0].problem and train[0].describe().startswith(
+        f"{jpeg} cannot be decoded (")
+    assert [b.path for b in test] == [str(garbage)]
+    assert test[0].problem.startswith("Unknown image file format")
+
+
+def test_a_read_error_stops_the_run_naming_the_file_only_when_a_file_explains_it(
+    tmp_path: Path,
+) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.config.errors import RunFailed
+    from mgpu_env.training.corrupt import bad_records_message, stop_on_bad_records
+    from mgpu_env.training.data.verify import BadRecord, tensorflow_message
+
+    folder = write_tfrecords(tmp_path / "tf", files=2, per_file=8)
+    data = load("tfrecord", folder)
+    assert isinstance(data, FileData)
+    error = tf.errors.DataLossError(None, None, "corrupted record at 12 [[{{node x}}]]")
+    assert tensorflow_message(error) == "corrupted record at 12"
+    # No file explains it, or it is no read error (nothing re-read): it goes on up.
+    with pytest.raises(tf.errors.DataLossError), stop_on_bad_records(data, ("train",), 1, "r"):
+        raise error
+    memory = tf.errors.ResourceExhaustedError(None, None, "out of memory")
+    with pytest.raises(type(memory)), stop_on_bad_records(data, ("train",), 1, "r"):
+        raise memory
+    damaged = sorted(folder.glob("*train*"))[1]
+    flip_record_byte(damaged, record=2)
+    named = (rf"(?s){damaged.name} record 2 cannot be read \(corrupted record at \d+\), met "
+             r"in epoch 4: .* epoch 3 is kept.*\.mgpu-dataset\.json.*resume with: resume")
+    with pytest.raises(RunFailed, match=named), stop_on_bad_records(data, ("train",), 3, "resume"):
+        raise error
+    bad = [BadRecord(f"/d/{i}.png", None, "Invalid PNG") for i in range(6)]
+    message = bad_records_message(data, bad, None, "resume")
+    assert message.startswith("/d/0.png cannot be decoded (Invalid PNG), met in the evaluation")
+    assert "Also bad: /d/1.png, /d/2.png, /d/3.png and 2 more" in message
+    assert "no epoch had completed" in bad_records_message(data, bad[:1], 0, "resume")
+
+
+def rss_file_mib() -> float:
+    """This process's resident pages of mapped files (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) / 1024
+    pytest.skip("no RssFile in /proc/self/status (not Linux)")
+
+
+def test_rows_of_a_mapped_npy_are_read_without_mapping_its_pages(tmp_path: Path) -> None:
+    from mgpu_env.training.data import release_pages, take_rows
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (65_536, 1024), np.uint8)  # 64 MiB
+    np.save(tmp_path / "x.npy", x)
+    mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
+    rows = rng.integers(0, len(x), (40, 256))  # a chunk's shape: (steps, batch)
+    before = rss_file_mib()
+    taken = take_rows(mapped, rows)
+    assert rss_file_mib() - before < 8, "the file's pages stayed in this process's memory"
+    assert taken.shape == (40, 256, 1024) and np.array_equal(taken, x[rows])
+    # Big-endian floats, and what pread cannot serve (a view, Fortran order, plain arrays).
+    floats = rng.random((500, 3, 2)).astype(">f4")
+    np.save(tmp_path / "f.npy", floats)
+    np.save(tmp_path / "fortran.npy", np.asfortranarray(floats))
+    some = np.array([399, 0, 7, 7])
+    for array, expected in (
+        (np.load(tmp_path / "f.npy", mmap_mode="r"), floats[some]),
+        (np.load(tmp_path / "f.npy", mmap_mode="r")[100:], floats[100:][some]),
+        (np.load(tmp_path / "fortran.npy", mmap_mode="r"), floats[some]),
+        (floats, floats[some]),
+    ):
+        assert np.array_equal(take_rows(array, some), expected)
+    whole = float(np.asarray(mapped, np.float32).sum())  # every page read, mapped
+    assert whole > 0 and rss_file_mib() - before > 32
+    release_pages(mapped)
+    assert rss_file_mib() - before < 8
+
+
+def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
+    tmp_path: Path, logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.runtime.strategy import make_strategy, plan_strategy
+    from mgpu_env.training import stream
+
+    # Chunks of 5 steps: 8 rows per replica of 8x8 float32 samples and an int32 label.
+    monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 8 * (64 + 1) * 4)
+    mapped = load("npy", write_npy(tmp_path / "np", train=300))
+    assert isinstance(mapped, Arrays) and isinstance(mapped.x_train, np.memmap)
+    in_memory = Arrays("same", np.array(mapped.x_train), mapped.y_train, mapped.x_test,
+                       mapped.y_test, mapped.num_classes)
+    strategy = make_strategy(plan_strategy("auto", logical_cpus[:2], "CPU", 1))
+
+    def chunks(arrays: Arrays) -> list[np.ndarray]:
+        feed = stream.StreamFeed(strategy, arrays, global_batch=16, seed=1)
+        return [np.concatenate([v.numpy() for v in strategy.experimental_local_results(x)])
+                for x, _ in feed.dataset(0, epochs=2)]
+
+    read, held = chunks(mapped), chunks(in_memory)
+    assert len(read) == len(held) > 1
+    for a, b in zip(read, held, strict=True):
+        assert a.dtype == np.float32 and np.array_equal(a, b)

@@ -1,5 +1,6 @@
 """`mgpu train` on folders of files, end to end in subprocesses: training, the cached
-counts, exact resume of a streamed data set, and non-finite numbers stopping a run."""
+counts, exact resume of a streamed data set, non-finite numbers and corrupt records
+stopping a run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.filedata import write_npy, write_tfrecords
+from tests.filedata import (
+    flip_record_byte,
+    replace_keeping_stat,
+    write_images,
+    write_npy,
+    write_tfrecords,
+)
 from tests.test_train_run import metrics, run, train_env
 
 pytestmark = pytest.mark.slow
@@ -125,5 +132,56 @@ def test_a_nan_loss_stops_the_run_keeps_the_last_good_checkpoint_and_resumes(
     assert sorted(p.name for p in (output / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
     assert metrics(output)["epochs_completed"] == 1  # the finished first run's, untouched
     resumed = run_streaming(output, EPOCHS="3", **settings)
+    assert resumed.returncode == 0, resumed.stderr
+    assert metrics(output)["resumed_from_epoch"] == 1
+
+
+def assert_stopped_keeping_epoch_1(result: subprocess.CompletedProcess[str], output: Path
+                                   ) -> None:
+    assert result.returncode == 1, result.stderr
+    assert "in epoch 2: training stopped" in result.stderr
+    assert "the checkpoint of epoch 1 is kept" in result.stderr
+    assert "Traceback" not in result.stderr and "{{" not in result.stderr
+    assert sorted(p.name for p in (output / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
+    assert metrics(output)["epochs_completed"] == 1  # the finished first run's, untouched
+    assert len(json.loads((output / "history.json").read_text())["epochs"]) == 1
+
+
+def test_a_corrupt_record_met_in_a_stream_names_the_file_and_the_run_resumes_once_fixed(
+    tmp_path: Path,
+) -> None:
+    folder = write_tfrecords(tmp_path / "data", files=3, per_file=48, test_files=1)
+    output = tmp_path / "run"
+    settings = {"DATASET": f"tfrecord:{folder}", "VIRTUAL_DEVICES": "2", "BATCH_SIZE": "8"}
+    assert run_streaming(output, EPOCHS="1", **settings).returncode == 0  # counted, cached
+    damaged = sorted(folder.glob("*train*"))[1]
+    original = flip_record_byte(damaged, record=20)  # its size and mtime kept: still cached
+    stopped = run_streaming(output, EPOCHS="3", **settings)
+    assert_stopped_keeping_epoch_1(stopped, output)
+    assert f"{damaged} record 20 cannot be read" in stopped.stderr
+    assert "corrupted record" in stopped.stderr and ".mgpu-dataset.json" in stopped.stderr
+    damaged.write_bytes(original)  # a new mtime: counted and checked again
+    resumed = run_streaming(output, EPOCHS="3", **settings)
+    assert resumed.returncode == 0, resumed.stderr
+    assert metrics(output)["resumed_from_epoch"] == 1
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "kept"])
+def test_an_image_that_no_longer_decodes_names_the_file_and_the_run_resumes_once_fixed(
+    tmp_path: Path, streamed: bool,
+) -> None:
+    folder = write_images(tmp_path / "data", per_class=16, test_per_class=4)
+    output = tmp_path / "run"
+    train = run_streaming if streamed else run
+    settings = {"DATASET": f"images:{folder}", "BATCH_SIZE": "8"}
+    assert train(output, EPOCHS="1", **settings).returncode == 0
+    damaged = folder / "train" / "dog" / "5.png"
+    original = damaged.read_bytes()
+    replace_keeping_stat(damaged, original[:40] + bytes(len(original) - 40))  # cut short
+    stopped = train(output, EPOCHS="3", **settings)
+    assert_stopped_keeping_epoch_1(stopped, output)
+    assert f"{damaged} cannot be decoded (Invalid PNG" in stopped.stderr
+    damaged.write_bytes(original)
+    resumed = train(output, EPOCHS="3", **settings)
     assert resumed.returncode == 0, resumed.stderr
     assert metrics(output)["resumed_from_epoch"] == 1

@@ -37,7 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.data import Arrays, Data, FileData, Streamed, as_float32
+from mgpu_env.training.data import (
+    Arrays,
+    Data,
+    FileData,
+    Streamed,
+    as_float32,
+    release_pages,
+)
 from mgpu_env.training.keep import FALLBACK, KeepLimit
 from mgpu_env.training.order import StepRunner, call_steps, epoch_order
 from mgpu_env.training.stream import FileStreamFeed, RowStreamFeed, StreamFeed
@@ -85,8 +92,10 @@ class ResidentFeed:
     @classmethod
     def place(cls, strategy: Any, arrays: Arrays, global_batch: int, seed: int) -> ResidentFeed:
         """Copy the training rows onto every local replica's device (one copy each)."""
-        # Memory-mapped or uint8 samples (an npy folder) become float32 here, once.
+        # Memory-mapped or uint8 samples (an npy folder) become float32 here, once; the
+        # file's pages, all read, need not stay in this process's memory.
         x_train = as_float32(arrays.x_train)
+        release_pages(arrays.x_train)
         rows = _on_each_device(strategy, lambda: (x_train, arrays.y_train))
         row_bytes = (x_train.nbytes + arrays.y_train.nbytes) // max(arrays.train_size, 1)
         return cls(strategy, rows, arrays.train_size, global_batch, seed, row_bytes)

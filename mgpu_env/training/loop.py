@@ -8,7 +8,8 @@ data files first and the `checkpoint` index file last, by rename, so a kill -9 m
 leaves the previous checkpoint the one referenced); starting again with the same
 OUTPUT_DIR restores the latest one and continues from the next epoch. SIGTERM or SIGINT
 stop training at the next step boundary (at most STEPS_PER_CALL steps), keep the last
-completed epoch's checkpoint, and raise `Interrupted` with the command that resumes.
+completed epoch's checkpoint, and raise `Interrupted` with the command that resumes. A
+non-finite loss, or a record that cannot be read (`training.corrupt`), stops with RunFailed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.hardware.tfimport import import_tensorflow
 from mgpu_env.training import rundir
 from mgpu_env.training.build import Trainer, build_trainer
+from mgpu_env.training.corrupt import stop_on_bad_records
 from mgpu_env.training.data import Data, load_data
 from mgpu_env.training.feed import make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
@@ -260,8 +262,10 @@ def _train_epochs(
     settings, steps = plan.settings, trainer.steps
     trained_samples, trained_seconds = 0, 0.0
     samples_per_epoch = plan.steps_per_epoch * plan.global_batch_size
-    feed = make_feed(trainer.strategy, arrays, plan.global_batch_size, settings.seed,
-                     deterministic=settings.data_deterministic, keep=plan.keep)
+    resume = resume_command(plan.output_dir)
+    with stop_on_bad_records(arrays, ("train", "test"), start_epoch, resume):  # read if kept
+        feed = make_feed(trainer.strategy, arrays, plan.global_batch_size, settings.seed,
+                         deterministic=settings.data_deterministic, keep=plan.keep)
     for epoch in range(start_epoch, settings.epochs):
         if stop.requested:
             _raise_interrupted(plan, stop, epoch)
@@ -272,7 +276,8 @@ def _train_epochs(
         done = 0
         while done < plan.steps_per_epoch:
             count = min(STEPS_PER_CALL, plan.steps_per_epoch - done)
-            run_steps(count)
+            with stop_on_bad_records(arrays, ("train",), epoch, resume):
+                run_steps(count)
             session.progress()
             done += count
             loss = float(steps.train_loss.result())
@@ -324,9 +329,10 @@ def _evaluate(
     steps.test_loss.reset_state()
     steps.test_accuracy.reset_state()
     session.progress("evaluating")
-    steps.evaluate(trainer.strategy.experimental_distribute_dataset(
-        test_dataset(arrays, plan.global_batch_size)
-    ))
+    with stop_on_bad_records(arrays, ("test",), None, resume_command(plan.output_dir)):
+        steps.evaluate(trainer.strategy.experimental_distribute_dataset(
+            test_dataset(arrays, plan.global_batch_size)
+        ))
     return float(steps.test_loss.result()), float(steps.test_accuracy.result())
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.data import Arrays, FileData, as_float32
+from mgpu_env.training.data import Arrays, FileData, as_float32, take_rows
 from mgpu_env.training.order import STEPS_PER_CALL, StepRunner, call_steps, epoch_order
 
 # The most bytes of rows one `StreamFeed` chunk holds: 64 MiB is 334 of the MLP's 64-row
@@ -133,9 +133,10 @@ class StreamFeed:
             def gather(index: Any) -> tuple[Any, Any]:
                 # NumPy indexing of the caller's arrays: a tensor made of them, or captured
                 # by a tf.data function, would be another whole copy of data too big for a
-                # device. A memory-mapped file is read only at these rows.
+                # device. A memory-mapped file is read only at these rows, by `pread`: its
+                # pages, mapped, would make the RSS grow by the whole file.
                 rows = chunks[int(index)]
-                return as_float32(x_host[rows]), y_host[rows]
+                return as_float32(take_rows(x_host, rows)), y_host[rows]
 
             def cut(index: Any) -> tuple[Any, Any]:
                 x, y = tf.numpy_function(

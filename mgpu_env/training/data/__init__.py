@@ -32,11 +32,13 @@ from mgpu_env.training.data.sets import (
     Streamed,
     as_float32,
     check_finite,
+    release_pages,
+    take_rows,
 )
 
 __all__ = [
     "CLASSES", "DOWNLOAD_TIMEOUT_S", "FEATURES", "IMAGE_SIDE", "MNIST_URL", "Arrays", "Data",
     "DatasetChoice", "FileData", "Streamed", "as_float32", "check_finite",
     "digits_to_mnist_layout", "keras_cache_dir", "load_arrays", "load_data", "read_idx",
-    "resolve_dataset", "synthetic_arrays", "test_dataset",
+    "release_pages", "resolve_dataset", "synthetic_arrays", "take_rows", "test_dataset",
 ]

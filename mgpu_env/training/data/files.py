@@ -21,7 +21,8 @@ to the user's cache folder), keyed by the files' names, sizes and modification t
 dataset.json. Later runs, and `mgpu train --dry-run`, read that instead.
 
 How they train: `.npy` samples stay memory-mapped (`data.Arrays`): the kept feed copies them
-to each device when they fit, else the host stream gathers each batch's rows from the map.
+to each device when they fit, else the host stream reads each chunk's rows from the file
+(`sets.take_rows`: by `pread`, so the file's pages do not pile up in the process's RSS).
 TFRecord and image folders become `data.FileData`: read whole into the kept feed when the
 decoded float32 rows fit on the device, else streamed from the files every epoch
 (`data.read.worker_rows`), one pipeline per worker over its share of the files.
@@ -51,6 +52,7 @@ from mgpu_env.training.data.sets import (
     FilePart,
     Layout,
     check_finite,
+    release_pages,
 )
 
 LAYOUT_FILE = "dataset.json"
@@ -339,5 +341,7 @@ def _npy_arrays(name: str, parts: dict[str, FilePart], classes: int) -> Arrays:
     small, as int32."""
     where = f"DATASET={name}"
     (x_train, y_train), (x_test, y_test) = (_npy_part(where, parts[s], s) for s in SPLITS)
-    return Arrays(name, x_train, np.asarray(y_train, dtype=np.int32), x_test,
-                  np.asarray(y_test, dtype=np.int32), classes)
+    labels = [np.asarray(y, dtype=np.int32) for y in (y_train, y_test)]
+    for y in (y_train, y_test):
+        release_pages(y)  # read whole once: the map's pages need not stay in the RSS
+    return Arrays(name, x_train, labels[0], x_test, labels[1], classes)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.data.sets import Data, FileData, Streamed, as_float32
+from mgpu_env.training.data.sets import Data, FileData, Streamed, as_float32, release_pages
 
 
 def _distribute_options() -> Any:
@@ -47,7 +47,9 @@ def _mapped_batches(x: np.ndarray, y: np.ndarray, batch: int) -> Any:
     import tensorflow as tf
 
     def read(start: Any) -> tuple[np.ndarray, np.ndarray]:
-        return as_float32(x[start : start + batch]), y[start : start + batch]
+        rows = as_float32(x[start : start + batch]), y[start : start + batch]
+        release_pages(x)  # else the whole file stays in the RSS once evaluated
+        return rows
 
     def cut(start: Any) -> tuple[Any, Any]:
         xb, yb = tf.numpy_function(read, [start], (tf.float32, tf.int32), stateful=False)
