@@ -244,11 +244,11 @@ class Settings:
         parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope="bench",
     )
     bench_steps: int = setting(
-        "BENCH_STEPS", "50", "Training steps in each interval mgpu bench times.",
+        "BENCH_STEPS", "100", "Training steps in each interval mgpu bench times.",
         parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope="bench",
     )
     bench_intervals: int = setting(
-        "BENCH_INTERVALS", "5",
+        "BENCH_INTERVALS", "20",
         "Timed intervals per point, in rounds that alternate the data variants; mgpu bench "
         "reports their median and spread.",
         parse_int(2, 1000), "a whole number from 2 to 1000", metavar="N", scope="bench",
