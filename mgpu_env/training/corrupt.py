@@ -18,6 +18,7 @@ from mgpu_env.config.errors import RunFailed
 from mgpu_env.training.data import Data, FileData
 from mgpu_env.training.data.files import cache_path
 from mgpu_env.training.data.verify import BadRecord, Split, bad_records
+from mgpu_env.training.rundir import checkpoint_kept
 
 # The bad files a message lists by name; more are counted.
 LISTED = 3
@@ -64,8 +65,8 @@ def bad_records_message(data: FileData, found: list[BadRecord], epoch: int | Non
         when = ("in the evaluation after the last epoch: every epoch is checkpointed; the "
                 "model and metrics.json were not written")
     else:
-        kept = f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed"
-        when = f"in epoch {epoch + 1}: training stopped and nothing of this epoch was saved; {kept}"
+        when = (f"in epoch {epoch + 1}: training stopped and nothing of this epoch was saved; "
+                f"{checkpoint_kept(epoch)}")
     return (
         f"{first.describe()}, met {when}.{more}\n"
         f"  Cause: the file changed after DATASET={data.name} was counted and checked, keeping "

@@ -380,7 +380,7 @@ def _raise_non_finite(plan: TrainPlan, epoch: int, done: int, what: str) -> None
     """Stop at once on a NaN or infinite loss, as Keras' TerminateOnNaN does, or on NaN or
     infinite weights: the weights are already non-finite, so this epoch is never saved and
     the last good checkpoint stays the one a new start resumes from."""
-    kept = f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed"
+    kept = rundir.checkpoint_kept(epoch)
     raise RunFailed(
         f"{what} in epoch {epoch + 1} (within its first {done} "
         f"steps): training stopped and nothing of this epoch was saved; {kept}.\n"
@@ -395,9 +395,7 @@ def _raise_non_finite(plan: TrainPlan, epoch: int, done: int, what: str) -> None
 def _raise_interrupted(plan: TrainPlan, stop: StopRequest, epoch: int) -> None:
     signum = stop.signum or signal.SIGTERM
     name = signal.Signals(signum).name
-    kept = (
-        f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed yet"
-    )
+    kept = rundir.checkpoint_kept(epoch)
     raise Interrupted(
         f"{name} received: training stopped during epoch {epoch + 1} of "
         f"{plan.settings.epochs}; {kept}.\n  Resume with: {resume_command(plan.output_dir)}",

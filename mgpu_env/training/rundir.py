@@ -52,6 +52,12 @@ def default_output_dir(run_name: str, now: float | None = None) -> Path:
     return RUNS_ROOT / stamp
 
 
+def checkpoint_kept(epoch: int) -> str:
+    """What a run stopped during `epoch` (0-based) leaves to resume from, for its message:
+    every completed epoch is checkpointed, the one being trained never."""
+    return f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed"
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
