@@ -87,9 +87,10 @@ def render_table(data: dict[str, Any]) -> Table:
     if len(variants) == 1:
         title += f", {variants[0]}"
     table = Table(title=title, caption="samples/s: median over timed intervals; IQR: "
-                  "q3-q1; CI: 95% of the mean; eff.: samples/s / (n x samples/s at base)")
+                  "q3-q1; ±: the median's 95% confidence (1.58 x IQR / sqrt(intervals)); "
+                  "eff.: samples/s / (n x samples/s at base)")
     columns = ["variant"] if len(variants) > 1 else []
-    _add_columns(table, *columns, "n", "batch", "samples/s", "IQR", "CI", "/replica",
+    _add_columns(table, *columns, "n", "batch", "samples/s", "IQR", "±", "/replica",
                  "step ms", "eff.")
     for point in data["points"]:
         row = [point["variant"]] if len(variants) > 1 else []
@@ -102,7 +103,7 @@ def render_table(data: dict[str, Any]) -> Table:
             *row,
             f"{samples['median']:,.0f}",
             f"{samples['iqr']:,.0f}",
-            f"±{samples['ci95']:,.0f}",
+            f"±{samples['median_ci95']:,.0f}",
             f"{point['samples_per_s_per_replica']:,.0f}",
             f"{point['step_time_ms']['median']:.2f}",
             f"{100 * point['efficiency']:.0f}%",

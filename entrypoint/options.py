@@ -19,8 +19,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from mgpu_env.config.errors import MgpuError
-from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
-from mgpu_env.config.settings import DECLARATIONS, Declaration
+from mgpu_env.config.resolve import ResolvedSettings, resolve_settings, strict_errors
+from mgpu_env.config.settings import DECLARATIONS, Declaration, SettingsErrors
 from mgpu_env.runtime import Runtime
 
 # Exit codes, documented in the README.
@@ -101,15 +101,30 @@ def _as_text(value: str | bool | None) -> str | None:
     return value
 
 
+STRICT_HELP = (
+    "An unknown or misspelled setting (EPOCH=3 in .env or the environment) is an error, "
+    "exit 2, instead of a warning. (env MGPU_STRICT)"
+)
+
+
+def _strict_option() -> inspect.Parameter:
+    return inspect.Parameter(
+        "strict", inspect.Parameter.KEYWORD_ONLY, default=False,
+        annotation=Annotated[bool, typer.Option("--strict", envvar="MGPU_STRICT",
+                                                help=STRICT_HELP, show_envvar=False)],
+    )
+
+
 def with_settings(
     only: Iterable[str] | None = None, scope: str = "train"
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command one option per setting; it receives them as `flags` (env name -> text).
 
     `only` limits the flags to those settings; else the command (`scope`: "train", "run",
-    "bench") gets the common settings and those declared for it. The options carry
-    no envvar of their own: precedence (flag > environment > env file > default) and
-    validation belong to `mgpu_env.config.resolve.resolve_settings`.
+    "bench") gets the common settings and those declared for it, and `--strict`
+    (MGPU_STRICT), which `resolve` reads. The options carry no envvar of their own:
+    precedence (flag > environment > env file > default) and validation belong to
+    `mgpu_env.config.resolve.resolve_settings`.
     """
     wanted = set(only) if only is not None else None
 
@@ -132,17 +147,20 @@ def with_settings(
         setting_params = [_setting_option(d, scope) for d in declarations]
         by_field = {d.field_name: d.env for d in declarations}
 
+        takes_strict = wanted is None
+
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
             flags: SettingFlags = {
                 by_field[k]: _as_text(kwargs.pop(k)) for k in list(kwargs) if k in by_field
             }
+            STRICT.enabled = bool(kwargs.pop("strict", False)) if takes_strict else False
             with exit_codes():
                 return command(flags=flags, **kwargs)
 
         parameters = [
             p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own
-        ] + setting_params
+        ] + ([_strict_option()] if takes_strict else []) + setting_params
         wrapper.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
         del wrapper.__wrapped__  # typer must see the new signature, not the command's
@@ -214,13 +232,27 @@ Resolver = Callable[[SettingFlags, Mapping[str, str]], ResolvedSettings]
 def resolve(flags: SettingFlags, resolver: Resolver = resolve_settings) -> ResolvedSettings:
     """The settings: flag > environment > settings file > default. Raises SettingsErrors.
 
-    Names that look like a mistyped setting are warned about on stderr. `mgpu train` passes
-    its own `resolver`, which lets a resumed run's folder stand in for the defaults.
+    Names that look like a mistyped setting are warned about on stderr, or with `--strict`
+    (MGPU_STRICT=1) refused with exit 2, with every unknown name of the settings file.
+    `mgpu train` passes its own `resolver`, which lets a resumed run's folder stand in for
+    the defaults.
     """
     resolved = resolver(flags, os.environ)
+    if STRICT.enabled and (errors := strict_errors(resolved)):
+        raise SettingsErrors(errors)
     for warning in resolved.warnings:
         say(f"warning: {warning}", err=True)
     return resolved
+
+
+@dataclass
+class StrictFlag:
+    """`--strict` / MGPU_STRICT of the running command, as `with_settings` parsed it."""
+
+    enabled: bool = False
+
+
+STRICT = StrictFlag()
 
 
 @dataclass

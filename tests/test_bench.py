@@ -27,7 +27,7 @@ from mgpu_env.bench.input_alone import (
     measure_input_alone,
     time_dataset,
 )
-from mgpu_env.bench.plot import plot_bench
+from mgpu_env.bench.plot import draw_bench, plot_bench
 from mgpu_env.bench.rounds import round_orders, time_interleaved
 from mgpu_env.bench.sweep import (
     Group,
@@ -608,6 +608,29 @@ def test_plot_is_a_png_matplotlib_reads_back(tmp_path: Path) -> None:
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
 
 
+def test_every_axis_of_the_plot_starts_at_0() -> None:
+    import matplotlib.pyplot as plt
+
+    data = run_fake(VIRTUAL_DEVICES="4", BENCH_SWEEP="xla")
+    lowest = min(p["samples_per_s"]["q1"] for p in data["points"])
+    assert lowest > 5000  # matplotlib alone would start the throughput axis near it
+    figure = draw_bench(data)
+    try:
+        throughput, efficiency = figure.axes
+        for axes in (throughput, efficiency):
+            assert axes.get_ylim()[0] == 0 and axes.get_xlim()[0] == 0, axes.get_title()
+        assert throughput.get_ylim()[1] >= max(p["samples_per_s"]["q3"] for p in data["points"])
+    finally:
+        plt.close(figure)
+
+
+def test_the_interval_beside_the_median_is_the_medians() -> None:
+    point = run_fake(VIRTUAL_DEVICES="2", BENCH_INTERVALS="4")["points"][0]
+    samples = point["samples_per_s"]
+    assert samples["median_ci95"] == pytest.approx(1.58 * samples["iqr"] / 4**0.5)
+    assert samples["median_ci95"] != pytest.approx(samples["ci95"])  # the mean's, unprinted
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 
@@ -643,6 +666,11 @@ def test_cli_writes_json_and_png_and_prints_the_table(
     assert result.exit_code == 0, result.output
     assert "samples/s" in result.stdout and "90%" in result.stdout
     assert "mgpu/model.fit = 3.00x" in result.stdout
+    assert "of the mean" not in result.stdout
+    assert "the median's 95% confidence" in " ".join(result.stdout.split())
+    data = json.loads((tmp_path / "bench.json").read_text())
+    first = data["points"][0]["samples_per_s"]
+    assert f"±{first['median_ci95']:,.0f}" in result.stdout
     assert json.loads((tmp_path / "bench.json").read_text())["points"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
 

@@ -14,6 +14,7 @@ from typing import Any
 from mgpu_env.bench.plan import DevicePlan, PointSpec
 from mgpu_env.bench.stats import (
     efficiencies,
+    interval_throughputs,
     median_ci95,
     round_costs,
     spread,
@@ -104,6 +105,10 @@ def point_record(spec: PointSpec, child: Mapping[str, Any]) -> dict[str, Any]:
             child["interval_seconds"], spec.steps_per_interval, spec.global_batch, spec.replicas
         )
     )
+    # The interval printed beside the median is the median's own (a box plot's notch), not
+    # the mean's `ci95`, which bench.json keeps for its readers.
+    record["samples_per_s"]["median_ci95"] = median_ci95(spread(interval_throughputs(
+        child["interval_seconds"], spec.steps_per_interval, spec.global_batch)))
     record.update({k: child[k] for k in POINT_KEYS if k in child})
     record["worker"] = {k: v for k, v in child.items() if k not in POINT_KEYS}
     return record

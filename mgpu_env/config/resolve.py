@@ -3,7 +3,8 @@
 `resolve_settings` applies the precedence (flag > environment > the settings file > the
 run folder's record, when a run is resumed > default) to every declaration in
 `settings.py`, validates each value with its parser and reports every bad one at once;
-names that look like a mistyped setting become warnings.
+names that look like a mistyped setting become warnings, or errors under `strict_errors`
+(`--strict`, `MGPU_STRICT=1`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ from mgpu_env.config.settings import (
 
 
 @dataclass(frozen=True)
+class UnknownName:
+    """A name in the settings file or the environment that is not a setting but looks like
+    one: `meant` is the setting it was probably meant to be (None: no setting is close)."""
+
+    name: str
+    value: str
+    where: str  # "in .env", "in the environment"
+    meant: str | None
+
+
+@dataclass(frozen=True)
 class ResolvedSettings:
     """Settings plus where each value came from, for summaries and error messages.
 
@@ -41,6 +53,7 @@ class ResolvedSettings:
     env_file: Path | None
     env_file_values: dict[str, str]
     warnings: tuple[str, ...] = ()
+    unknown: tuple[UnknownName, ...] = ()
 
     @property
     def defaulted(self) -> list[str]:
@@ -105,25 +118,67 @@ def likely_setting(name: str) -> str | None:
     return matches[0] if matches else None
 
 
-def typo_warnings(
-    file_values: Mapping[str, str], environ: Mapping[str, str], env_file: Path | None,
-    in_effect: Mapping[str, str],
-) -> tuple[str, ...]:
-    """One line per name in the settings file or the environment that looks like a
-    mistyped setting, naming the setting it probably meant. mgpu ignores such a name (a
-    file's is exported to the run like its other variables), so the user would otherwise
-    never learn that EPOCH=3 trained for the default 5 epochs. `in_effect`: each setting's
-    value and origin as text ("5 (default)")."""
-    lines = []
-    for names, where in ((file_values, f"in {env_file}"), (environ, "in the environment")):
+def unknown_names(
+    file_values: Mapping[str, str], environ: Mapping[str, str], env_file: Path | None
+) -> tuple[UnknownName, ...]:
+    """The names mgpu ignores that a user may have meant as settings: in the settings file
+    or the environment, those close to a setting (EPOCH -> EPOCHS); in the settings file
+    also any other setting-like name no tool claims (`FOREIGN_*`), which only `--strict`
+    judges (such a name is exported to the run, and may be meant for the script)."""
+    found = []
+    for names, where, all_unknown in (
+        (file_values, f"in {env_file}", True), (environ, "in the environment", False)
+    ):
         for name in sorted(names):
             meant = likely_setting(name)
-            if meant is not None:
-                lines.append(
-                    f"{name} {where} is not a setting; did you mean {meant}? "
-                    f"({name}={names[name]!r} is ignored; {meant} is {in_effect[meant]})"
-                )
-    return tuple(lines)
+            plain_unknown = (
+                all_unknown and meant is None and name not in BY_ENV
+                and _SETTING_LIKE.match(name) is not None and not _foreign(name)
+            )
+            if meant is not None or plain_unknown:
+                found.append(UnknownName(name, names[name], where, meant))
+    return tuple(found)
+
+
+def typo_warnings(
+    unknown: Iterable[UnknownName], in_effect: Mapping[str, str]
+) -> tuple[str, ...]:
+    """One line per name that looks like a mistyped setting, naming the setting it
+    probably meant. mgpu ignores such a name (a file's is exported to the run like its
+    other variables), so the user would otherwise never learn that EPOCH=3 trained for the
+    default 5 epochs. `in_effect`: each setting's value and origin as text ("5 (default)")."""
+    return tuple(
+        f"{u.name} {u.where} is not a setting; did you mean {u.meant}? "
+        f"({u.name}={u.value!r} is ignored; {u.meant} is {in_effect[u.meant]})"
+        for u in unknown if u.meant is not None
+    )
+
+
+STRICT_FIX = "or run without --strict (MGPU_STRICT=0) to let mgpu ignore it"
+
+
+def strict_errors(resolved: ResolvedSettings) -> list[str]:
+    """What `--strict` (MGPU_STRICT=1) refuses: every name that looks like a mistyped
+    setting, and every unknown setting-like name in the settings file, one message each,
+    so a batch job or CI stops (exit 2) instead of training with a default by mistake."""
+    errors = []
+    for u in resolved.unknown:
+        if u.meant is not None:
+            fix = f"rename it to {u.meant}" + (
+                f" (in {resolved.env_file})" if u.where != "in the environment" else
+                f" (export {u.meant}={u.value}; unset {u.name})")
+            errors.append(
+                f"Unknown setting {u.name}={u.value!r} ({u.where}): did you mean {u.meant}? "
+                f"(--strict).\n  Fix: {fix}, {STRICT_FIX}."
+            )
+        else:
+            errors.append(
+                f"Unknown setting {u.name}={u.value!r} ({u.where}): mgpu has no such "
+                "setting (--strict).\n  Valid: the settings `mgpu train --help` lists, or "
+                "another tool's variable (NCCL_*, TF_*, ...). "
+                f"Fix: remove the line, export it in the environment instead, {STRICT_FIX}."
+            )
+    return errors
 
 
 def _source_label(
@@ -214,8 +269,9 @@ def resolve_settings(
         name: f"{value or '(empty)'} ({sources[name]})"
         for name, value in settings.as_text().items()
     }
-    warnings = typo_warnings(file_values, environ, env_file, in_effect)
-    return ResolvedSettings(settings, sources, env_file, file_values, warnings)
+    unknown = unknown_names(file_values, environ, env_file)
+    warnings = typo_warnings(unknown, in_effect)
+    return ResolvedSettings(settings, sources, env_file, file_values, warnings, unknown)
 
 
 def _pick(
