@@ -115,19 +115,25 @@ clean: ## Remove the virtual environment, uv and caches (runs/ is kept)
 # Compose v2 where installed, else v1; files are written as the host user.
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 IMAGE ?= mgpu-env:latest
+# `make build-cpu`'s tag; the compose files run MGPU_IMAGE (default mgpu-env:latest).
+CPU_IMAGE ?= mgpu-env:cpu
 BASE_CPU_IMAGE ?= mgpu-env/base-cpu:bookworm
 # The GPU image's Python (Ubuntu 24.04); 3.11 for the CPU test image (Debian bookworm).
 WHEELS_PYTHON ?= 3.12
-COMPOSE_RUN := HOST_UID=$$(id -u) HOST_GID=$$(id -g) $(COMPOSE) run --rm
+# auto: the GPU compose file where the host has NVIDIA GPUs and Docker's NVIDIA runtime
+# (docker/compose-files.sh decides, says why, and stops on GPUs Docker cannot reach); 1/0.
+DOCKER_GPUS ?= auto
+COMPOSE_RUN = files="$$(DOCKER_GPUS=$(DOCKER_GPUS) docker/compose-files.sh)" && \
+	COMPOSE_FILE="$$files" HOST_UID=$$(id -u) HOST_GID=$$(id -g) $(COMPOSE) run --rm
 
 .PHONY: build
 build: ## Build the GPU image (CUDA 12.5.1 + cuDNN 9.3 base; BASE_IMAGE=... to change)
 	IMAGE=$(IMAGE) docker/build-image.sh $(BUILD_ARGS)
 
 .PHONY: build-cpu
-build-cpu: ## Build the image on a local Debian base (no registry, no GPU)
+build-cpu: ## Build the image on a local Debian base (no registry, no GPU): run it with MGPU_IMAGE=mgpu-env:cpu
 	docker/build-base-image.sh $(BASE_CPU_IMAGE)
-	IMAGE=mgpu-env:cpu BASE_IMAGE=$(BASE_CPU_IMAGE) docker/build-image.sh $(BUILD_ARGS)
+	IMAGE=$(CPU_IMAGE) BASE_IMAGE=$(BASE_CPU_IMAGE) docker/build-image.sh $(BUILD_ARGS)
 
 .PHONY: wheels
 # python-hostlist ships only a source archive (locked by its hash): it is downloaded as
@@ -144,7 +150,7 @@ runs data:
 	mkdir -p $@
 
 .PHONY: docker-train
-docker-train: runs data ## Train in the container (docker compose run --rm train)
+docker-train: runs data ## Train in the container, on the GPUs where Docker can reach them
 	$(COMPOSE_RUN) train
 
 .PHONY: docker-doctor

@@ -105,7 +105,10 @@ TENSORBOARD_PORT=$TENSORBOARD_PORT
 DATASET=digits
 VIRTUAL_DEVICES=2
 TF_CPP_MIN_LOG_LEVEL=2
+GPUS=none
 EOF
+    # GPUS=none: the CPU image on a host that has GPUs is the CPU on purpose (without it
+    # the pre-flight stops a CPU-file container on a GPU host, as it should).
     # Settings from the caller's shell would override the env file; drop them.
     unset GPUS MIXED_PRECISION EPOCHS BATCH_SIZE LEARNING_RATE DATASET DATA_DIR OUTPUT_DIR \
         RUN_NAME VIRTUAL_DEVICES XLA CROSS_DEVICE_OPS SEED MGPU_DEBUG ENV_FILE COMPOSE_FILE \

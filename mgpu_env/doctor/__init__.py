@@ -44,7 +44,7 @@ from mgpu_env.doctor.checks import (
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.doctor.smoke import SmokeResult
-from mgpu_env.hardware import compat, cudalibs, nvml, tfprobe
+from mgpu_env.hardware import compat, cudalibs, hostgpus, nvml, tfprobe
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
 from mgpu_env.hardware.tfprobe import TfFacts
@@ -334,7 +334,8 @@ def preflight(
         environ=probes.reported_environ(
             {k: v for k, v in os.environ.items() if k not in runtime.environment}
         ),
-        host=HostFacts(),
+        # The host's GPUs as /proc and /sys show them: the CPU compose file on a GPU host.
+        host=HostFacts(host_gpus=nvml.probe(hostgpus.host_nvidia_gpus)),
         versions={},
         tensorflow=tensorflow,
         cuda=cuda,

@@ -18,7 +18,7 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import nvml
+from mgpu_env.hardware import hostgpus, nvml
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
@@ -41,6 +41,7 @@ REPORTED_VARIABLES = (
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
     "MGPU_COMPOSE_GPU",  # set by docker-compose.gpu.yml: the GPUs were meant to be there
+    "MGPU_COMPOSE",  # cpu or gpu: the compose file that started the container
     "NCCL_P2P_DISABLE",
     "NCCL_P2P_LEVEL",
     "NCCL_IB_DISABLE",
@@ -68,6 +69,9 @@ class HostFacts:
     in_container: Probed[bool] = field(default_factory=lambda: Probed(value=False))
     # /dev/nvidia* device files (nvidiactl, nvidia0, ...): the Container Toolkit adds them.
     device_files: Probed[tuple[str, ...]] = field(default_factory=lambda: Probed(value=()))
+    # The machine's NVIDIA GPUs by the kernel's /proc and /sys, which a container without
+    # the NVIDIA runtime still sees (hardware.hostgpus).
+    host_gpus: Probed[int] = field(default_factory=lambda: Probed(value=0))
     shm_bytes: Probed[int] = field(default_factory=Probed)
     # RLIMIT_MEMLOCK (soft, hard) in bytes; -1 is unlimited.
     memlock: Probed[tuple[int, int]] = field(default_factory=Probed)
@@ -189,6 +193,7 @@ def probe_host() -> HostFacts:
     return HostFacts(
         in_container=probe_in_container(),
         device_files=probe_device_files(),
+        host_gpus=probe(hostgpus.host_nvidia_gpus),
         shm_bytes=probe_shm_bytes(),
         memlock=probe_memlock(),
         euid=probe_euid(),

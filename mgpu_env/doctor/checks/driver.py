@@ -12,7 +12,7 @@ from mgpu_env.doctor.checks.common import (
     wants_gpus,
 )
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.hardware import compat
+from mgpu_env.hardware import compat, hostgpus
 
 
 def check_nvml(facts: Facts) -> Check:
@@ -21,6 +21,15 @@ def check_nvml(facts: Facts) -> Check:
     title = "Driver (NVML)"
     intended = gpu_compose_file(facts)
     compose = " (started with docker-compose.gpu.yml, which is for GPUs)" if intended else ""
+    left_out = hostgpus.gpus_left_outside(
+        facts.environ, len(listing.gpus) if listing.available else 0,
+        facts.host.host_gpus.value or 0)
+    if left_out and wants_gpus(facts):
+        # The CPU compose file on a GPU host: an error, so `docker compose run train` stops
+        # before it trains on the CPU by mistake (GPUS=none is how to mean the CPU).
+        message, fix = left_out.split(" Fix: ", 1)
+        return Check("driver.nvml", title, "error", message, "the host's GPUs in the container",
+                     fix)
     if listing.available:
         version = snapshot.driver_version.text()
         found = (
