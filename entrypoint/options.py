@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import os
+import sys
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ import typer
 from mgpu_env.config.errors import MgpuError
 from mgpu_env.config.resolve import ResolvedSettings, resolve_settings, strict_errors
 from mgpu_env.config.settings import DECLARATIONS, Declaration, SettingsErrors
-from mgpu_env.runtime import Runtime
+from mgpu_env.runtime import Runtime, build_runtime
+from mgpu_env.runtime.cluster import local
+from mgpu_env.runtime.keras import Command
 
 # Exit codes, documented in the README.
 EXIT_OK = 0
@@ -263,3 +266,49 @@ class DebugFlag:
 
 
 DEBUG = DebugFlag()
+
+
+# --workers / --gpus-per-worker: declared once, for `mgpu train` and `mgpu run`.
+WORKERS_PANEL = "Several workers on this machine"
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers", metavar="N", show_default=False, rich_help_panel=WORKERS_PANEL,
+        help="Start N workers here, on free loopback ports (MultiWorkerMirroredStrategy), "
+        "each line prefixed [worker i]; signals reach all, one failing stops all.",
+    ),
+]
+GpusPerWorkerOption = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-worker", metavar="K", show_default=False, rich_help_panel=WORKERS_PANEL,
+        help="With --workers: K of the selected GPUs per worker, in order (default: the "
+        "GPUs split evenly; as many workers as GPUs is one process per GPU).",
+    ),
+]
+
+
+def launch_workers(
+    flags: SettingFlags, workers: int, gpus_per_worker: int | None, argv: list[str],
+    command: Command,
+) -> int:
+    """`--workers N`: the settings checked here once (bad ones exit 2 before any worker
+    starts), then `mgpu ARGV` once per worker with the flags passed as environment
+    variables (a flag beats the environment, and so does a worker's variable), each
+    worker's address, GPUs and the shared run name; returns the launcher's exit code."""
+    resolved = resolve(flags)
+    runtime = build_runtime(resolved, command=command)  # the GPU selection, the cluster
+    settings = resolved.settings
+    plan = local.plan_local_workers(
+        workers, [gpu.index for gpu in runtime.selection.gpus], gpus_per_worker,
+        has_run_folder=bool(settings.output_dir or settings.run_name),
+        cluster_engine=runtime.cluster.engine if runtime.cluster is not None else None,
+    )
+    if not settings.quiet:
+        for line in plan.describe():
+            say(f"mgpu {command} --workers {workers}: {line}" if not line.startswith(" ")
+                else line, err=True)
+    environ = {**os.environ, **{env: text for env, text in flags.items() if text is not None}}
+    environ.update({"MGPU_DEBUG": "1"} if DEBUG.enabled else {})
+    environ.update({"MGPU_STRICT": "1"} if STRICT.enabled else {})
+    return local.supervise(plan, [sys.executable, "-m", "entrypoint", *argv], environ)

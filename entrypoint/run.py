@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from entrypoint.options import TAG, SettingFlags, resolve, say, with_settings
+from entrypoint.options import (
+    TAG,
+    GpusPerWorkerOption,
+    SettingFlags,
+    WorkersOption,
+    launch_workers,
+    resolve,
+    say,
+    with_settings,
+)
 from mgpu_env import launcher
 from mgpu_env.runtime import build_runtime
 
@@ -32,6 +41,8 @@ def command(
         bool, typer.Option("-m", help="Run a module as `python -m` does: SCRIPT is "
                                       "package.module.")
     ] = False,
+    workers: WorkersOption = None,
+    gpus_per_worker: GpusPerWorkerOption = None,
 ) -> None:
     """Run your own training script with the settings applied, as `python SCRIPT` would.
 
@@ -46,6 +57,10 @@ def command(
             "script's own options go after it: mgpu run SCRIPT --epochs 3",
             param_hint="SCRIPT",
         )
+    if workers is not None:
+        launcher.resolve_target(target or [], module=module)  # no such script: exit 2 here
+        argv = ["run", *(["-m"] if module else []), *(target or [])]
+        raise typer.Exit(code=launch_workers(flags, workers, gpus_per_worker, argv, "run"))
     resolved = resolve(flags)  # bad settings: exit 2, before the script starts
     run_target = launcher.resolve_target(target or [], module=module)
     runtime = build_runtime(resolved, command="run")  # a GPU the machine lacks: exit 2

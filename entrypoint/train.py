@@ -14,8 +14,11 @@ import typer
 from entrypoint.options import (
     EXIT_BAD_CONFIG,
     TAG,
+    GpusPerWorkerOption,
     SettingFlags,
+    WorkersOption,
     fail,
+    launch_workers,
     resolve,
     say,
     with_settings,
@@ -119,12 +122,20 @@ def command(
         bool, typer.Option("--verbose", "-v",
                            help="List every setting in the start summary, defaults too.")
     ] = False,
+    workers: WorkersOption = None,
+    gpus_per_worker: GpusPerWorkerOption = None,
 ) -> None:
     """Train the tutorial's MLP on every selected GPU (MirroredStrategy)."""
     started = time.time()  # the wall time includes the start-up: TensorFlow, data, model
     if as_json and not dry_run:
         fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
              EXIT_BAD_CONFIG)
+    if workers is not None:
+        if as_json:
+            fail("error: --json prints one plan; with --workers each worker would print "
+                 "its own. Fix: leave out --workers or --json.", EXIT_BAD_CONFIG)
+        argv = ["train", *(["--dry-run"] if dry_run else []), *(["-v"] if verbose else [])]
+        raise typer.Exit(code=launch_workers(flags, workers, gpus_per_worker, argv, "train"))
     resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
     runtime = build_runtime(resolved, command="train")  # a GPU the machine lacks: exit 2
     runtime.apply()

@@ -1,0 +1,252 @@
+"""Several workers on this machine with one command: `mgpu train --workers N` and
+`mgpu run --workers N SCRIPT` (as `torchrun --nproc_per_node` does for PyTorch).
+
+The plan is pure data: N loopback addresses on free ports, each worker's share of the
+selected GPUs, the run folder they share, and each worker's environment (WORKER_HOSTS and
+WORKER_INDEX, which the workers read like any cluster: `cluster.explicit`). `supervise`
+then does it: it starts one `mgpu` process per worker, prefixes each of their lines with
+`[worker i] `, forwards SIGINT/SIGTERM/SIGHUP to all of them, stops all when one fails, and
+returns the exit code by these rules:
+
+- every worker exited 0: 0;
+- the launcher was sent a signal: 128 + that signal (130 Ctrl-C, 143 SIGTERM), what each
+  worker itself exits with when it stops for it;
+- else the code of the first worker that failed (the others were stopped because of it);
+  a worker killed by signal N counts as 128 + N, as a shell reports it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import IO
+
+from mgpu_env.config.errors import ConfigError
+
+LOOPBACK = "127.0.0.1"
+# Seconds the other workers get to stop at a step boundary (their SIGTERM checkpoint)
+# once one has failed, before they are killed: the compose files' stop_grace_period.
+STOP_GRACE_S = 60.0
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+MAX_WORKERS = 64
+
+
+@dataclass(frozen=True)
+class LocalWorkers:
+    """N workers on this machine: their addresses, GPU shares and shared run folder."""
+
+    hosts: tuple[str, ...]
+    gpus: tuple[str | None, ...]  # each worker's GPUS; None: the setting as it is
+    run_name: str | None  # set for all when neither OUTPUT_DIR nor RUN_NAME is
+
+    @property
+    def count(self) -> int:
+        return len(self.hosts)
+
+    def environment(self, index: int) -> dict[str, str]:
+        """What worker `index` gets on top of the launcher's environment."""
+        env = {"WORKER_HOSTS": ",".join(self.hosts), "WORKER_INDEX": str(index)}
+        if self.gpus[index] is not None:
+            env["GPUS"] = str(self.gpus[index])
+        if self.run_name:
+            env["RUN_NAME"] = self.run_name
+        return env
+
+    def describe(self) -> list[str]:
+        """The launcher's start lines: who listens where, with which GPUs."""
+        lines = [f"{self.count} workers on this machine, worker 0 the chief"
+                 + (f"; run folder name {self.run_name}" if self.run_name else "")]
+        for index, host in enumerate(self.hosts):
+            share = self.gpus[index]
+            where = f"GPUs {share}" if share not in (None, "none") else "the CPU"
+            lines.append(f"  worker {index}  {host}  {where}")
+        return lines
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """`count` distinct ports nothing listens on now (the kernel's choice, as torchrun's).
+    Another process may take one before the worker binds it: that worker then fails, and
+    the launcher stops the rest with its message."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((LOOPBACK, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def gpu_shares(
+    workers: int, selected: Sequence[int], per_worker: int | None
+) -> tuple[str | None, ...]:
+    """Each worker's GPUS: consecutive slices of the selected GPU indices (nvidia-smi
+    order), `per_worker` each, or the selection split evenly (one process per GPU when
+    there are as many workers as GPUs). No GPU selected: every worker keeps the setting."""
+    if not selected:
+        if per_worker:
+            raise ConfigError(
+                f"--gpus-per-worker {per_worker} but no GPU is selected here.\n"
+                "  Fix: leave --gpus-per-worker out (the workers share the CPU), or select "
+                "GPUs with GPUS."
+            )
+        return (None,) * workers
+    if per_worker is None:
+        if len(selected) % workers:
+            raise ConfigError(
+                f"--workers {workers} cannot share {len(selected)} GPU(s) evenly.\n"
+                f"  Valid: a number of workers that divides {len(selected)}, or "
+                "--gpus-per-worker K with workers x K at most the GPUs. Fix: "
+                f"--workers {len(selected)} --gpus-per-worker 1 (one process per GPU)."
+            )
+        per_worker = len(selected) // workers
+    if per_worker < 1 or workers * per_worker > len(selected):
+        raise ConfigError(
+            f"--workers {workers} with --gpus-per-worker {per_worker} needs "
+            f"{workers * per_worker} GPUs; {len(selected)} are selected "
+            f"({','.join(map(str, selected))}).\n  Fix: fewer workers, fewer GPUs per "
+            "worker, or select more GPUs with GPUS."
+        )
+    return tuple(
+        ",".join(str(i) for i in selected[w * per_worker:(w + 1) * per_worker])
+        for w in range(workers)
+    )
+
+
+def plan_local_workers(
+    workers: int, selected_gpus: Sequence[int], gpus_per_worker: int | None,
+    *, has_run_folder: bool, cluster_engine: str | None,
+    ports: Callable[[int], list[int]] = free_loopback_ports, now: float | None = None,
+) -> LocalWorkers:
+    """The plan for `--workers N`. Refuses (ConfigError, exit 2) a count out of range and
+    a process that is already part of a cluster. `has_run_folder`: OUTPUT_DIR or RUN_NAME
+    is set; else the workers get one RUN_NAME, the launcher's UTC timestamp (the form of
+    mgpu's default run folder), since each would otherwise take its own."""
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(
+            f"--workers {workers} is out of range.\n  Valid: 1 to {MAX_WORKERS}. "
+            "Fix: --workers 2 (or as many as the GPUs)."
+        )
+    if cluster_engine is not None:
+        raise ConfigError(
+            f"--workers starts the workers here, but this process is already a worker of "
+            f"a cluster ({cluster_engine}).\n  Fix: leave --workers out (the cluster's "
+            "engine starts the workers), or unset WORKER_HOSTS/TF_CONFIG."
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    hosts = tuple(f"{LOOPBACK}:{port}" for port in ports(workers))
+    return LocalWorkers(hosts, gpu_shares(workers, selected_gpus, gpus_per_worker),
+                        None if has_run_folder else stamp)
+
+
+# ----------------------------------------------------------------------- doing it
+
+
+def exit_code_of(returncode: int) -> int:
+    """A child's exit as a shell reports it: killed by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _pump(stream: IO[str], tag: str, out: IO[str], lock: threading.Lock) -> None:
+    """Copy a worker's lines to `out`, each with its tag. mgpu's own lines carry it
+    already (the worker knows its index); a script's and TensorFlow's do not."""
+    for line in stream:
+        text = line if line.startswith(tag) else tag + line
+        with lock:
+            out.write(text if text.endswith("\n") else text + "\n")
+            out.flush()
+    stream.close()
+
+
+@contextmanager
+def _forwarding(on_signal: Callable[[int], None]) -> Iterator[None]:
+    """Hand SIGINT/SIGTERM/SIGHUP to `on_signal` while workers run (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda sig, _frame: on_signal(sig))
+                for sig in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
+    # Each worker leads its own process group (as a terminal's job would): the signal
+    # reaches its helpers too, and a terminal's Ctrl-C reaches it only through here.
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
+def supervise(
+    plan: LocalWorkers, command: Sequence[str], environ: Mapping[str, str],
+    *, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
+    grace_s: float = STOP_GRACE_S, poll_s: float = 0.2,
+) -> int:
+    """Run `command` (argv) once per worker with its environment, until all have exited;
+    return the launcher's exit code (the module's rules)."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    lock = threading.Lock()
+    processes: list[subprocess.Popen[str]] = []
+    pumps: list[threading.Thread] = []
+    received: list[int] = []
+    failed: list[tuple[int, int]] = []  # (worker, code) of the first to fail
+    stopping_since: list[float] = []
+
+    def stop_all(sig: int) -> None:
+        for process in processes:
+            if process.poll() is None:
+                _signal_group(process, sig)
+
+    def on_signal(sig: int) -> None:
+        received.append(sig)
+        stop_all(sig)  # a second Ctrl-C is forwarded too: the workers stop at once
+
+    with _forwarding(on_signal):
+        for index in range(plan.count):
+            process = subprocess.Popen(
+                list(command), env={**environ, **plan.environment(index)},
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                start_new_session=True,
+            )
+            processes.append(process)
+            tag = f"[worker {index}] "
+            for stream, out in ((process.stdout, stdout), (process.stderr, stderr)):
+                assert stream is not None
+                pump = threading.Thread(target=_pump, args=(stream, tag, out, lock),
+                                        daemon=True)
+                pump.start()
+                pumps.append(pump)
+        while any(p.poll() is None for p in processes):
+            for index, process in enumerate(processes):
+                code = process.poll()
+                if code is not None and code != 0 and not failed and not received:
+                    failed.append((index, exit_code_of(code)))
+                    with lock:
+                        stderr.write(f"mgpu: worker {index} exited {exit_code_of(code)}; "
+                                     "stopping the other workers\n")
+                        stderr.flush()
+                    stop_all(signal.SIGTERM)
+                    stopping_since.append(time.monotonic())
+            if stopping_since and time.monotonic() - stopping_since[0] > grace_s:
+                stop_all(signal.SIGKILL)
+            time.sleep(poll_s)
+    for pump in pumps:
+        pump.join(timeout=5)
+    codes = [exit_code_of(p.returncode) for p in processes]
+    if received:
+        return 128 + received[0]
+    if failed:
+        return failed[0][1]
+    return next((code for code in codes if code), 0)
