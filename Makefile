@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # installed with the system Python's pip from requirements-uv.lock (--require-hashes) into a
 # folder of its own, not into .venv: `uv pip sync` makes .venv exactly the locks, so uv
 # there would remove itself. INSTALLER=pip installs the same locks with pip instead, for
-# machines where uv cannot run (slower: README "Dependencies").
+# machines where uv cannot run (slower: docs/development.md, "Dependencies").
 # The version is the lock's: `make locks UPGRADE=--upgrade-package=uv` moves it.
 UV_VERSION := $(shell sed -n 's/^uv==\([^ ]*\).*/\1/p' requirements-uv.lock)
 TOOLS ?= .tools
@@ -164,6 +164,15 @@ docker-bench: runs data ## Benchmark in the container
 .PHONY: tensorboard
 tensorboard: runs data ## TensorBoard on runs/ at http://127.0.0.1:6006
 	HOST_UID=$$(id -u) HOST_GID=$$(id -g) $(COMPOSE) up tensorboard
+
+# --- Documentation (docs/, mkdocs.yml; offline) -----------------------------------------
+.PHONY: docs
+docs: $(STAMP) ## Serve the documentation at http://127.0.0.1:8000 (MkDocs, Material theme)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+.PHONY: docs-build
+docs-build: $(STAMP) ## Build the documentation into site/, failing on a broken link or anchor
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 .PHONY: test-container
 test-container: ## Build on a local CPU base and check doctor, train, stop/resume, compose

@@ -26,7 +26,7 @@ from mgpu_env.runtime import Runtime, build_runtime
 from mgpu_env.runtime.cluster import local
 from mgpu_env.runtime.keras import Command
 
-# Exit codes, documented in the README.
+# Exit codes, documented in docs/outputs.md.
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2

@@ -184,3 +184,6 @@ def test_build_cpu_the_compose_files_and_the_docs_name_one_image() -> None:
     assert f"MGPU_IMAGE={cpu_image}" in (REPO / ".env.example").read_text()
     assert f'TEST_IMAGE="${{TEST_IMAGE:-{cpu_image}}}"' in (
         REPO / "docker/test-container.sh").read_text()
+    assert f"MGPU_IMAGE={cpu_image} make docker-train" in (REPO / "docs/container.md").read_text()
+    assert f"make build-cpu && MGPU_IMAGE={cpu_image} make docker-train" in (
+        REPO / "README.md").read_text()
