@@ -227,3 +227,23 @@ def test_two_workers_train_the_packaged_model_with_one_command(tmp_path: Path) -
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["replicas"] == 2 and metrics["epochs_completed"] == 1
     assert metrics["settings"]["EPOCHS"] == "1"
+
+
+@pytest.mark.slow
+def test_two_workers_run_a_script_with_one_command(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "MGPU_DEBUG", "WORKER_HOSTS", "WORKER_INDEX")}
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none",
+               RUN_NAME="loop", HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path))
+    script = str(REPO / "examples" / "custom_loop.py")
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "run", "--workers", "2", script, "--epochs", "1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # The script's own lines carry their worker's tag, and both trained one model.
+    accuracies = {line.split("] ", 1)[0]: line.rsplit(" ", 1)[1]
+                  for line in result.stdout.splitlines() if "test accuracy:" in line}
+    assert set(accuracies) == {"[worker 0", "[worker 1"}
+    assert len(set(accuracies.values())) == 1
+    assert (tmp_path / "runs" / "loop" / "checkpoints").is_dir()
