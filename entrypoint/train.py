@@ -21,6 +21,7 @@ from entrypoint.options import (
     with_settings,
 )
 from mgpu_env.runtime import build_runtime
+from mgpu_env.training.messages import plural
 from mgpu_env.training.resume import resolve_run_settings
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
@@ -51,7 +52,7 @@ def plan_lines(plan: TrainPlan, verbose: bool = False) -> list[str]:
         f"  replicas       {plan.replicas} ({plan.strategy.kind})",
         *([f"  cluster        {line}"] if (line := plan.runtime.cluster_line()) else []),
         f"  batch          {plan.per_replica_batch_size} per replica, "
-        f"{plan.global_batch_size} global, {plan.steps_per_epoch} steps per epoch",
+        f"{plan.global_batch_size} global, {plural(plan.steps_per_epoch, 'step')} per epoch",
         f"  precision      {plan.precision.policy} ({plan.precision.reason})",
         f"  all-reduce     {plan.strategy.cross_device_ops} ({plan.strategy.reason})",
         f"  xla            {'on (forward and backward pass)' if plan.xla else 'off'}",

@@ -33,6 +33,7 @@ from mgpu_env.training.data import (
     resolve_dataset,
 )
 from mgpu_env.training.feed import epoch_steps
+from mgpu_env.training.messages import unwritable_folder
 from mgpu_env.training.resume import resume_note
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
@@ -209,8 +210,8 @@ def check_output_dir(runtime: Runtime) -> None:
     if not is_chief(runtime):
         return
     access = folder_access(output_dir_of(runtime))
-    if (problem := access.problem()) is not None:
-        raise ConfigError(f"{problem}.\n  Fix: {access.fix()}.")
+    if access.problem() is not None:
+        raise ConfigError(unwritable_folder(access))
 
 
 def plan_training(
