@@ -21,6 +21,7 @@ from entrypoint.options import (
     with_settings,
 )
 from mgpu_env.runtime import build_runtime
+from mgpu_env.training.finished import finished_run, read_finished
 from mgpu_env.training.messages import plural
 from mgpu_env.training.resume import resolve_run_settings
 
@@ -130,6 +131,9 @@ def command(
     runtime = build_runtime(resolved, command="train")  # a GPU the machine lacks: exit 2
     runtime.apply()
     TAG.set_for(runtime)
+    if not dry_run and (finished := finished_run(runtime)) is not None:
+        say(finished.message())  # said before TensorFlow loads: there is nothing to train
+        return
 
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
     from mgpu_env.doctor import require_ready
@@ -157,7 +161,10 @@ def command(
         reporter = EpochLineReporter(say)
     result = run_training(plan, reporter, started)
     if result.already_finished:
-        say(f"Nothing to do: {plan.output_dir} already holds a finished run.")
+        found = read_finished(result.output_dir)
+        say(found.message() if found else
+            f"Nothing to do: {result.output_dir} already holds a finished run.")
+        return
     say(
         f"Done: test accuracy {result.test_accuracy:.4f}, "
         f"{result.train_samples_per_sec:,.0f} samples/s, training time "

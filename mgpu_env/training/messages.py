@@ -3,13 +3,16 @@ and the causes behind a file that cannot be read, said without the library's int
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from mgpu_env.hardware.folders import FolderAccess
+
+if TYPE_CHECKING:  # numpy only where a .npy file failed: the CLI starts without it
+    import numpy as np
 
 # What `DATASET=kind:DIR` holds, as a sentence names it ("TFRecord files in /data/x").
 FILE_KIND_NOUNS = {"tfrecord": "TFRecord files", "images": "image files", "npy": ".npy files"}
@@ -31,7 +34,7 @@ def npy_problem(path: Path, err: Exception) -> str:
     shape, dtype, data_start = header
     if dtype.hasobject:
         return "it holds Python objects, not numbers"
-    expected = data_start + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = data_start + math.prod(shape) * dtype.itemsize
     size = os.path.getsize(path)
     if size < expected:
         return (
@@ -44,6 +47,8 @@ def npy_problem(path: Path, err: Exception) -> str:
 
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int] | None:
     """The shape, dtype and data offset a .npy file's header gives; None when it has none."""
+    import numpy as np
+
     try:
         with open(path, "rb") as file:
             major, _ = np.lib.format.read_magic(file)
