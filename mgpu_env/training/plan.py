@@ -275,6 +275,12 @@ def plan_training(
             f"is larger than the {train_size} training samples of {dataset.name}.\n"
             f"  Fix: set BATCH_SIZE to at most {train_size // replicas}."
         )
+    if dry_run and settings.model != "mlp":
+        # The builder is called only in the strategy's scope when training starts; the dry
+        # run builds it on the CPU, so a model that does not fit the data fails here.
+        from mgpu_env.training import hooks
+
+        notes.append(hooks.check_on_cpu(settings.model, input_shape, num_classes))
     identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
     folder = rundir.inspect_run_folder(output_dir, identity)
     resume_epoch = rundir.completed_epochs(folder)
