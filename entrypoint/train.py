@@ -24,6 +24,8 @@ from entrypoint.options import (
     with_settings,
 )
 from mgpu_env.runtime import build_runtime
+from mgpu_env.training.finished import finished_run, read_finished
+from mgpu_env.training.messages import plural
 from mgpu_env.training.resume import resolve_run_settings
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
@@ -54,7 +56,7 @@ def plan_lines(plan: TrainPlan, verbose: bool = False) -> list[str]:
         f"  replicas       {plan.replicas} ({plan.strategy.kind})",
         *([f"  cluster        {line}"] if (line := plan.runtime.cluster_line()) else []),
         f"  batch          {plan.per_replica_batch_size} per replica, "
-        f"{plan.global_batch_size} global, {plan.steps_per_epoch} steps per epoch",
+        f"{plan.global_batch_size} global, {plural(plan.steps_per_epoch, 'step')} per epoch",
         f"  precision      {plan.precision.policy} ({plan.precision.reason})",
         f"  all-reduce     {plan.strategy.cross_device_ops} ({plan.strategy.reason})",
         f"  xla            {'on (forward and backward pass)' if plan.xla else 'off'}",
@@ -140,6 +142,9 @@ def command(
     runtime = build_runtime(resolved, command="train")  # a GPU the machine lacks: exit 2
     runtime.apply()
     TAG.set_for(runtime)
+    if not dry_run and (finished := finished_run(runtime)) is not None:
+        say(finished.message())  # said before TensorFlow loads: there is nothing to train
+        return
 
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
     from mgpu_env.doctor import require_ready
@@ -167,7 +172,10 @@ def command(
         reporter = EpochLineReporter(say)
     result = run_training(plan, reporter, started)
     if result.already_finished:
-        say(f"Nothing to do: {plan.output_dir} already holds a finished run.")
+        found = read_finished(result.output_dir)
+        say(found.message() if found else
+            f"Nothing to do: {result.output_dir} already holds a finished run.")
+        return
     say(
         f"Done: test accuracy {result.test_accuracy:.4f}, "
         f"{result.train_samples_per_sec:,.0f} samples/s, training time "

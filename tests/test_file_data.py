@@ -127,7 +127,7 @@ def test_corrupt_records_and_images_are_refused_naming_the_file(tmp_path: Path) 
         load("tfrecord", folder)
     images = write_images(tmp_path / "im")
     (images / "train" / "dog" / "3.png").write_bytes(b"\x89PNG not really")
-    with pytest.raises(ConfigError, match=r"1 images cannot be decoded .*dog/3.png"):
+    with pytest.raises(ConfigError, match=r"1 image cannot be decoded .*dog/3.png"):
         load("images", images)
 
 

@@ -201,7 +201,7 @@ def test_the_cli_refuses_a_bad_loader_with_exit_2(user_module: Write, tmp_path: 
 
 
 def test_the_dry_run_shows_the_loaders_size_shape_and_the_builder(
-    user_module: Write, tmp_path: Path
+    user_module: Write, tmp_path: Path, logical_cpus: tuple[str, ...]
 ) -> None:
     data = user_module("dry_loader", """
         import numpy as np
@@ -210,7 +210,13 @@ def test_the_dry_run_shows_the_loaders_size_shape_and_the_builder(
             y = np.arange(300) % 5
             return (x[:200], y[:200]), (x[200:], y[200:])
     """)
-    model = user_module("dry_model", "def build(input_shape, num_classes):\n    pass\n")
+    # The dry run builds the model on the CPU: a real one, that fits the loader's data.
+    model = user_module("dry_model", """
+        import keras
+        def build(input_shape, num_classes):
+            return keras.Sequential([keras.Input(shape=input_shape), keras.layers.Flatten(),
+                                     keras.layers.Dense(num_classes, activation="softmax")])
+    """)
     result = CliRunner().invoke(app, ["train", "--dry-run"], env={
         "GPUS": "none", "DATASET": f"{data}:load", "MODEL": f"{model}:build",
         "BATCH_SIZE": "50", "OUTPUT_DIR": str(tmp_path / "run")})

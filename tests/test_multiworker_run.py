@@ -205,8 +205,9 @@ def test_a_worker_whose_peer_never_comes_stops_after_worker_timeout(tmp_path: Pa
         process.wait(timeout=30)
     output = log_of(tmp_path, 0)
     assert process.returncode == 1, output[-3000:]
-    assert "waiting up to 8 s (WORKER_TIMEOUT) for the other workers" in output
-    assert "Timeout" in output
+    assert "[worker 0] worker 0 " in output and "waiting up to 8 s (WORKER_TIMEOUT)" in output
+    assert "waited" in output and "for the other workers to join: worker 1" in output
+    assert "Thread 0x" not in output
 
 
 def test_sigterm_stops_every_worker_at_a_step_boundary(tmp_path: Path) -> None:

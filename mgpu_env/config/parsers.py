@@ -218,6 +218,19 @@ def file_dataset(text: str) -> tuple[str, Path] | None:
     return kind.lower(), Path(folder.strip()).expanduser()
 
 
+def folder_kind(folder: Path) -> str | None:
+    """The kind of files a folder given without one holds, judged by their names only
+    (`npy` for x_train.npy, `images` for train/<class>/ folders, `tfrecord` for
+    *.tfrecord*); None for a folder that holds none of these."""
+    if (folder / "x_train.npy").is_file():
+        return "npy"
+    if any(".tfrecord" in p.name or p.name.endswith(".tfrec") for p in folder.iterdir()):
+        return "tfrecord"
+    if (folder / "train").is_dir():
+        return "images"
+    return None
+
+
 def parse_dataset(*names: str) -> Callable[[str], str]:
     """One of `names`, `kind:DIR` (a folder of files that must exist), or
     `package.module:function`."""
@@ -226,6 +239,15 @@ def parse_dataset(*names: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         files = file_dataset(text)
         if files is None:
+            folder = Path(text.strip()).expanduser()
+            if text.strip().lower() not in names and not is_hook(text) and folder.is_dir():
+                kind = folder_kind(folder)
+                raise SettingError(
+                    "a folder, without the kind of its files; "
+                    + (f"did you mean {kind}:{text.strip()}?" if kind else
+                       f"put tfrecord:, images: or npy: before it ({folder} holds no "
+                       "x_train.npy, *.tfrecord* files or train/ folder)")
+                )
             return by_name(text)
         kind, folder = files
         if not str(folder) or not folder.is_dir():

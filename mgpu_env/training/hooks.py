@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.hardware.tfimport import import_tensorflow
 from mgpu_env.training.data.sets import check_finite
 
 MODEL_CONTRACT = (
@@ -81,6 +82,10 @@ def import_hook(spec: str, setting: str, contract: str) -> Callable[..., Any]:
     module_name, _, function_name = spec.partition(":")
     where = f"{setting}={spec}"
     _ensure_working_folder_on_path()
+    # A hook module's top-level `import keras` imports TensorFlow, whose C++ start-up lines
+    # would reach stderr: TensorFlow comes first, quietly (a run with a hook imports it
+    # anyway: to build the model, or to prepare the devices before a loader runs).
+    import_tensorflow()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
@@ -170,6 +175,22 @@ def build_model(
             "  Fix: end the model with Dense(num_classes) and a softmax."
         )
     return model
+
+
+def check_on_cpu(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, *, setting: str = "MODEL"
+) -> str:
+    """`--dry-run`'s check of the user's builder: build the model on the CPU (nothing is
+    trained, no accelerator memory is asked for) with `build_model`'s checks, so a model
+    whose output does not fit the data's classes fails the dry run, as training would.
+    Returns the plan's note. Raises ConfigError."""
+    tf = import_tensorflow()
+    with tf.device("/CPU:0"):
+        model = build_model(spec, input_shape, num_classes, setting=setting)
+    return (
+        f"{setting}={spec} was built on the CPU for this check: {model.count_params():,} "
+        f"parameters, outputs (batch, {num_classes}) for the data's {num_classes} classes"
+    )
 
 
 # -------------------------------------------------------------------------------- DATASET

@@ -33,6 +33,7 @@ from mgpu_env.training.data import (
     resolve_dataset,
 )
 from mgpu_env.training.feed import epoch_steps
+from mgpu_env.training.messages import unwritable_folder
 from mgpu_env.training.resume import resume_note
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
@@ -209,8 +210,8 @@ def check_output_dir(runtime: Runtime) -> None:
     if not is_chief(runtime):
         return
     access = folder_access(output_dir_of(runtime))
-    if (problem := access.problem()) is not None:
-        raise ConfigError(f"{problem}.\n  Fix: {access.fix()}.")
+    if access.problem() is not None:
+        raise ConfigError(unwritable_folder(access))
 
 
 def plan_training(
@@ -274,6 +275,12 @@ def plan_training(
             f"is larger than the {train_size} training samples of {dataset.name}.\n"
             f"  Fix: set BATCH_SIZE to at most {train_size // replicas}."
         )
+    if dry_run and settings.model != "mlp":
+        # The builder is called only in the strategy's scope when training starts; the dry
+        # run builds it on the CPU, so a model that does not fit the data fails here.
+        from mgpu_env.training import hooks
+
+        notes.append(hooks.check_on_cpu(settings.model, input_shape, num_classes))
     identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
     folder = rundir.inspect_run_folder(output_dir, identity)
     resume_epoch = rundir.completed_epochs(folder)

@@ -29,6 +29,11 @@ class Interrupted(RunFailed):
         self.signum = signum
         self.exit_code = 128 + signum
 
+    def user_message(self) -> str:
+        """The message alone: a stop that was asked for is not an error (`SIGTERM received:
+        training stopped ...`); the exit code still says a signal ended the run."""
+        return str(self)
+
 
 
 @dataclass

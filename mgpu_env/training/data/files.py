@@ -54,6 +54,7 @@ from mgpu_env.training.data.sets import (
     check_finite,
     release_pages,
 )
+from mgpu_env.training.messages import npy_problem
 
 LAYOUT_FILE = "dataset.json"
 CACHE_FILE = ".mgpu-dataset.json"
@@ -294,8 +295,8 @@ def _open_npy(where: str, path: str) -> np.ndarray:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as err:
         raise ConfigError(
-            f"{where}: {path} cannot be read as a .npy array ({err}).\n"
-            "  Fix: write it with np.save, of numbers (not objects)."
+            f"{where}: {path} cannot be read: {npy_problem(Path(path), err)}.\n"
+            "  Fix: copy it again whole, or write it again with np.save (an array of numbers)."
         ) from None
 
 

@@ -14,6 +14,7 @@ run resumed at an epoch boundary trains on what an uninterrupted one would.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.training.data.sets import Arrays, FileData, FileKind, FilePart, Layout
+from mgpu_env.training.messages import plural
 
 # Files read at once, interleaved (and the records a TFRecord stream shuffles among).
 INTERLEAVE_FILES = 8
@@ -198,15 +200,15 @@ def count_part(where: str, kind: FileKind, part: FilePart, layout: Layout) -> di
         for path in part.files:
             try:
                 result = reduce(tf.data.TFRecordDataset(path))
-            except tf.errors.OpError as err:
+            except tf.errors.OpError:
                 raise ConfigError(
-                    f"{where}: {path} cannot be read: {_first_line(err)}.\n  Fix: replace "
-                    "or remove the file (a corrupt record, or an image that cannot be "
-                    "decoded)."
+                    f"{where}: {path} cannot be read: {_bad_record(path, meta)}.\n"
+                    "  Fix: replace the file with a good copy, or remove it."
                 ) from None
             if result[5]:
                 raise ConfigError(
-                    f"{where}: {result[5]} records of {path} hold NaN or infinite values "
+                    f"{where}: {plural(int(result[5]), 'record')} of {path} "
+                    f"{'holds' if result[5] == 1 else 'hold'} NaN or infinite values "
                     f"(the first is record {result[6]}); training on them gives NaN "
                     "weights.\n  Fix: repair or drop those records."
                 )
@@ -229,10 +231,34 @@ def _reduce_images(where: str, part: FilePart, reduce: Callable[..., list[Any]],
     if broken:
         first = next(path for path in part.files if not _decodes(path, decode))
         raise ConfigError(
-            f"{where}: {broken} images cannot be decoded (the first is {first}).\n"
-            "  Fix: replace or remove them."
+            f"{where}: {plural(broken, 'image')} cannot be decoded (the first is {first}).\n"
+            f"  Fix: replace or remove {'it' if broken == 1 else 'them'}."
         )
     return result
+
+
+def _bad_record(path: str, meta: Callable[..., Any]) -> str:
+    """Which record of a TFRecord file fails, and why, in words: read again one record at
+    a time (on the error path only), as counting read it."""
+    import tensorflow as tf
+
+    from mgpu_env.training.data.verify import tensorflow_message
+
+    index = 0
+    try:
+        for _ in tf.data.TFRecordDataset(path).map(meta):
+            index += 1
+    except tf.errors.DataLossError as err:
+        # TFRecord's reader: "truncated record at <byte offset>" for a file that ends inside
+        # a record, "corrupted record at <byte offset>" for bytes that fail their checksum.
+        found = re.search(r"(truncated|corrupted) record at (\d+)", str(err))
+        at = f" at byte {int(found.group(2)):,}" if found else ""
+        if found and found.group(1) == "truncated":
+            return f"the file is cut short: it ends inside record {index}, which starts{at}"
+        return f"record {index} is corrupt{at} (its checksum does not match its bytes)"
+    except tf.errors.OpError as err:
+        return f"record {index} cannot be decoded ({tensorflow_message(err)})"
+    return "it reads now: the file changed while it was counted"
 
 
 def _decodes(path: str, decode: Callable[[Any], Any]) -> bool:
@@ -263,8 +289,3 @@ def _sample_shape(where: str, layout: Layout, smin: np.ndarray, smax: np.ndarray
     if layout.image_size is not None:
         return [*layout.image_size, int(smin[-1])]
     return [int(d) for d in smin]
-
-
-def _first_line(err: Exception) -> str:
-    text = str(getattr(err, "message", "") or err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

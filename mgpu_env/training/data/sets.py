@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.training.messages import FILE_KIND_NOUNS
 
 if TYPE_CHECKING:
     from mgpu_env.training.hooks import Part, RowStream
@@ -48,7 +49,7 @@ class DatasetChoice:
         if self.origin == "hook":
             return f"{self.name} (your loader)"
         if self.origin == "files":
-            return f"{self.name.split(':', 1)[0]} files in {self.location}"
+            return f"{FILE_KIND_NOUNS[self.name.split(':', 1)[0]]} in {self.location}"
         if self.origin == "file":
             return f"{self.name} from {self.location}"
         if self.origin == "download":

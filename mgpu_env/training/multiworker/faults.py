@@ -10,7 +10,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from mgpu_env.training.multiworker.backstop import Backstop
 
 # What a worker that hits the watchdog exits with (RunFailed's code).
 EXIT_WORKER_LOST = 1
@@ -85,13 +87,14 @@ def explain_worker_failure(err: BaseException, who: str, me: tuple[str, int] | N
     )
 
 
-def abort_process(message: str) -> None:
-    """Print `message` to stderr and end the process now (the watchdog's default action).
+def abort_process(message: str, tag: str = "") -> None:
+    """Print `message` to stderr (each line after `tag`, "[worker 1] ") and end the process
+    now (the watchdog's default action).
 
     `os._exit`, not `sys.exit`: the main thread may be blocked inside a collective that no
     exception can reach, and interpreter shutdown could wait on it.
     """
-    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.write("".join(f"{tag}{line}\n" for line in f"error: {message}".splitlines()))
     sys.stderr.flush()
     os._exit(EXIT_WORKER_LOST)
 
@@ -108,7 +111,9 @@ class Watchdog:
     it (measured with TF 2.21: the thread never ran; so does SIGTERM's handler, and the
     coordination service's `cluster_register_timeout` did not end the wait either). So
     `backstop` also arms `faulthandler.dump_traceback_later`, whose C thread needs no GIL:
-    BACKSTOP_GRACE_S after the deadline it prints "Timeout" and the stacks, and exits 1.
+    BACKSTOP_GRACE_S after the deadline it exits 1. Its "Timeout" report and stacks go to a
+    helper process (`backstop.Backstop`), which prints instead which of `peers` (name ->
+    address) do not answer, each line after `tag`.
     """
 
     def __init__(
@@ -119,6 +124,8 @@ class Watchdog:
         clock: Callable[[], float] = time.monotonic,
         poll_s: float | None = None,
         backstop: bool = True,
+        peers: Mapping[str, str] | None = None,
+        tag: str = "",
     ) -> None:
         self.timeout_s = timeout_s
         self.who = who
@@ -131,6 +138,9 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._backstop = backstop
+        self._peers = dict(peers or {})
+        self._tag = tag
+        self._helper: Backstop | None = None
         self.expired = False
 
     def start(self, phase: str) -> None:
@@ -145,14 +155,32 @@ class Watchdog:
                 self._phase = phase
             self._deadline = self._clock() + self.timeout_s
         if self._backstop and not self._stop.is_set():
+            helper = self._backstop_helper()
             faulthandler.dump_traceback_later(
-                self.timeout_s + BACKSTOP_GRACE_S, repeat=False, file=sys.stderr, exit=True
+                self.timeout_s + BACKSTOP_GRACE_S, repeat=False,
+                file=helper.report_fd if helper is not None else sys.stderr, exit=True,
             )
+            if helper is not None:
+                helper.progress(self._phase)
+
+    def _backstop_helper(self) -> Backstop | None:
+        """The helper that puts the backstop's report in words, started once; None (the
+        raw report then) where it cannot start."""
+        if self._helper is None:
+            try:
+                self._helper = Backstop(self.who, self.timeout_s, BACKSTOP_GRACE_S,
+                                        self._peers, self._tag)
+            except OSError:
+                return None
+        return self._helper
 
     def stop(self) -> None:
         self._stop.set()
         if self._backstop:
             faulthandler.cancel_dump_traceback_later()
+            if self._helper is not None:
+                self._helper.close()
+                self._helper = None
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None

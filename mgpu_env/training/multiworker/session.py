@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -40,24 +41,37 @@ class WorkerSession:
         self._scratch: Path | None = None
         self.who = cluster.name if cluster is not None else "this process"
         self._cluster = cluster
-        self.watchdog = Watchdog(timeout_s, self.who, on_expire)
+        # Every line a worker prints starts so (the CLI's `LineTag`), this library's too.
+        self.tag = f"[worker {cluster.index}] " if cluster is not None else ""
+        if on_expire is abort_process:
+            on_expire = functools.partial(abort_process, tag=self.tag)
+        self.watchdog = Watchdog(timeout_s, self.who, on_expire, peers=self._peers(),
+                                 tag=self.tag)
 
     @property
     def multi(self) -> bool:
         return self.role is not None
 
+    def _peers(self) -> dict[str, str]:
+        """The other workers, by name ("worker 1") -> address."""
+        if self._cluster is None:
+            return {}
+        return {
+            f"{job} {index}": address
+            for job, addresses in self._cluster.jobs.items()
+            for index, address in enumerate(addresses)
+            if address != self._cluster.address
+        }
+
     def join(self) -> None:
         """Bound the wait for the other workers (the strategy's start)."""
         if self._cluster is None:
             return
-        others = ", ".join(
-            a for addresses in self._cluster.jobs.values() for a in addresses
-            if a != self._cluster.address
-        )
+        others = ", ".join(f"{name} ({address})" for name, address in self._peers().items())
         sys.stderr.write(
-            f"{self.who}: waiting up to {self.watchdog.timeout_s:g} s (WORKER_TIMEOUT) for "
-            f"the other workers ({others}); if they do not join, this worker stops with a "
-            "'Timeout' report.\n"
+            f"{self.tag}{self.who}: waiting up to {self.watchdog.timeout_s:g} s "
+            f"(WORKER_TIMEOUT) for {others} to join; past that, this worker stops (exit 1) "
+            "and says which did not answer.\n"
         )
         self.watchdog.start(f"waiting for the other workers to join ({others})")
 

@@ -1,0 +1,98 @@
+""""Nothing to do": a start whose run folder already holds this run, finished, answered from
+the folder's files alone, before TensorFlow is imported (that import alone takes seconds).
+
+Only the case that is certain takes this path: one process, the same run (run.json's
+identity equals this start's), metrics.json saying it finished EPOCHS epochs, and the
+latest checkpoint of that epoch. Anything else (another EPOCHS, another identity, a
+multi-worker cluster, a file that cannot be read) goes the usual way, which trains,
+resumes or refuses with its own message.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.runtime import Runtime
+from mgpu_env.training import rundir
+
+# The `checkpoint` index file tf.train.CheckpointManager keeps (a text-format
+# CheckpointState): its first line names the latest checkpoint, `ckpt-<epoch>` here.
+_LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"\s*$', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A finished run found in OUTPUT_DIR: where, when it finished, and its results."""
+
+    output_dir: Path
+    finished_at: float  # when metrics.json was written (seconds since the epoch)
+    metrics: dict[str, Any]
+
+    def message(self) -> str:
+        """What `mgpu train` says instead of training: which run, finished when, and the
+        two ways to train more."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.finished_at))
+        epochs = int(self.metrics.get("epochs_completed", 0))
+        accuracy = self.metrics.get("test_accuracy")
+        result = f", test accuracy {float(accuracy):.4f}" if accuracy is not None else ""
+        return (
+            f"Nothing to do: {self.output_dir} holds this run, finished at {stamp} after "
+            f"{epochs} epoch{'' if epochs == 1 else 's'}{result} (its metrics.json).\n"
+            f"  To train it longer: EPOCHS={epochs + 1} or more, same OUTPUT_DIR; to train "
+            "anew: another OUTPUT_DIR or RUN_NAME."
+        )
+
+
+def read_finished(output_dir: Path) -> FinishedRun | None:
+    """The finished run whose metrics.json is in `output_dir`, or None."""
+    try:
+        metrics = rundir.read_json(output_dir / rundir.METRICS_FILE)
+        finished_at = (output_dir / rundir.METRICS_FILE).stat().st_mtime
+    except (ConfigError, OSError):
+        return None
+    if not metrics or metrics.get("status") != "finished":
+        return None
+    return FinishedRun(output_dir, finished_at, metrics)
+
+
+def latest_checkpoint_epoch(output_dir: Path) -> int | None:
+    """The epoch of the latest checkpoint, read from the `checkpoint` index file without
+    TensorFlow; None when there is none or it cannot be read."""
+    try:
+        text = (output_dir / rundir.CHECKPOINT_DIR / "checkpoint").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = _LATEST_RE.search(text)
+    return int(found.group(1)) if found else None
+
+
+def finished_run(runtime: Runtime) -> FinishedRun | None:
+    """This start's run, finished already, in its OUTPUT_DIR; None whenever that is not
+    certain from the folder's files (the usual path then decides). Imports no TensorFlow."""
+    from mgpu_env.training.data.resolve import resolve_dataset
+    from mgpu_env.training.plan import output_dir_of, run_identity
+
+    settings = runtime.settings
+    if runtime.strategy_plan.role.num_workers != 1:
+        return None  # a cluster goes on: the chief's state decides for every worker
+    output_dir = output_dir_of(runtime)
+    finished = read_finished(output_dir)
+    if finished is None or finished.metrics.get("epochs_completed") != settings.epochs:
+        return None
+    if latest_checkpoint_epoch(output_dir) != settings.epochs:
+        return None
+    try:
+        stored = rundir.read_json(output_dir / rundir.RUN_FILE)
+        dataset = resolve_dataset(settings.dataset, settings.data_dir)
+    except ConfigError:
+        return None
+    identity = run_identity(settings, dataset.name, runtime.precision.policy,
+                            settings.batch_size * runtime.replicas)
+    if not stored or stored.get("identity") != identity:
+        return None
+    return finished
