@@ -93,7 +93,7 @@ def test_settings_flags_go_before_the_script_and_the_rest_is_the_scripts(
     def fake_prepare(runtime: object) -> None:
         seen["runtime"] = runtime
 
-    def fake_run(target: launcher.Target, **_: object) -> int:
+    def fake_run(target: launcher.Target, *_: object) -> int:
         seen["target"] = target
         return 7
 
