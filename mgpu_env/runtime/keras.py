@@ -7,7 +7,14 @@ Keras 2 (`tf_keras`) still can. TensorFlow routes `tf.keras` to `tf_keras` when
 `TF_USE_LEGACY_KERAS` is set before TensorFlow is imported, so the choice is made here,
 with the other decisions, and travels as that variable in the `Execution`'s environment.
 
-`choose_keras` is pure (the request, the run's shape and two facts in, a decision out);
+Code written for Keras 2 (`tf.keras` before TensorFlow 2.16) meets Keras 3 on one machine
+too: `metric.reset_states()`, `tf.keras.optimizers.legacy`, `get_scaled_loss`. `mgpu run`
+reads the script first (`runtime/source_scan.py`); what only Keras 2 has makes KERAS=auto
+choose tf_keras, with the API and its file:line in the reason. What the scan cannot see,
+the failure does: `keras_2_error` recognises the errors Keras 2 code meets in Keras 3, and
+the launcher's last line names KERAS=2 and the command.
+
+`choose_keras` is pure (the request, the run's shape and three facts in, a decision out);
 `tensorflow_keras` is the one way mgpu's own code reaches Keras once TensorFlow has started,
 so what mgpu sets (the precision policy, the seed) lands in the Keras the script uses.
 """

@@ -204,9 +204,15 @@ def make_strategy(plan: StrategyPlan) -> Any:
     )
 
 
+_NOTED: set[str] = set()
+
+
 def print_note(line: str) -> None:
-    """A note from inside the user's run, on stderr (its stdout stays its own)."""
-    print(f"mgpu: note: {line}", file=sys.stderr, flush=True)
+    """A note from inside the user's run, on stderr (its stdout stays its own); once per
+    process, however many strategies the script builds."""
+    if line not in _NOTED:
+        _NOTED.add(line)
+        print(f"mgpu: note: {line}", file=sys.stderr, flush=True)
 
 
 def make_cross_device_ops(plan: StrategyPlan) -> Any:
