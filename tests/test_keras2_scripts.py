@@ -20,18 +20,21 @@ from __future__ import annotations
 import gzip
 import shlex
 import struct
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.test_run_launcher import REPO, mgpu
+from tests.test_run_launcher import REPO, start
 
 pytestmark = pytest.mark.slow
 CORPUS = REPO / "tests" / "keras2_scripts"
 OFFLINE = f"{REPO / 'tests' / 'tutorials' / 'offline'}:{CORPUS / 'offline'}:{REPO}"
 RERUN_MARK = "Fix: rerun with Keras 2 (tf_keras): "
+# A script runs in about 2 minutes on 2 idle cores; several times that on a busy machine.
+SCRIPT_TIMEOUT_S = 1200
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def write_fashion_mnist(home: Path, train: int, test: int) -> None:
             out.write(struct.pack(">IIII", 2051, labels.size, 28, 28) + images.tobytes())
 
 
-def run_script(tmp_path: Path, script: Script, **settings: str):  # type: ignore[no-untyped-def]
+def run_script(tmp_path: Path, script: Script,
+               **settings: str) -> subprocess.CompletedProcess[str]:
     home = tmp_path / "home"
     environment = {"PYTHONPATH": OFFLINE, "QUIET": "0", "VIRTUAL_DEVICES": "2",
                    **dict(script.settings), **settings}
@@ -104,7 +108,12 @@ def run_script(tmp_path: Path, script: Script, **settings: str):  # type: ignore
         environment["TUTORIAL_MNIST"] = str(write_mnist(home, script.train, script.test))
     elif script.data == "fashion_mnist":
         write_fashion_mnist(home, script.train, script.test)
-    return mgpu(tmp_path, [str(CORPUS / script.name)], **environment)
+    process = start(tmp_path, [str(CORPUS / script.name)], **environment)
+    try:
+        stdout, stderr = process.communicate(timeout=SCRIPT_TIMEOUT_S)
+    finally:
+        process.kill()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def rerun_settings(stderr: str, script: Path) -> dict[str, str]:
