@@ -218,3 +218,19 @@ def test_the_catalogue_is_what_keras_3_and_tf_keras_really_do(tmp_path: Path) ->
         outcome, cause, text = keras_3[snippet]
         assert outcome == "failed" and cause is not None, (snippet, text)
         assert keras_2[snippet][0] == "ran", (snippet, keras_2[snippet])
+
+
+def test_a_module_run_reads_the_package_from_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env import launcher
+
+    # resolve_target puts the working folder first on sys.path and imports the package.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+
+    write(tmp_path, "trainer/__init__.py", "")
+    write(tmp_path, "trainer/__main__.py", "from trainer import steps\n")
+    write(tmp_path, "trainer/steps.py", "optimizer = tf.keras.optimizers.Adam(lr=1e-3)\n")
+    scan = launcher.scan_target(launcher.resolve_target(["trainer"], module=True))
+    assert scan.keras_2_evidence() == "`Adam(lr=...)` at trainer/steps.py:1"
