@@ -234,3 +234,11 @@ def test_a_module_run_reads_the_package_from_the_working_folder(
     write(tmp_path, "trainer/steps.py", "optimizer = tf.keras.optimizers.Adam(lr=1e-3)\n")
     scan = launcher.scan_target(launcher.resolve_target(["trainer"], module=True))
     assert scan.keras_2_evidence() == "`Adam(lr=...)` at trainer/steps.py:1"
+
+
+def test_a_package_built_on_keras_3_keeps_keras_3(tmp_path: Path) -> None:
+    path = write(tmp_path, "train.py", "import keras_hub\nimport tensorflow as tf\n"
+                                       "tf.keras.metrics.Mean().reset_states()\n")
+    scan = scan_script(path)
+    assert scan.keras_2_evidence() is None
+    assert "`import keras_hub` at train.py:1 imports Keras 3 itself" in scan.notes()[0]

@@ -59,7 +59,7 @@ class ScriptScan:
 
     keras_2: tuple[Finding, ...] = ()  # only Keras 2 (tf_keras) has these
     removed: tuple[Finding, ...] = ()  # neither Keras has these
-    keras_3_import: Finding | None = None  # `import keras`: Keras 3 whatever tf.keras is
+    keras_3_import: Finding | None = None  # `import keras` (or keras_hub...): Keras 3
     apply_gradients: Finding | None = None  # a custom training loop
     loss_scale_optimizer: bool = False  # LossScaleOptimizer is named somewhere
     sets_policy: Finding | None = None  # the script sets its own precision policy
@@ -112,6 +112,8 @@ KERAS_2_METHODS = (
 )
 # tf_keras-based packages whose layers Keras 3 refuses ("Only instances of `keras.Layer`").
 KERAS_2_PACKAGES = ("tensorflow_hub",)
+# Keras 3 itself, and packages built on it: their objects do not mix with tf_keras'.
+KERAS_3_PACKAGES = ("keras", "keras_hub", "keras_nlp", "keras_cv")
 # Gone from Keras 2 as well (TensorFlow 2.x removed them): KERAS=2 would not help.
 REMOVED_CHAINS = {
     "mixed_precision.experimental": "use tf.keras.mixed_precision.set_global_policy / Policy "
@@ -199,7 +201,7 @@ class _Visitor(ast.NodeVisitor):
 
     def _module(self, module: str, node: ast.AST, *, names_only: bool = False) -> None:
         top = module.split(".")[0]
-        if top == "keras" and not names_only and self.keras_3_import is None:
+        if top in KERAS_3_PACKAGES and not names_only and self.keras_3_import is None:
             self.keras_3_import = Finding("keras_2", f"import {module}", self.shown,
                                           getattr(node, "lineno", 0))
         if top in KERAS_2_PACKAGES and not names_only:
