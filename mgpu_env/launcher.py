@@ -159,6 +159,8 @@ def prepare(runtime: Runtime) -> None:
     require_ready(runtime)
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
+    if runtime.cluster is not None and runtime.keras.version == "2":
+        _true_batch_metrics_between_workers()
     api.adopt(runtime, tensorflow_prepared=True)
 
 
@@ -227,6 +229,41 @@ def _plan_mirrored_defaults(plan: StrategyPlan) -> None:
     MirroredStrategy.__module__ = tensorflow_default.__module__
     MirroredStrategy.__qualname__ = tensorflow_default.__qualname__
     tf.distribute.MirroredStrategy = MirroredStrategy
+
+
+def _true_batch_metrics_between_workers() -> None:
+    """tf_keras `model.fit` between workers: make the per-batch logs the true values.
+
+    tf_keras reduces what a step returns with `distribute_reduction_method` "auto", which
+    under MultiWorkerMirroredStrategy is a SUM over every replica of every worker
+    (`training.reduce_per_replica`). The default step returns the metrics' results, already
+    the same global value on every replica, so the per-batch logs (the progress bar during
+    an epoch, `on_train_batch_end`, `on_test_batch_end`) read N workers times the truth
+    (keras-team/keras#16304: accuracy 1.93 on 2 workers). The epoch-end logs and History are
+    read from the metrics themselves and were right. Here the default, for a model that
+    keeps tf_keras' own train_step and test_step, is "first": one replica's value, which is
+    the global one. A model with its own step keeps "auto" (its outputs may be per-replica
+    parts meant to be summed), and a value the script sets itself always wins.
+    """
+    from tf_keras.src.engine import training
+
+    model: Any = training.Model
+    if getattr(model, "_mgpu_true_batch_metrics", False):
+        return
+    declared = model.distribute_reduction_method
+
+    def distribute_reduction_method(self: Any) -> str:
+        chosen = self._distribute_reduction_method
+        if chosen is not None:
+            return str(chosen)
+        own_steps = (type(self).train_step is model.train_step
+                     and type(self).test_step is model.test_step)
+        return "first" if own_steps and training._collective_all_reduce_multi_worker(
+            self.distribute_strategy) else "auto"
+
+    model.distribute_reduction_method = property(
+        distribute_reduction_method, declared.fset, doc=declared.__doc__)
+    model._mgpu_true_batch_metrics = True
 
 
 def run_target(

@@ -225,8 +225,9 @@ def test_sigterm_stops_every_worker_at_a_step_boundary(tmp_path: Path) -> None:
 
 
 # `model.fit`'s metrics between workers, under tf_keras (KERAS=auto's choice for a script there).
-# keras-team/keras#16304 reports them multiplied by the number of workers (tf_keras'
-# `reduce_per_replica` sums per-worker values under MultiWorkerMirroredStrategy). Here each
+# keras-team/keras#16304: tf_keras sums what each step returns over the workers, so the
+# per-batch logs (progress bar, on_train_batch_end) read N times the truth; the launcher
+# makes them the true values (`launcher._true_batch_metrics_between_workers`). Here each
 # worker trains on its own targets (worker 0: 1, worker 1: 3; learning rate 0, so nothing
 # moves): the true values over both are loss (1 + 9) / 2 = 5 and mae (1 + 3) / 2 = 2; a sum
 # would say 10 and 4, a worker's own 1 or 9.
@@ -246,8 +247,15 @@ data = tf.data.Dataset.from_tensor_slices(
     (np.ones((64, 1), "float32"), np.full((64, 1), target, "float32"))).repeat().batch(8)
 options = tf.data.Options()
 options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-history = model.fit(data.with_options(options), epochs=2, steps_per_epoch=3, verbose=1)
-print("SEEN " + json.dumps({"keras": tf.keras.__name__, "history": history.history}), flush=True)
+batches = []
+record = tf.keras.callbacks.LambdaCallback(
+    on_train_batch_end=lambda batch, logs: batches.append(
+        {name: round(float(value), 4) for name, value in logs.items()}))
+history = model.fit(data.with_options(options), epochs=2, steps_per_epoch=3, verbose=1,
+                    callbacks=[record])
+print("SEEN " + json.dumps({"keras": tf.keras.__name__, "history": history.history,
+                            "batches": batches,
+                            "reduction": model.distribute_reduction_method}), flush=True)
 """
 
 
@@ -266,5 +274,7 @@ def test_model_fit_metrics_between_workers_are_the_true_values(tmp_path: Path) -
         got = seen(result)
         assert got["keras"].startswith("tf_keras")
         assert got["history"] == {"loss": [5.0, 5.0], "mae": [2.0, 2.0]}, got
+        assert got["batches"] == [{"loss": 5.0, "mae": 2.0}] * 6, got
+        assert got["reduction"] == "first"
         # The progress bar prints the same values.
         assert "loss: 5.0000 - mae: 2.0000" in result.stdout.replace("\r", "\n")
