@@ -64,7 +64,8 @@ SCRIPTS = [
     Script("tfdocs_quickstart_advanced.py", "mnist", 512, 256, "3", True, "Epoch 5, Loss"),
     Script("tfdocs_2023_quickstart_advanced.py", "mnist", 512, 256, "2", True,
            "Epoch 5, Loss"),
-    Script("course_basic_mirrored_strategy.py", "mnist", 512, 256, "3", True, "Epoch 12/12"),
+    # It compiles outside the strategy's scope: Keras 3 refuses at fit (the scan cannot tell).
+    Script("course_basic_mirrored_strategy.py", "mnist", 512, 256, "3", False, "Epoch 12/12"),
     Script("course_multi_gpu_mirrored_strategy.py", "fashion_mnist", 512, 256, "2", True,
            "Epoch 10, Loss"),
 ]
