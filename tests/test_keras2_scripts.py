@@ -149,3 +149,4 @@ def test_each_public_script_trains_under_keras_auto_or_ends_with_the_note(
     assert settings == {"KERAS": "2"}
     again = run_script(tmp_path / "again", script, **settings)
     assert again.returncode == 0, again.stderr[-4000:]
+    assert script.done in again.stdout, again.stdout[-3000:]
