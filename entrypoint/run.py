@@ -63,15 +63,13 @@ def command(
         raise typer.Exit(code=launch_workers(flags, workers, gpus_per_worker, argv, "run"))
     resolved = resolve(flags)  # bad settings: exit 2, before the script starts
     run_target = launcher.resolve_target(target or [], module=module)
-    runtime = build_runtime(resolved, command="run")  # a GPU the machine lacks: exit 2
+    scan = launcher.scan_target(run_target)  # Keras 2 era code: KERAS=auto gives it tf_keras
+    runtime = build_runtime(resolved, command="run",  # a GPU the machine lacks: exit 2
+                            keras_2_code=scan.keras_2_evidence())
     TAG.set_for(runtime)
     runtime.apply()  # CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is imported
     launcher.prepare(runtime)
     if not resolved.settings.quiet:
-        for line in launcher.summary(runtime, run_target):
+        for line in launcher.summary(runtime, run_target, scan):
             say(line, err=True)
-    raise typer.Exit(
-        code=launcher.run_target(
-            run_target, cluster_keras=runtime.keras if runtime.cluster is not None else None
-        )
-    )
+    raise typer.Exit(code=launcher.run_target(run_target, runtime, scan))

@@ -1,9 +1,11 @@
 """`mgpu run`: your script, or `-m package.module`, with every decision `mgpu train` makes.
 
     target = resolve_target(["train.py", "--lr", "0.1"], module=False)  # ConfigError: exit 2
-    runtime = build_runtime(resolved); runtime.apply()   # GPUS, TF_CONFIG: before TensorFlow
+    scan = scan_target(target)     # its source: Keras 2 era code, a custom loop (~ms)
+    runtime = build_runtime(resolved, command="run", keras_2_code=scan.keras_2_evidence())
+    runtime.apply()                # GPUS, TF_CONFIG, TF_USE_LEGACY_KERAS: before TensorFlow
     prepare(runtime)        # pre-flight, device split, precision policy, MirroredStrategy()
-    code = run_target(target)                            # the script's exit code
+    code = run_target(target, runtime)         # the script's exit code, then mgpu's notes
 
 Why in this process (`runpy`, as `python script.py` runs it) and not in a child: there is
 one process, so `docker stop`'s SIGTERM (and Ctrl-C) reaches the script itself, with its
@@ -16,15 +18,18 @@ How the decisions reach a script that knows nothing of mgpu:
 - GPUS, WORKER_HOSTS/WORKER_INDEX: `Runtime.apply()` has written CUDA_VISIBLE_DEVICES and
   TF_CONFIG before TensorFlow is imported;
 - KERAS: `Runtime.apply()` has written TF_USE_LEGACY_KERAS=1 when `tf.keras` is to be Keras 2
-  (tf_keras: between workers, where Keras 3 cannot train);
+  (tf_keras): between workers, where Keras 3 cannot train, and for a script whose source
+  uses what only Keras 2 has (`runtime/source_scan.py`);
 - VIRTUAL_DEVICES and MIXED_PRECISION: `Execution.prepare_tensorflow()` splits the devices
   and sets the global policy of the Keras `tf.keras` is before the script's first line, so
   its first layer takes the policy;
-- the strategy: `tf.distribute.MirroredStrategy()` with no arguments takes TensorFlow's
-  default devices (every GPU, or only CPU:0: never logical CPUs) and all-reduce; here its
-  defaults become the planned devices and all-reduce (`_plan_mirrored_defaults`), so the
-  tutorial's own `MirroredStrategy()` runs VIRTUAL_DEVICES replicas on a CPU too. Arguments
-  the script passes win.
+- the strategy: TensorFlow's `tf.distribute.MirroredStrategy()` with no arguments takes
+  every GPU, logical ones included, or when there is none every logical CPU device
+  (TensorFlow 2.21, `mirrored_strategy.all_local_devices`), and picks its all-reduce itself
+  (NCCL on GPUs, which fails between logical GPUs that share one). Here its defaults become
+  the planned devices and all-reduce (`_plan_mirrored_defaults`), checked against the
+  devices that exist when it is built (a script may split the devices itself: then those
+  are used, and a note says so). Arguments the script passes win.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import runpy
+import shlex
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
@@ -43,7 +49,15 @@ from typing import Any
 from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime import Runtime
-from mgpu_env.runtime.keras import MULTI_WORKER_ISSUE, KerasChoice, keras_3_loaded
+from mgpu_env.runtime.keras import (
+    MULTI_WORKER_ISSUE,
+    KerasChoice,
+    keras_2_error,
+    keras_3_loaded,
+    tensorflow_keras,
+)
+from mgpu_env.runtime.precision import MIXED_FLOAT16
+from mgpu_env.runtime.source_scan import ScriptScan, scan_script, script_roots
 from mgpu_env.runtime.strategy import StrategyPlan
 
 # Settings of the packaged loop that `mgpu run` does not apply: the script has its own
@@ -127,6 +141,12 @@ def _working_folder_first() -> None:
         sys.path.insert(0, cwd)
 
 
+def scan_target(target: Target) -> ScriptScan:
+    """The target's source and its local modules, read before anything starts
+    (`runtime/source_scan.py`): a few milliseconds, and it never fails the run."""
+    return scan_script(target.path, script_roots(target.is_module, target.path))
+
+
 def prepare(runtime: Runtime) -> None:
     """Everything between an applied runtime and the script's first line: the pre-flight
     checks (RunFailed / ConfigError), the device split and precision policy, the defaults
@@ -139,12 +159,15 @@ def prepare(runtime: Runtime) -> None:
     require_ready(runtime)
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
+    if runtime.cluster is not None and runtime.keras.version == "2":
+        _true_batch_metrics_between_workers()
     api.adopt(runtime, tensorflow_prepared=True)
 
 
-def summary(runtime: Runtime, target: Target) -> list[str]:
+def summary(runtime: Runtime, target: Target, scan: ScriptScan | None = None) -> list[str]:
     """What the script will get, on stderr before it starts (QUIET=1: nothing), so its own
-    output on stdout stays its own."""
+    output on stdout stays its own: the devices, the precision and why, the Keras (and why,
+    when it is not the default's), and what the source scan found."""
     plan = runtime.strategy_plan
     logical = " logical" if runtime.split.logical else ""
     lines = [
@@ -154,9 +177,16 @@ def summary(runtime: Runtime, target: Target) -> list[str]:
     ]
     if (cluster := runtime.cluster_line()) is not None:
         lines.append(f"  cluster: {cluster}")
+    lines.append(f"  precision: {runtime.precision.reason}")
     if runtime.keras.version == "2" or runtime.settings.keras != "auto":
         lines.append(f"  keras: {runtime.keras.reason}")
     lines.extend(f"  note: {note}" for note in runtime.notes)
+    if scan is not None:
+        lines.extend(f"  note: {note}" for note in scan.notes())
+        if (loop := scan.unscaled_custom_loop()) is not None and (
+            runtime.precision.policy == MIXED_FLOAT16
+        ):
+            lines.append(f"  warning: {unscaled_loop_warning(loop.where, 'MIXED_PRECISION')}")
     not_applied = [
         f"{env}={runtime.settings.describe()[env]}" for env in SCRIPT_DECIDES
         if runtime.resolved.sources.get(env, "default") != "default"
@@ -173,7 +203,7 @@ def _plan_mirrored_defaults(plan: StrategyPlan) -> None:
     """Make `tf.distribute.MirroredStrategy()`'s defaults the plan's devices and all-reduce."""
     import tensorflow as tf
 
-    from mgpu_env.runtime.strategy import make_cross_device_ops
+    from mgpu_env.runtime.strategy import make_cross_device_ops, mirrored_devices, print_note
 
     if plan.kind != "mirrored":
         return  # a cluster: the script's MirroredStrategy() stays one worker's, as in TF
@@ -187,23 +217,66 @@ def _plan_mirrored_defaults(plan: StrategyPlan) -> None:
 
         def __init__(self, devices: Any = None, cross_device_ops: Any = None) -> None:
             if devices is None:
-                devices = list(plan.devices)
+                planned, changed = mirrored_devices(plan)
+                if changed is not None:
+                    print_note(changed)
+                devices = list(planned)
                 if cross_device_ops is None:
                     cross_device_ops = make_cross_device_ops(plan)
             super().__init__(devices, cross_device_ops)
 
+    # Tracebacks and reprs name it as TensorFlow does, not "..<locals>.MirroredStrategy".
     MirroredStrategy.__module__ = tensorflow_default.__module__
+    MirroredStrategy.__qualname__ = tensorflow_default.__qualname__
     tf.distribute.MirroredStrategy = MirroredStrategy
 
 
-def run_target(target: Target, *, cluster_keras: KerasChoice | None = None) -> int:
+def _true_batch_metrics_between_workers() -> None:
+    """tf_keras `model.fit` between workers: make the per-batch logs the true values.
+
+    tf_keras reduces what a step returns with `distribute_reduction_method` "auto", which
+    under MultiWorkerMirroredStrategy is a SUM over every replica of every worker
+    (`training.reduce_per_replica`). The default step returns the metrics' results, already
+    the same global value on every replica, so the per-batch logs (the progress bar during
+    an epoch, `on_train_batch_end`, `on_test_batch_end`) read N workers times the truth
+    (keras-team/keras#16304: accuracy 1.93 on 2 workers). The epoch-end logs and History are
+    read from the metrics themselves and were right. Here the default, for a model that
+    keeps tf_keras' own train_step and test_step, is "first": one replica's value, which is
+    the global one. A model with its own step keeps "auto" (its outputs may be per-replica
+    parts meant to be summed), and a value the script sets itself always wins.
+    """
+    from tf_keras.src.engine import training
+
+    model: Any = training.Model
+    if getattr(model, "_mgpu_true_batch_metrics", False):
+        return
+    declared = model.distribute_reduction_method
+
+    def distribute_reduction_method(self: Any) -> str:
+        chosen = self._distribute_reduction_method
+        if chosen is not None:
+            return str(chosen)
+        own_steps = (type(self).train_step is model.train_step
+                     and type(self).test_step is model.test_step)
+        return "first" if own_steps and training._collective_all_reduce_multi_worker(
+            self.distribute_strategy) else "auto"
+
+    model.distribute_reduction_method = property(
+        distribute_reduction_method, declared.fset, doc=declared.__doc__)
+    model._mgpu_true_batch_metrics = True
+
+
+def run_target(
+    target: Target, runtime: Runtime | None = None, scan: ScriptScan | None = None
+) -> int:
     """Run the target as `__main__` with `sys.argv` = [SCRIPT, *ARGS]; its exit code.
 
     `sys.exit(n)` gives n (None: 0; a message: printed, 1). An exception prints the
     script's traceback (from its own first frame, through `sys.excepthook` as Python
     would) and gives 1; Ctrl-C gives 130. Everything else the script does is its own.
-    `cluster_keras`: the run's Keras when it is a cluster (None: one process); an
-    exception there, with Keras 3 loaded, is followed by a note on why and how to fix it.
+    With the run's `runtime` (and `scan`), mgpu's notes follow on stderr: a precision
+    policy the script set itself (`policy_note`), and after an exception that Keras 2 code
+    meets in Keras 3, the fix (`keras_note`), always the last line.
     """
     sys.argv = target.argv
     if target.is_module:
@@ -217,39 +290,98 @@ def run_target(target: Target, *, cluster_keras: KerasChoice | None = None) -> i
         else:
             runpy.run_path(target.name, run_name="__main__")
     except SystemExit as stop:
+        _end_notes(runtime, scan, None)
         return _exit_status(stop.code)
     except KeyboardInterrupt as err:
         _print_user_traceback(err)
         return EXIT_INTERRUPTED
     except BaseException as err:  # the script's own error: its traceback, as Python shows it
         _print_user_traceback(err)
-        if cluster_keras is not None and (
-            note := keras_3_note(err, sys.modules, cluster_keras)
-        ) is not None:
-            print(note, file=sys.stderr, flush=True)
+        _end_notes(runtime, scan, err, target)
         return 1
+    _end_notes(runtime, scan, None)
     return 0
 
 
-def keras_3_note(
-    err: BaseException, modules: Mapping[str, Any], keras: KerasChoice
-) -> str | None:
-    """After a script failed between workers in Keras 3: the likely cause, which its
-    traceback (deep in Keras, "unsupported type PerReplica") does not say. `modules`:
-    sys.modules. None unless Keras 3 is loaded and the error came from it: raised in its
-    code, or a missing attribute of one of its objects (`metric.reset_states()`)."""
-    if not keras_3_loaded(modules) or not _raised_by_keras_3(err, modules["keras"]):
-        return None
-    if keras.version == "2":
-        return (
-            f"mgpu run: note: the script imported Keras 3 (`import keras`): "
-            f"{MULTI_WORKER_ISSUE}.\n  Fix: use `tf.keras` (Keras 2 here: KERAS=auto chooses "
-            "it between workers), or `import tf_keras as keras`."
-        )
+def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseException | None,
+               target: Target | None = None) -> None:
+    if runtime is None:
+        return
+    notes = [policy_note(runtime, scan)]
+    if err is not None and target is not None:
+        notes.append(keras_note(err, sys.modules, runtime.keras, target,
+                                cluster=runtime.cluster is not None))
+    for note in notes:
+        if note is not None:
+            print(note, file=sys.stderr, flush=True)
+
+
+def unscaled_loop_warning(where: str, whose: str) -> str:
+    """A custom loop that applies float16 gradients without loss scaling, and the fix."""
     return (
-        f"mgpu run: note: tf.keras is Keras 3 here ({keras.reason}): {MULTI_WORKER_ISSUE}."
-        "\n  Fix: KERAS=auto (or 2) with tf-keras installed, and `tf.keras` or "
-        "`import tf_keras as keras` in the script."
+        f"{whose} gives mixed_float16, and {where} calls apply_gradients with no "
+        "LossScaleOptimizer in the script: small float16 gradients flush to zero without "
+        "loss scaling. Fix: optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)"
+        " and scale the loss (Keras 3: loss = optimizer.scale_loss(loss); Keras 2: "
+        "get_scaled_loss and get_unscaled_gradients), or MIXED_PRECISION=bf16 (no scaling "
+        "needed)"
+    )
+
+
+def policy_note(runtime: Runtime, scan: ScriptScan | None = None) -> str | None:
+    """After the script: the precision policy its layers took, when it is not the one mgpu
+    set (the script called `set_global_policy` itself), so the run's record says what
+    trained. None when the policies agree or TensorFlow never started."""
+    if "tensorflow" not in sys.modules:
+        return None
+    try:
+        trained = str(tensorflow_keras().mixed_precision.global_policy().name)
+    except Exception:  # the script broke Keras itself: its own traceback says more
+        return None
+    chosen = runtime.precision.policy
+    if trained == chosen:
+        return None
+    where = f" ({scan.sets_policy.describe()})" if scan and scan.sets_policy else ""
+    note = (f"mgpu run: note: the script set its own precision policy{where}: its layers "
+            f"built after that use {trained}, not {chosen} ({runtime.precision.reason})")
+    if trained == MIXED_FLOAT16 and scan is not None and (
+        loop := scan.unscaled_custom_loop()) is not None:
+        note += "\n  warning: " + unscaled_loop_warning(loop.where, "The script's policy")
+    return note
+
+
+def keras_note(
+    err: BaseException, modules: Mapping[str, Any], keras: KerasChoice, target: Target,
+    *, cluster: bool,
+) -> str | None:
+    """After a script failed: what its traceback does not say when the cause is Keras 2
+    code in Keras 3, and the one change that fixes it. `modules`: sys.modules.
+
+    - tf.keras is Keras 3, and the error is one Keras 2 code meets there (`keras_2_error`),
+      or, between workers, any error raised in Keras 3 (keras-team/keras#20585): rerun with
+      KERAS=2, the command spelled out;
+    - tf.keras is Keras 2 but the script imported Keras 3 itself (`import keras`) and the
+      error came from it: change that import.
+    None otherwise (the script's own error)."""
+    cause = keras_2_error(err)
+    raised_in_keras_3 = keras_3_loaded(modules) and _raised_by_keras_3(err, modules["keras"])
+    if keras.version == "2":
+        if not raised_in_keras_3:
+            return None
+        why = f": {MULTI_WORKER_ISSUE}" if cluster else (f" ({cause})" if cause else "")
+        return (
+            f"mgpu run: note: tf.keras is Keras 2 here, but the script imported Keras 3 "
+            f"(`import keras`){why}.\n  Fix: use `tf.keras`, or `import tf_keras as keras`."
+        )
+    if cause is None and cluster and raised_in_keras_3:
+        cause = MULTI_WORKER_ISSUE
+    if cause is None:
+        return None
+    words = ["mgpu", "run", *(["-m"] if target.is_module else []), target.name, *target.args]
+    return (
+        f"mgpu run: note: this is Keras 2 code meeting Keras 3 ({cause}); tf.keras is "
+        f"Keras 3 here ({keras.reason}). Fix: rerun with Keras 2 (tf_keras): "
+        f"KERAS=2 {shlex.join(words)}"
     )
 
 

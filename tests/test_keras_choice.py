@@ -21,9 +21,11 @@ HOSTS = {"WORKER_HOSTS": "127.0.0.1:2222,127.0.0.1:2223", "WORKER_INDEX": "0",
 
 
 def choose(request: str = "auto", *, multi_worker: bool = True, command: str = "run",
-           user_legacy: str | None = None, installed: bool = True) -> KerasChoice:
+           user_legacy: str | None = None, installed: bool = True,
+           keras_2_code: str | None = None) -> KerasChoice:
     return choose_keras(request, multi_worker=multi_worker, command=command,  # type: ignore[arg-type]
-                        user_legacy=user_legacy, tf_keras_available=installed)
+                        user_legacy=user_legacy, tf_keras_available=installed,
+                        keras_2_code=keras_2_code)
 
 
 def test_auto_gives_a_script_between_workers_keras_2_and_says_why() -> None:
@@ -114,23 +116,68 @@ def _raise_in_keras_3() -> BaseException:
     raise AssertionError("no error")
 
 
+TARGET = launcher.Target("train.py", False, ("--epochs", "2"), Path("train.py"))
+
+
+def note(err: BaseException, keras: KerasChoice, *, cluster: bool = True,
+         modules: object = None) -> str | None:
+    return launcher.keras_note(err, sys.modules if modules is None else modules,  # type: ignore[arg-type]
+                               keras, TARGET, cluster=cluster)
+
+
 def test_a_keras_3_error_between_workers_gets_the_note() -> None:
     import keras
 
     err = _raise_in_keras_3()
-    note = launcher.keras_3_note(err, sys.modules, choose())
-    assert note is not None and "the script imported Keras 3 (`import keras`)" in note
-    assert "`import tf_keras as keras`" in note
+    imported = note(err, choose())
+    assert imported is not None and "the script imported Keras 3 (`import keras`)" in imported
+    assert "`import tf_keras as keras`" in imported and "keras-team/keras#20585" in imported
     # An error of the script's own (not in Keras) gets no note.
-    assert launcher.keras_3_note(FileNotFoundError("data.csv"), sys.modules, choose()) is None
+    assert note(FileNotFoundError("data.csv"), choose()) is None
     # Keras 3's metrics lack reset_states (the custom-loop tutorial's failure).
     metric = keras.metrics.Mean()
-    try:
+    with pytest.raises(AttributeError) as missing:
         metric.reset_states()
-    except AttributeError as missing:
-        assert launcher.keras_3_note(missing, sys.modules, choose()) is not None
-    assert launcher.keras_3_note(err, {"keras": SimpleNamespace(__version__="2.15")},
-                                 choose()) is None
+    assert note(missing.value, choose()) is not None
+    assert note(err, choose(), modules={"keras": SimpleNamespace(__version__="2.15")}) is None
+    # tf.keras is Keras 3 between workers (KERAS=3): rerun with KERAS=2.
+    rerun = note(err, choose("3"))
+    assert rerun is not None and "keras-team/keras#20585" in rerun
+    assert rerun.endswith("KERAS=2 mgpu run train.py --epochs 2")
+
+
+def test_keras_2_code_failing_in_keras_3_on_one_machine_ends_with_the_rerun_command() -> None:
+    import keras
+
+    one_machine = choose(multi_worker=False)
+    assert one_machine.version == "3"
+    with pytest.raises(AttributeError) as missing:
+        keras.metrics.Mean().reset_states()
+    got = note(missing.value, one_machine, cluster=False)
+    assert got is not None and "reset_state(), not reset_states()" in got
+    assert got.splitlines()[-1].endswith("KERAS=2 mgpu run train.py --epochs 2")
+    # The script's own errors, and Keras 3's own complaints about Keras 3 code, get none.
+    assert note(FileNotFoundError("data.csv"), one_machine, cluster=False) is None
+    assert note(_raise_in_keras_3(), one_machine, cluster=False) is None
+    # A module run spells -m.
+    module = launcher.Target("pkg.train", True, (), Path("pkg/train.py"))
+    got = launcher.keras_note(missing.value, sys.modules, one_machine, module, cluster=False)
+    assert got is not None and got.endswith("KERAS=2 mgpu run -m pkg.train")
+
+
+def test_keras_2_code_found_in_the_source_gets_keras_2_with_the_reason() -> None:
+    code = "`.reset_states()` at train.py:40"
+    choice = choose(multi_worker=False, keras_2_code=code)
+    assert choice.version == "2" and code in choice.reason
+    assert choice.environment(None) == {"TF_USE_LEGACY_KERAS": "1"}
+    # Without tf_keras: Keras 3 and the fix; the user's own choices win.
+    missing = choose(multi_worker=False, keras_2_code=code, installed=False)
+    assert missing.version == "3" and "pip install 'tf-keras==2.21.*'" in missing.notes[0]
+    assert choose(multi_worker=False, keras_2_code=code, user_legacy="0").version == "3"
+    three = choose("3", multi_worker=False, keras_2_code=code)
+    assert three.version == "3" and code in three.notes[0]
+    # mgpu's own loop is never switched.
+    assert choose(multi_worker=False, command="train", keras_2_code=code).version == "3"
 
 
 def test_the_doctor_says_which_keras_a_run_gets() -> None:

@@ -223,3 +223,59 @@ def test_sigterm_stops_every_worker_at_a_step_boundary(tmp_path: Path) -> None:
     # Both stop; one may notice the other's exit first (1) instead of its own signal.
     assert 143 in codes and set(codes) <= {143, 1}, codes
     assert completed_epochs(tmp_path / "out0") < 40
+
+
+# `model.fit`'s metrics between workers, under tf_keras (KERAS=auto's choice for a script there).
+# keras-team/keras#16304: tf_keras sums what each step returns over the workers, so the
+# per-batch logs (progress bar, on_train_batch_end) read N times the truth; the launcher
+# makes them the true values (`launcher._true_batch_metrics_between_workers`). Here each
+# worker trains on its own targets (worker 0: 1, worker 1: 3; learning rate 0, so nothing
+# moves): the true values over both are loss (1 + 9) / 2 = 5 and mae (1 + 3) / 2 = 2; a sum
+# would say 10 and 4, a worker's own 1 or 9.
+TRUE_METRICS = """\
+import json, os
+import numpy as np
+import tensorflow as tf
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.layers.InputLayer(input_shape=(1,)),
+                                 tf.keras.layers.Dense(1, kernel_initializer="zeros")])
+    model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=0.0), loss="mse",
+                  metrics=["mae"])
+target = 1.0 if index == 0 else 3.0
+data = tf.data.Dataset.from_tensor_slices(
+    (np.ones((64, 1), "float32"), np.full((64, 1), target, "float32"))).repeat().batch(8)
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+batches = []
+record = tf.keras.callbacks.LambdaCallback(
+    on_train_batch_end=lambda batch, logs: batches.append(
+        {name: round(float(value), 4) for name, value in logs.items()}))
+history = model.fit(data.with_options(options), epochs=2, steps_per_epoch=3, verbose=1,
+                    callbacks=[record])
+print("SEEN " + json.dumps({"keras": tf.keras.__name__, "history": history.history,
+                            "batches": batches,
+                            "reduction": model.distribute_reduction_method}), flush=True)
+"""
+
+
+def test_model_fit_metrics_between_workers_are_the_true_values(tmp_path: Path) -> None:
+    from tests.test_run_launcher import finish, seen, start, write
+
+    write(tmp_path, "metrics.py", TRUE_METRICS)
+    hosts = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    (tmp_path / "tmp").mkdir()
+    results = finish([
+        start(tmp_path, ["metrics.py"], WORKER_HOSTS=hosts, WORKER_INDEX=str(index),
+              WORKER_TIMEOUT="90", TMPDIR=str(tmp_path / "tmp"))
+        for index in (0, 1)])
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+        got = seen(result)
+        assert got["keras"].startswith("tf_keras")
+        assert got["history"] == {"loss": [5.0, 5.0], "mae": [2.0, 2.0]}, got
+        assert got["batches"] == [{"loss": 5.0, "mae": 2.0}] * 6, got
+        assert got["reduction"] == "first"
+        # The progress bar prints the same values.
+        assert "loss: 5.0000 - mae: 2.0000" in result.stdout.replace("\r", "\n")

@@ -69,3 +69,43 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n")
     assert "avx512_bf16" in _read_cpu_flags(cpuinfo)
     assert _read_cpu_flags(tmp_path / "missing") == frozenset()
+
+
+# ------------------------------------------------------- what `mgpu run` says of the precision
+
+
+def _summary(settings: dict[str, str], scan: object = None) -> list[str]:
+    from pathlib import Path
+
+    from mgpu_env import launcher
+    from tests.runtimes import runtime_of
+
+    runtime = runtime_of({"GPUS": "none", **settings}, command="run")
+    target = launcher.Target("train.py", False, (), Path("train.py"))
+    return launcher.summary(runtime, target, scan)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("mode", "why"), [
+    ("0", "MIXED_PRECISION=0"),
+    ("1", "this CPU has no bf16 instructions"),  # the test machine's CPU is PLAIN_CPU
+    ("fp16", "on the CPU fp16 is emulated and slow"),
+])
+def test_the_start_summary_always_says_why_the_precision(mode: str, why: str) -> None:
+    lines = _summary({"MIXED_PRECISION": mode})
+    (line,) = [line for line in lines if line.startswith("  precision: ")]
+    assert why in line
+
+
+def test_a_custom_loop_under_fp16_without_loss_scaling_gets_a_warning_with_the_fix() -> None:
+    from mgpu_env.runtime.source_scan import Finding, ScriptScan
+
+    loop = Finding("keras_2", ".apply_gradients()", "train.py", 52)
+    warned = [line for line in _summary({"MIXED_PRECISION": "fp16"}, ScriptScan(
+        apply_gradients=loop)) if line.startswith("  warning: ")]
+    assert len(warned) == 1 and "train.py:52 calls apply_gradients" in warned[0]
+    assert "LossScaleOptimizer(optimizer)" in warned[0] and "MIXED_PRECISION=bf16" in warned[0]
+    # Loss scaling in the script, or no float16: no warning.
+    for settings, scan in (({"MIXED_PRECISION": "fp16"},
+                            ScriptScan(apply_gradients=loop, loss_scale_optimizer=True)),
+                           ({"MIXED_PRECISION": "bf16"}, ScriptScan(apply_gradients=loop))):
+        assert not any(line.startswith("  warning: ") for line in _summary(settings, scan))

@@ -62,6 +62,11 @@ def test_help_shows_script_args_and_the_settings() -> None:
         ({}, ["--mixed-precision", "fp8"], "MIXED_PRECISION='fp8'"),
         ({"WORKER_HOSTS": "a:1,a:1"}, [], "WORKER_HOSTS"),
         ({"GPUS": "none", "VIRTUAL_DEVICES": "2", "CROSS_DEVICE_OPS": "nccl"}, [], "nccl"),
+        # A parameter-server cluster is another strategy: said plainly, not "fix TF_CONFIG".
+        ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"], "ps": ["b:1"]}, '
+                       '"task": {"type": "worker", "index": 0}}'}, [],
+         '"ps" job, as a parameter-server cluster (ParameterServerStrategy) has; mgpu runs '
+         "MultiWorkerMirroredStrategy clusters only"),
     ],
 )
 def test_bad_settings_exit_2_before_the_script_starts(
@@ -93,7 +98,7 @@ def test_settings_flags_go_before_the_script_and_the_rest_is_the_scripts(
     def fake_prepare(runtime: object) -> None:
         seen["runtime"] = runtime
 
-    def fake_run(target: launcher.Target, **_: object) -> int:
+    def fake_run(target: launcher.Target, *_: object) -> int:
         seen["target"] = target
         return 7
 

@@ -473,3 +473,52 @@ def test_mgpu_trains_own_loop_trains_under_either_keras(tmp_path: Path, keras: s
                   MIXED_PRECISION="fp16", OUTPUT_DIR=str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert metrics(tmp_path / "out")["epochs_completed"] == 1
+
+
+# ---------------------------------------------- the script's own devices and precision policy
+
+OWN_SPLIT_AND_POLICY = """\
+import json
+import numpy as np
+import tensorflow as tf
+# As TensorFlow's distributed-input tutorial does: the script splits the CPU in 2 itself.
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+tf.keras.mixed_precision.set_global_policy("mixed_float16")
+strategy = tf.distribute.MirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    optimizer = tf.keras.optimizers.SGD()
+def step(x):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.cast(model(x), tf.float32) ** 2)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+strategy.run(tf.function(step), args=(np.ones((4, 4), "float32"),))
+print("SEEN " + json.dumps({
+    "replicas": strategy.num_replicas_in_sync,
+    "devices": list(strategy.extended.worker_devices),
+    "repr": repr(type(strategy)), "qualname": type(strategy).__qualname__}), flush=True)
+"""
+
+
+def test_a_script_that_splits_the_cpu_itself_gets_the_real_devices_and_its_policy_noted(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "own.py", OWN_SPLIT_AND_POLICY)
+    result = mgpu(tmp_path, ["own.py"], VIRTUAL_DEVICES="4", QUIET="0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = seen(result)
+    # Never more replicas than devices: the 2 the script made, not the 4 planned.
+    assert got["replicas"] == 2
+    assert [device.rsplit("/", 1)[1] for device in got["devices"]] == [
+        "device:CPU:0", "device:CPU:1"]
+    assert "TensorFlow lists 2 CPU device(s), not the 4 planned" in result.stderr
+    # It is named as TensorFlow names it, in reprs and tracebacks.
+    assert got["qualname"] == "MirroredStrategy" and "<locals>" not in got["repr"]
+    # The policy the script set itself is reported at the end, with the loss-scaling
+    # warning its custom loop needs.
+    end = result.stderr.strip().splitlines()[-2:]
+    assert "the script set its own precision policy (`set_global_policy()` at own.py:7)" in \
+        end[0] and "use mixed_float16, not float32" in end[0], end
+    assert "own.py:16 calls apply_gradients with no LossScaleOptimizer" in end[1], end

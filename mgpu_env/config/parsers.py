@@ -321,9 +321,13 @@ def parse_tf_config(text: str) -> str:
     # "master" is the chief under another name (Kubeflow's TFJob operator writes it).
     unsupported = sorted(set(cluster) - {"chief", "master", "worker"})
     if unsupported:
+        # A "ps" (or "evaluator") job is a parameter-server cluster: another strategy, not a
+        # TF_CONFIG to correct, so the message says what mgpu runs rather than "fix it".
         raise SettingError(
-            f'it has a "{unsupported[0]}" job; MultiWorkerMirroredStrategy takes only '
-            '"chief" (or "master") and "worker" tasks'
+            f'it has a "{unsupported[0]}" job, as a parameter-server cluster '
+            "(ParameterServerStrategy) has; mgpu runs MultiWorkerMirroredStrategy clusters "
+            'only, whose TF_CONFIG lists "chief" (or "master") and "worker" tasks. Run a '
+            "parameter-server job with python itself, without mgpu"
         )
     if "chief" in cluster and "master" in cluster:
         raise SettingError('it has both a "chief" and a "master" job; only one can lead')

@@ -262,6 +262,7 @@ def build_runtime(
     cpu_flags: frozenset[str] | None = None,
     nccl: bool | None = None,
     tf_keras: bool | None = None,
+    keras_2_code: str | None = None,
 ) -> Runtime:
     """Decide everything once. Asks NVML (unless GPUS=none); imports no TensorFlow.
 
@@ -270,6 +271,8 @@ def build_runtime(
     workers. Raises SettingsErrors (a GPU the machine lacks) or ConfigError (settings that
     cannot work together here): both exit 2. `snapshot`, `cpu_flags`, `nccl` and `tf_keras`
     (tf_keras is installed) replace the probes (tests, or a caller that already has them).
+    `keras_2_code`: what in `mgpu run`'s script only Keras 2 has (`runtime.source_scan`), for
+    KERAS=auto.
     """
     environ = os.environ if environ is None else environ
     settings = resolved.settings
@@ -312,6 +315,7 @@ def build_runtime(
         settings.keras, multi_worker=cluster is not None, command=command,
         user_legacy=user_legacy,
         tf_keras_available=tf_keras_installed() if tf_keras is None else tf_keras,
+        keras_2_code=keras_2_code,
     )
     notes.extend(keras.notes)
     environment.update(keras.environment(user_legacy))

@@ -7,7 +7,14 @@ Keras 2 (`tf_keras`) still can. TensorFlow routes `tf.keras` to `tf_keras` when
 `TF_USE_LEGACY_KERAS` is set before TensorFlow is imported, so the choice is made here,
 with the other decisions, and travels as that variable in the `Execution`'s environment.
 
-`choose_keras` is pure (the request, the run's shape and two facts in, a decision out);
+Code written for Keras 2 (`tf.keras` before TensorFlow 2.16) meets Keras 3 on one machine
+too: `metric.reset_states()`, `tf.keras.optimizers.legacy`, `get_scaled_loss`. `mgpu run`
+reads the script first (`runtime/source_scan.py`); what only Keras 2 has makes KERAS=auto
+choose tf_keras, with the API and its file:line in the reason. What the scan cannot see,
+the failure does: `keras_2_error` recognises the errors Keras 2 code meets in Keras 3, and
+the launcher's last line names KERAS=2 and the command.
+
+`choose_keras` is pure (the request, the run's shape and three facts in, a decision out);
 `tensorflow_keras` is the one way mgpu's own code reaches Keras once TensorFlow has started,
 so what mgpu sets (the precision policy, the seed) lands in the Keras the script uses.
 """
@@ -15,6 +22,7 @@ so what mgpu sets (the precision policy, the seed) lands in the Keras the script
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -70,13 +78,16 @@ def choose_keras(
     command: Command,
     user_legacy: str | None,
     tf_keras_available: bool,
+    keras_2_code: str | None = None,
 ) -> KerasChoice:
     """Turn KERAS (auto, 3, 2) into the Keras `tf.keras` will be.
 
     `multi_worker`: the run is a cluster; `command`: whose code uses Keras; `user_legacy`:
     TF_USE_LEGACY_KERAS as the user set it (environment, else the settings file), None when
-    unset; `tf_keras_available`: `tf_keras_installed()`. An explicit KERAS wins over
-    TF_USE_LEGACY_KERAS; with KERAS=auto the user's TF_USE_LEGACY_KERAS is respected.
+    unset; `tf_keras_available`: `tf_keras_installed()`; `keras_2_code`: what in the
+    script only Keras 2 has (`ScriptScan.keras_2_evidence()`, "`x.reset_states()` at
+    train.py:40"), None when nothing. An explicit KERAS wins over TF_USE_LEGACY_KERAS; with
+    KERAS=auto the user's TF_USE_LEGACY_KERAS is respected, then Keras 2 code gets Keras 2.
     Raises ConfigError (exit 2) when Keras 2 is asked for and `tf_keras` is not installed.
     """
     multi_worker_script = multi_worker and command == "run"
@@ -90,6 +101,9 @@ def choose_keras(
     if request == "3":
         notes: list[str] = (
             [f"KERAS=3 overrides {LEGACY_VARIABLE}={user_legacy}"] if legacy_on else [])
+        if keras_2_code is not None and command == "run":
+            notes.append(f"KERAS=3, but the script uses what only Keras 2 has "
+                         f"({keras_2_code}); KERAS=auto would give it tf_keras")
         if multi_worker_script:
             notes.append(f"KERAS=3 between workers: {MULTI_WORKER_ISSUE}; "
                          "KERAS=auto gives the script Keras 2")
@@ -115,6 +129,16 @@ def choose_keras(
         return KerasChoice(
             "2", f"KERAS=auto between workers: {MULTI_WORKER_ISSUE}, so tf.keras is Keras 2 "
                  "(tf_keras)")
+    if keras_2_code is not None and command == "run":
+        if not tf_keras_available:
+            return KerasChoice(
+                "3", "KERAS=auto, but tf_keras is not installed: Keras 3",
+                (f"the script uses what only Keras 2 has ({keras_2_code}), and Keras 2 is "
+                 f"not installed. Fix: pip install '{TF_KERAS_PIN}'",),
+            )
+        return KerasChoice(
+            "2", f"KERAS=auto: the script uses what only Keras 2 has ({keras_2_code}), so "
+                 "tf.keras is Keras 2 (tf_keras); KERAS=3 keeps Keras 3")
     where = "mgpu's own loop" if command != "run" else "one process"
     return KerasChoice("3", f"KERAS=auto: Keras 3 ({where})")
 
@@ -148,3 +172,45 @@ def keras_3_loaded(modules: Mapping[str, Any]) -> bool:
     """Whether Keras 3 was imported as `keras` (`import keras`): `modules` is sys.modules."""
     keras = modules.get("keras")
     return str(getattr(keras, "__version__", "")).startswith("3")
+
+
+# Errors Keras 2 code meets in Keras 3, as Keras 3.15 and TensorFlow 2.21 word them, each with
+# what in the code causes it. Each one's code runs under tf_keras (tests/test_keras_choice.py
+# raises every one under Keras 3; the corpus in tests/keras2_scripts/ runs the scripts).
+KERAS_2_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), cause) for pattern, cause in (
+        (r"has no attribute 'reset_states'", "Keras 3 metrics have reset_state(), not "
+                                             "reset_states()"),
+        (r"keras\.optimizers\.legacy` is not supported in Keras 3",
+         "keras.optimizers.legacy is Keras 2's"),
+        (r"Mixing different tf\.distribute\.Strategy objects",
+         "Keras 3 wants the model built and compiled in the same strategy's scope"),
+        (r"'str' object has no attribute 'name'",
+         "Keras 3 gives dtypes as strings (`x.dtype` is 'float16'), Keras 2 as tf.DType"),
+        (r"Only instances of `keras\.Layer` can be added to a Sequential model",
+         "a Keras 2 layer (tf_keras, tensorflow_hub) in a Keras 3 model"),
+        (r"Argument\(s\) not recognized: \{'lr'", "Keras 3 optimizers take learning_rate=, "
+                                                  "not lr="),
+        (r"has no attribute '(fit_generator|evaluate_generator|predict_generator|"
+         r"get_scaled_loss|get_unscaled_gradients)'", "a Keras 2 method"),
+        (r"module '[\w.]*keras[\w.]*' has no attribute 'experimental'",
+         "Keras 2's experimental modules"),
+        (r"Invalid filepath extension for saving",
+         "Keras 3 saves .keras or .h5 files, not Keras 2's SavedModel folders"),
+        (r"must end in `\.weights\.h5`", "Keras 3 saves weights to .weights.h5 files, not "
+                                         "Keras 2's TensorFlow checkpoints"),
+        (r"File format not supported: filepath=", "Keras 3 loads .keras, .h5 and "
+                                                  ".weights.h5 files, not Keras 2's formats"),
+        (r"A KerasTensor cannot be used as input to a TensorFlow function",
+         "Keras 2 let TensorFlow ops take symbolic Keras tensors"),
+    )
+)
+
+
+def keras_2_error(err: BaseException) -> str | None:
+    """Why `err` looks like Keras 2 code meeting Keras 3 (one of KERAS_2_ERRORS), else None."""
+    text = f"{type(err).__name__}: {err}"
+    for pattern, cause in KERAS_2_ERRORS:
+        if pattern.search(text):
+            return cause
+    return None

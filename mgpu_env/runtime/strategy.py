@@ -157,8 +157,32 @@ def plan_strategy(
     return StrategyPlan("mirrored", devices, device_type, physical_devices, chosen, why)
 
 
+def mirrored_devices(plan: StrategyPlan) -> tuple[tuple[str, ...], str | None]:
+    """The devices MirroredStrategy mirrors over: the plan's, checked against the devices
+    TensorFlow lists now (`tf.config.list_logical_devices`, which starts its runtime).
+
+    A script may split the devices itself before its first strategy (TensorFlow's
+    distributed-input tutorial splits the CPU in 2), and TensorFlow then maps a planned
+    device that does not exist onto device 0: 4 replicas on CPU:0, CPU:1, CPU:0, CPU:0.
+    So when a planned device is missing, the devices that exist are used, never more
+    replicas than devices, and the second value says so (None when the plan holds).
+    """
+    import tensorflow as tf
+
+    listed = tuple(device.name for device in tf.config.list_logical_devices(plan.device_type))
+    if not listed or set(plan.devices) <= set(listed):
+        return plan.devices, None
+    return listed, (
+        f"TensorFlow lists {len(listed)} {plan.device_type} device(s), not the "
+        f"{plan.local_replicas} planned ({', '.join(plan.devices)}): the script set up the "
+        f"devices itself, so MirroredStrategy runs {len(listed)} replica(s), on "
+        f"{', '.join(listed)}"
+    )
+
+
 def make_strategy(plan: StrategyPlan) -> Any:
-    """Build the tf.distribute strategy the plan describes."""
+    """Build the tf.distribute strategy the plan describes; when the devices are not the
+    plan's (`mirrored_devices`), the ones that exist, with a note on stderr."""
     import tensorflow as tf
 
     if plan.kind == "multi_worker":
@@ -172,9 +196,23 @@ def make_strategy(plan: StrategyPlan) -> Any:
                 implementation=implementation
             )
         )
+    devices, changed = mirrored_devices(plan)
+    if changed is not None:
+        print_note(changed)
     return tf.distribute.MirroredStrategy(
-        list(plan.devices), cross_device_ops=make_cross_device_ops(plan)
+        list(devices), cross_device_ops=make_cross_device_ops(plan)
     )
+
+
+_NOTED: set[str] = set()
+
+
+def print_note(line: str) -> None:
+    """A note from inside the user's run, on stderr (its stdout stays its own); once per
+    process, however many strategies the script builds."""
+    if line not in _NOTED:
+        _NOTED.add(line)
+        print(f"mgpu: note: {line}", file=sys.stderr, flush=True)
 
 
 def make_cross_device_ops(plan: StrategyPlan) -> Any:
