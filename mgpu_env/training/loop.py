@@ -142,9 +142,8 @@ def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
     session.join()
     strategy = execution.make_strategy()
     session.after_strategy(strategy, agreement_values(
-        plan.settings, dataset=plan.dataset.name, precision_policy=plan.precision.policy,
-        local_replicas=plan.strategy.local_replicas, train_samples=arrays.train_size,
-        steps_per_epoch=plan.steps_per_epoch,
+        plan.settings, plan.chosen, local_replicas=plan.strategy.local_replicas,
+        train_samples=arrays.train_size, steps_per_epoch=plan.steps_per_epoch,
     ))
     return build_trainer(
         strategy,

@@ -17,7 +17,7 @@ from typing import Any
 
 from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import Settings
+from mgpu_env.config.settings import DECLARATIONS, Settings, with_role
 from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.hardware.folders import folder_access
 from mgpu_env.runtime import Runtime
@@ -39,17 +39,9 @@ from mgpu_env.training.resume import resume_note
 SCHEMA_VERSION = 1
 # The settings `mgpu train` reads (the others belong to other commands, or to the
 # cluster), for the "settings" lines of the summary and the settings in metrics.json.
-TRAIN_SETTINGS = (
-    "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "MODEL",
-    "DATA_DIR",
-    "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
-    "DATA_DETERMINISTIC",
-)
+TRAIN_SETTINGS = with_role("shown")
 # What settings.json records: every setting a training run reads, the cluster's included.
-RUN_SETTINGS = (
-    *TRAIN_SETTINGS, "TF_CONFIG", "WORKER_HOSTS", "WORKER_INDEX", "WORKER_PORT", "WORKER_TIMEOUT",
-    "ENV_FILE",
-)
+RUN_SETTINGS = with_role("recorded")
 # Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
 # 20% held out by a stratified split.
 KNOWN_SIZES = {
@@ -140,6 +132,13 @@ class TrainPlan:
         }
 
     @property
+    def chosen(self) -> dict[str, str]:
+        """What the run resolved for the settings that ask for a choice (`auto`, `1`), keyed
+        by the setting: the workers agree on these, not on the requests."""
+        return {"DATASET": self.dataset.name, "MIXED_PRECISION": self.precision.policy,
+                "KERAS": self.runtime.keras.version}
+
+    @property
     def identity(self) -> dict[str, Any]:
         return run_identity(self.settings, self.dataset.name, self.precision.policy,
                             self.global_batch_size)
@@ -177,18 +176,18 @@ class TrainPlan:
 def run_identity(
     settings: Settings, dataset: str, policy: str, global_batch_size: int
 ) -> dict[str, Any]:
-    """What must match for a run folder to be resumed (EPOCHS may grow, devices may not)."""
-    identity: dict[str, Any] = {
-        "dataset": dataset,
-        "per_replica_batch_size": settings.batch_size,
-        "global_batch_size": global_batch_size,
-        "learning_rate": settings.learning_rate,
-        "seed": settings.seed,
-        "precision_policy": policy,
-    }
-    if settings.model != "mlp":
-        # Only when set, so folders of runs from before MODEL existed still resume.
-        identity["model"] = settings.model
+    """What must match for a run folder to be resumed (EPOCHS may grow, devices may not):
+    the settings declared with the role "identity", with what the run chose for `auto`
+    (the data set, the precision policy), and the global batch."""
+    chosen: dict[str, Any] = {"DATASET": dataset, "MIXED_PRECISION": policy}
+    identity: dict[str, Any] = {"global_batch_size": global_batch_size}
+    for declaration in DECLARATIONS:
+        if "identity" not in declaration.roles:
+            continue
+        value = getattr(settings, declaration.field_name)
+        if declaration.identity_if_set and value == declaration.parse(declaration.default):
+            continue
+        identity[declaration.identity] = chosen.get(declaration.env, value)
     return identity
 
 
