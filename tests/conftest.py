@@ -10,7 +10,7 @@ import pytest
 from mgpu_env import runtime
 from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import cudalibs, nvml
-from tests.fake_nvml import FakeNvml, fake_with
+from tests.support.fake_nvml import FakeNvml, fake_with
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ def clean_settings_env(
 def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     """The doctor and the pre-flight see the CUDA user space the CUDA lock installs, not this
     machine's: tests that probe the real libraries call cudalibs' lower-level functions."""
-    from tests.fake_doctor import cuda_stack
+    from tests.support.fake_doctor import cuda_stack
 
     monkeypatch.setattr(cudalibs, "collect", lambda environ, timeout_s=0: cuda_stack())
     monkeypatch.setattr(cudalibs, "collect_in_process", lambda environ=None: cuda_stack())

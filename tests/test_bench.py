@@ -47,7 +47,7 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import GpuRequest, Settings
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.nvml import GpuInfo, Probed
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

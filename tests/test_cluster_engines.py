@@ -24,7 +24,7 @@ from mgpu_env.runtime.cluster.peers import (
     probe_peers,
     wait_until_resolved,
 )
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 from tests.test_quiet_start import clean_env
 
 

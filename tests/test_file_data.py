@@ -14,7 +14,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import SettingError, parse_dataset
 from mgpu_env.training.data import Arrays, FileData, check_finite, files
 from mgpu_env.training.data.files import load_files
-from tests.filedata import (
+from tests.support.filedata import (
     flip_record_byte,
     image_bytes,
     replace_keeping_stat,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.filedata import (
+from tests.support.filedata import (
     flip_record_byte,
     replace_keeping_stat,
     write_images,

@@ -27,7 +27,7 @@ from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.training import hooks
 from mgpu_env.training.data import load_arrays, resolve_dataset
 from mgpu_env.training.plan import run_identity
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 Write = Callable[[str, str], str]
 

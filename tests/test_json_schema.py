@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.bench.sweep import run_bench
 from mgpu_env.training import rundir
-from tests.fake_nvml import FakeNvml, fake_with
-from tests.runtimes import runtime_of
+from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.runtimes import runtime_of
 from tests.test_bench import fake_runner, settings
 from tests.test_quiet_start import mgpu
 

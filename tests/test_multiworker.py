@@ -24,7 +24,7 @@ from mgpu_env.training.multiworker import (
     is_worker_failure,
     lost_tasks,
 )
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 
 def settings_from(**env: str) -> Settings:

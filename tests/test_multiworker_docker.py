@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs, epoch_losses
+from tests.support.runfolders import completed_epochs, epoch_losses
 from tests.test_container import docker_engine_missing
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs, epoch_losses
+from tests.support.runfolders import completed_epochs, epoch_losses
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs
+from tests.support.runfolders import completed_epochs
 from tests.test_train_run import wait_for_epochs
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from mgpu_env.doctor.checks import check_run_folder
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware.folders import FolderAccess, folder_access
 from mgpu_env.hardware.nvml import GpuListing, NvmlSnapshot
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 REPO = Path(__file__).resolve().parent.parent
 NOBODY = 65534

@@ -251,7 +251,7 @@ def test_the_seeds_unmodified_script_trains_on_two_logical_devices(tmp_path: Pat
 FAKE_GPUS = """
 import sys
 sys.path.insert(0, {repo!r})
-from tests.fake_nvml import fake_with
+from tests.support.fake_nvml import fake_with
 import mgpu_env.hardware.nvml as nvml
 nvml.load_library = lambda: fake_with(2)
 from mgpu_env import launcher

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import DECLARATIONS, GpuRequest, SettingsErrors
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 
 def test_defaults_when_nothing_is_set() -> None:

@@ -1,4 +1,4 @@
-"""mgpu under a real Slurm (one node, `tests/slurm_cluster.py`): srun steps, a batch job.
+"""mgpu under a real Slurm (one node, `tests/support/slurm_cluster.py`): srun steps, a batch job.
 
 Each `srun -n2` step is one 2-worker run on this machine's CPU: the tasks read their rank
 and the step's nodes from Slurm's variables, nothing else. Each task writes its own log
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs, epoch_losses
-from tests.slurm_cluster import REPO, SlurmCluster, SlurmUnavailable, start_cluster
+from tests.support.runfolders import completed_epochs, epoch_losses
+from tests.support.slurm_cluster import REPO, SlurmCluster, SlurmUnavailable, start_cluster
 
 pytestmark = pytest.mark.slow
 MGPU = REPO / ".venv" / "bin" / "mgpu"

@@ -21,7 +21,7 @@ from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
 from mgpu_env.runtime.strategy import WorkerRole, make_strategy, plan_strategy
 from tests.conftest import LOGICAL_CPUS
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.runtime.precision import choose_precision
-from tests.runfolders import completed_epochs
+from tests.support.runfolders import completed_epochs
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
