@@ -11,6 +11,7 @@ from mgpu_env import runtime
 from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import cudalibs, nvml
 from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.runtimes import LOGICAL_CPUS
 
 
 @pytest.fixture(autouse=True)
@@ -64,11 +65,6 @@ def use_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeNvm
 @pytest.fixture
 def two_gpus(use_fake_nvml: Callable[[FakeNvml], FakeNvml]) -> FakeNvml:
     return use_fake_nvml(fake_with(2))
-
-
-# TensorFlow's devices are fixed by the first test that starts its runtime in this process:
-# every in-process test that uses TensorFlow asks for this split first (session-wide).
-LOGICAL_CPUS = 4
 
 
 @pytest.fixture(scope="session")

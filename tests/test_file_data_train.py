@@ -20,7 +20,7 @@ from tests.support.filedata import (
     write_npy,
     write_tfrecords,
 )
-from tests.test_train_run import metrics, run, train_env
+from tests.support.train_process import metrics, run, train_env
 
 pytestmark = pytest.mark.slow
 

@@ -67,3 +67,16 @@ def test_no_module_is_over_the_line_budget() -> None:
     long = [f"{p.relative_to(REPO)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert not long, f"modules over {MAX_LINES} lines (split them by topic):\n" + "\n".join(long)
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/support; a test module (or conftest) imported by another
+    would run its tests twice and tie the two together."""
+    tests = REPO / "tests"
+    crossings = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in sorted(tests.rglob("*.py"))
+        for name in sorted(imported_modules(path))
+        if name.startswith(("tests.test_", "tests.conftest"))
+    ]
+    assert not crossings, "\n".join(crossings)

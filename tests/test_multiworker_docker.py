@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.docker import docker_engine_missing
 from tests.support.runfolders import completed_epochs, epoch_losses
-from tests.test_container import docker_engine_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.multiworker.yml"

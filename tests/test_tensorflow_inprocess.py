@@ -20,8 +20,7 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
 from mgpu_env.runtime.strategy import WorkerRole, make_strategy, plan_strategy
-from tests.conftest import LOGICAL_CPUS
-from tests.support.runtimes import runtime_of
+from tests.support.runtimes import LOGICAL_CPUS, runtime_of
 
 
 @pytest.fixture
