@@ -1,4 +1,5 @@
-"""Shared fixtures: a fake NVML behind the probe layer, and a clean settings environment."""
+"""Shared fixtures: a fake NVML behind the probe layer, and a clean settings environment;
+tests marked `gpu` are skipped, with the reason, on a machine whose NVML lists no GPU."""
 
 from __future__ import annotations
 
@@ -12,6 +13,20 @@ from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import cudalibs, nvml
 from tests.support.fake_nvml import FakeNvml, fake_with
 from tests.support.runtimes import LOGICAL_CPUS
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the `gpu` tests where there is no GPU, saying why (NVML is asked once, and only
+    when such a test was collected: `pytest -m gpu` on a GPU machine runs them)."""
+    marked = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not marked:
+        return
+    listing = nvml.list_gpus()
+    if listing.gpus:
+        return
+    skip = pytest.mark.skip(reason=f"requires a GPU: {listing.error or 'NVML lists none'}")
+    for item in marked:
+        item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

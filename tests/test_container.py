@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.xdist_group("docker")  # one worker builds the image the docker tests share
 @pytest.mark.timeout(3600)
 def test_make_test_container(tmp_path: Path) -> None:
     reason = docker_engine_missing()

@@ -23,7 +23,8 @@ import pytest
 from tests.support.runfolders import completed_epochs, epoch_losses
 from tests.support.slurm_cluster import REPO, SlurmCluster, SlurmUnavailable, start_cluster
 
-pytestmark = pytest.mark.slow
+# One Slurm on this machine: its tests share one xdist worker (make test runs in parallel).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 MGPU = REPO / ".venv" / "bin" / "mgpu"
 RUN_TIMEOUT_S = 300
 WORKER_TIMEOUT_S = "30"
