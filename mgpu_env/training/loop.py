@@ -14,7 +14,6 @@ non-finite loss, or a record that cannot be read (`training.corrupt`), stops wit
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 import warnings
@@ -29,10 +28,10 @@ from mgpu_env.training import rundir
 from mgpu_env.training.build import Trainer, build_trainer
 from mgpu_env.training.corrupt import stop_on_bad_records
 from mgpu_env.training.data import Data, load_data
+from mgpu_env.training.epochs import AFTER_CALL, AFTER_EPOCH, Checkpoints, Run
 from mgpu_env.training.feed import make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
-from mgpu_env.training.order import STEPS_PER_CALL
-from mgpu_env.training.plan import RUN_SETTINGS, TRAIN_SETTINGS, TrainPlan
+from mgpu_env.training.plan import RUN_SETTINGS, TrainPlan
 from mgpu_env.training.report import Reporter
 from mgpu_env.training.signals import Interrupted, StopRequest, stop_on_signals
 
@@ -64,10 +63,6 @@ class TrainResult:
     def wall_time_s(self) -> float:
         """Wall time, start-up included: from the command's start to the run's end."""
         return float(self.metrics["wall_time_s"])
-
-
-def resume_command(output_dir: Path) -> str:
-    return f"OUTPUT_DIR={output_dir} mgpu train"
 
 
 def run_training(
@@ -103,7 +98,7 @@ def run_training(
             # replaced last, so the previous checkpoint stays the one that is resumed.
             raise Interrupted(
                 "SIGINT received twice: training stopped at once; the last checkpoint "
-                f"written is kept.\n  Resume with: {resume_command(plan.output_dir)}",
+                f"written is kept.\n  Resume with: {plan.resume_command}",
                 signal.SIGINT,
             ) from None
         except Exception as err:
@@ -114,21 +109,11 @@ def run_training(
                 raise RunFailed(
                     f"TensorFlow failed: {type(err).__name__}: {str(err).splitlines()[0]}\n"
                     f"  Completed epochs are checkpointed; resume with: "
-                    f"{resume_command(plan.output_dir)} (run with --debug for the traceback)"
+                    f"{plan.resume_command} (run with --debug for the traceback)"
                 ) from err
             raise
         finally:
             session.close(succeeded=False)
-
-
-@dataclass
-class _Checkpoints:
-    """The run's checkpoint, its manager and the epoch it counts."""
-
-    checkpoint: Any
-    manager: Any
-    epoch: Any  # tf.Variable: epochs completed
-    directory: Path
 
 
 def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
@@ -156,13 +141,13 @@ def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
 
 def _restore_checkpoints(
     plan: TrainPlan, trainer: Trainer, session: WorkerSession
-) -> tuple[_Checkpoints, int]:
+) -> tuple[Checkpoints, int]:
     """Claim the run folder (chief), restore the latest checkpoint; the epoch to start at."""
     import tensorflow as tf
 
     with trainer.strategy.scope():
         epoch_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-    if plan.strategy.role.is_chief:
+    if plan.is_chief:
         rundir.claim_run_folder(plan.folder, plan.identity)
         directory = plan.folder.checkpoint_dir
     else:
@@ -182,7 +167,7 @@ def _restore_checkpoints(
         trainer.strategy,
         [*trainer.model.variables, *trainer.optimizer.variables, epoch_counter],
     )
-    return _Checkpoints(checkpoint, manager, epoch_counter, directory), int(
+    return Checkpoints(checkpoint, manager, epoch_counter, directory), int(
         epoch_counter.numpy()
     )
 
@@ -198,12 +183,11 @@ def _train(
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
 
     settings = plan.settings
-    is_chief = plan.strategy.role.is_chief
-    arrays = load_data(plan.dataset, settings.seed)
-    _check_sizes(plan, arrays)
-    trainer = _start(plan, session, arrays)
+    data = load_data(plan.dataset, settings.seed)
+    _check_sizes(plan, data)
+    trainer = _start(plan, session, data)
     saved, start_epoch = _restore_checkpoints(plan, trainer, session)
-    if is_chief:
+    if plan.is_chief:
         # What this start ran with, and why (flag, env, .env, default), before any epoch.
         rundir.atomic_write_json(plan.output_dir / rundir.SETTINGS_FILE, {
             "schema_version": rundir.SCHEMA_VERSION,
@@ -212,110 +196,49 @@ def _train(
             "resumed_from_epoch": start_epoch,
             "settings": plan.settings_provenance(RUN_SETTINGS),
         })
-    history = rundir.read_history(plan.output_dir, start_epoch) if start_epoch else []
     if start_epoch:
         reporter.note(f"Resuming from the checkpoint of epoch {start_epoch} in {saved.directory}")
-
-    writer = tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR)) if (
-        is_chief
-    ) else tf.summary.create_noop_writer()
-    history, trained_samples, trained_seconds = _train_epochs(
-        plan, trainer, saved, session, reporter, stop, writer, start_epoch, history, arrays
+    with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
+        # Data kept on the devices is read (and checked) here, once.
+        feed = make_feed(trainer.strategy, data, plan.global_batch_size, settings.seed,
+                         deterministic=settings.data_deterministic, keep=plan.keep)
+    run = Run(
+        plan, trainer, saved, session, reporter, stop,
+        writer=tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
+        if plan.is_chief else tf.summary.create_noop_writer(),
+        data=data, feed=feed, start_epoch=start_epoch,
+        history=rundir.read_history(plan.output_dir, start_epoch) if start_epoch else [],
+        after_call=list(AFTER_CALL), after_epoch=list(AFTER_EPOCH),
     )
-    if stop.requested and plan.settings.epochs > start_epoch:
+    run.train()
+    if stop.requested and settings.epochs > start_epoch:
         # The signal came during the last epoch's save: everything is saved, so finish.
         reporter.note("Stop requested after the last epoch was saved; finishing the run")
+    return _finish(run, started)
 
-    test_loss, test_accuracy = _evaluate(plan, trainer, session, arrays)
-    with writer.as_default(step=settings.epochs):
+
+def _finish(run: Run, started: float) -> TrainResult:
+    """Evaluate on the test set, then (chief) write the model and metrics.json."""
+    import tensorflow as tf
+
+    plan = run.plan
+    test_loss, test_accuracy = _evaluate(plan, run.trainer, run.session, run.data)
+    with run.writer.as_default(step=plan.settings.epochs):
         tf.summary.scalar("test_accuracy", test_accuracy)
-    writer.flush()
-
-    metrics = _metrics(
-        plan, start_epoch, history, test_accuracy, test_loss,
-        trained_samples, trained_seconds, time.time() - started, arrays,
-    )
+    run.writer.flush()
+    metrics = run.metrics(test_loss, test_accuracy, time.time() - started)
     finished_before = plan.folder.finished_metrics
-    if start_epoch == settings.epochs and finished_before is not None:
+    if run.start_epoch == plan.settings.epochs and finished_before is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.
         return TrainResult(plan.output_dir, finished_before, already_finished=True)
-    if is_chief:
+    if plan.is_chief:
         rundir.atomic_save(
-            plan.output_dir / rundir.MODEL_FILE, lambda path: trainer.model.save(path),
+            plan.output_dir / rundir.MODEL_FILE, lambda path: run.trainer.model.save(path),
             ".keras",
         )
         rundir.atomic_write_json(plan.output_dir / rundir.METRICS_FILE, metrics)
     return TrainResult(plan.output_dir, metrics)
-
-
-def _train_epochs(
-    plan: TrainPlan, trainer: Trainer, saved: _Checkpoints, session: WorkerSession,
-    reporter: Reporter, stop: StopRequest, writer: Any, start_epoch: int,
-    history: list[dict[str, Any]], arrays: Data,
-) -> tuple[list[dict[str, Any]], int, float]:
-    """The epochs left; each ends with its history entry, checkpoint and TensorBoard
-    scalars. Returns the history and this process's trained samples and seconds."""
-    import tensorflow as tf
-
-    settings, steps = plan.settings, trainer.steps
-    trained_samples, trained_seconds = 0, 0.0
-    samples_per_epoch = plan.steps_per_epoch * plan.global_batch_size
-    resume = resume_command(plan.output_dir)
-    with stop_on_bad_records(arrays, ("train", "test"), start_epoch, resume):  # read if kept
-        feed = make_feed(trainer.strategy, arrays, plan.global_batch_size, settings.seed,
-                         deterministic=settings.data_deterministic, keep=plan.keep)
-    for epoch in range(start_epoch, settings.epochs):
-        if stop.requested:
-            _raise_interrupted(plan, stop, epoch)
-        run_steps = feed.runner(steps, epoch)
-        steps.reset_train_metrics()
-        reporter.epoch_begin(epoch + 1, settings.epochs, plan.steps_per_epoch)
-        epoch_start = time.perf_counter()
-        done = 0
-        while done < plan.steps_per_epoch:
-            count = min(STEPS_PER_CALL, plan.steps_per_epoch - done)
-            with stop_on_bad_records(arrays, ("train",), epoch, resume):
-                run_steps(count)
-            session.progress()
-            done += count
-            loss = float(steps.train_loss.result())
-            accuracy = float(steps.train_accuracy.result())
-            if not math.isfinite(loss):
-                _raise_non_finite(plan, epoch, done, f"The training loss became {loss}")
-            if not bool(steps.weights_finite()):
-                _raise_non_finite(plan, epoch, done, "The model's weights became NaN or "
-                                  f"infinite (the loss reads {loss:.4f})")
-            reporter.steps_done(done, loss, accuracy)
-            if stop.requested and done < plan.steps_per_epoch:
-                # Mid-epoch state is not saved: resuming restarts this epoch from the last
-                # completed one, so a resumed run trains exactly like an uninterrupted one.
-                _raise_interrupted(plan, stop, epoch)
-        seconds = time.perf_counter() - epoch_start
-        trained_samples += samples_per_epoch
-        trained_seconds += seconds
-        record = {
-            "epoch": epoch + 1,
-            "loss": loss,
-            "accuracy": accuracy,
-            "samples_per_sec": samples_per_epoch / seconds,
-            "seconds": seconds,
-        }
-        history = [*history, record]
-        if plan.strategy.role.is_chief:
-            # history.json first, the checkpoint second: on resume, history is cut back to
-            # the checkpoint's epoch, so a kill between the two loses nothing.
-            rundir.write_history(plan.output_dir, history)
-        saved.epoch.assign(epoch + 1)
-        session.progress("saving the checkpoint")
-        saved.manager.save(checkpoint_number=epoch + 1)
-        session.progress("training")
-        with writer.as_default(step=epoch + 1):
-            for name in ("loss", "accuracy", "samples_per_sec"):
-                tf.summary.scalar(name, record[name])
-        writer.flush()
-        reporter.epoch_end(record)
-    return history, trained_samples, trained_seconds
 
 
 def _evaluate(
@@ -328,20 +251,11 @@ def _evaluate(
     steps.test_loss.reset_state()
     steps.test_accuracy.reset_state()
     session.progress("evaluating")
-    with stop_on_bad_records(arrays, ("test",), None, resume_command(plan.output_dir)):
+    with stop_on_bad_records(arrays, ("test",), None, plan.resume_command):
         steps.evaluate(trainer.strategy.experimental_distribute_dataset(
             test_dataset(arrays, plan.global_batch_size)
         ))
     return float(steps.test_loss.result()), float(steps.test_accuracy.result())
-
-
-def _samples_per_sec(samples: int, seconds: float, history: list[dict[str, Any]]) -> float:
-    """This process's training throughput; when it trained no epoch (it resumed a run killed
-    after its last checkpoint), the mean of the epochs the history recorded."""
-    if seconds > 0:
-        return samples / seconds
-    rates = [float(e["samples_per_sec"]) for e in history if "samples_per_sec" in e]
-    return sum(rates) / len(rates) if rates else 0.0
 
 
 def _check_sizes(plan: TrainPlan, arrays: Data) -> None:
@@ -373,72 +287,3 @@ def _restore(checkpoint: Any, manager: Any, epoch_counter: Any) -> int:
             f"  Fix: move {Path(latest).parent} away to start over, or choose another OUTPUT_DIR."
         ) from None
     return int(epoch_counter.numpy())
-
-
-def _raise_non_finite(plan: TrainPlan, epoch: int, done: int, what: str) -> None:
-    """Stop at once on a NaN or infinite loss, as Keras' TerminateOnNaN does, or on NaN or
-    infinite weights: the weights are already non-finite, so this epoch is never saved and
-    the last good checkpoint stays the one a new start resumes from."""
-    kept = rundir.checkpoint_kept(epoch)
-    raise RunFailed(
-        f"{what} in epoch {epoch + 1} (within its first {done} "
-        f"steps): training stopped and nothing of this epoch was saved; {kept}.\n"
-        "  Cause: NaN or infinite values in streamed samples (data read whole is checked "
-        f"before training), or a learning rate too high (LEARNING_RATE="
-        f"{plan.settings.learning_rate}).\n"
-        f"  Fix: repair the data and resume with: {resume_command(plan.output_dir)}; or "
-        "start over with a lower LEARNING_RATE in another OUTPUT_DIR."
-    )
-
-
-def _raise_interrupted(plan: TrainPlan, stop: StopRequest, epoch: int) -> None:
-    signum = stop.signum or signal.SIGTERM
-    name = signal.Signals(signum).name
-    kept = rundir.checkpoint_kept(epoch)
-    raise Interrupted(
-        f"{name} received: training stopped during epoch {epoch + 1} of "
-        f"{plan.settings.epochs}; {kept}.\n  Resume with: {resume_command(plan.output_dir)}",
-        signum,
-    )
-
-
-def _metrics(
-    plan: TrainPlan,
-    start_epoch: int,
-    history: list[dict[str, Any]],
-    test_accuracy: float,
-    test_loss: float,
-    trained_samples: int,
-    trained_seconds: float,
-    wall_time_s: float,
-    arrays: Data,
-) -> dict[str, Any]:
-    described = plan.describe()
-    return {
-        "schema_version": rundir.SCHEMA_VERSION,
-        "status": "finished",
-        "epochs_completed": plan.settings.epochs,
-        "resumed_from_epoch": start_epoch,
-        "replicas": plan.replicas,
-        "per_replica_batch_size": plan.per_replica_batch_size,
-        "global_batch_size": plan.global_batch_size,
-        "precision_policy": plan.precision.policy,
-        "dataset": plan.dataset.name,
-        "train_samples_per_sec": _samples_per_sec(trained_samples, trained_seconds, history),
-        "test_accuracy": test_accuracy,
-        "test_loss": test_loss,
-        "history": history,
-        "training_time_s": trained_seconds,
-        "wall_time_s": wall_time_s,
-        "train_samples": arrays.train_size,
-        "test_samples": arrays.test_size,
-        "devices": described["devices"],
-        "device_names": described["physical_devices"],
-        "device_type": plan.device_type,
-        "cross_device_ops": plan.strategy.cross_device_ops,
-        "xla": plan.xla,
-        "settings": {
-            k: v for k, v in plan.settings.describe().items() if k in TRAIN_SETTINGS
-        },
-        "mgpu_version": __version__,
-    }

@@ -103,6 +103,16 @@ class TrainPlan:
         return ("CPU",)
 
     @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the run folder (the other workers write scratch)."""
+        return self.strategy.role.is_chief
+
+    @property
+    def resume_command(self) -> str:
+        """What a user runs to resume this run, for every message that stops it."""
+        return f"OUTPUT_DIR={self.output_dir} mgpu train"
+
+    @property
     def per_replica_batch_size(self) -> int:
         return self.settings.batch_size
 
