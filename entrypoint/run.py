@@ -9,7 +9,7 @@ import typer
 
 from entrypoint.options import TAG, SettingFlags, resolve, say, with_settings
 from mgpu_env import launcher
-from mgpu_env.runtime import build_runtime
+from mgpu_env.api import start_process
 
 # The settings flags go before SCRIPT; everything from SCRIPT on is the script's, unparsed
 # (`--epochs 3` after SCRIPT is the script's argument, as with `python SCRIPT`).
@@ -48,9 +48,8 @@ def command(
         )
     resolved = resolve(flags)  # bad settings: exit 2, before the script starts
     run_target = launcher.resolve_target(target or [], module=module)
-    runtime = build_runtime(resolved, command="run")  # a GPU the machine lacks: exit 2
+    runtime = start_process(resolved, "run")  # a GPU the machine lacks: exit 2
     TAG.set_for(runtime)
-    runtime.apply()  # CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is imported
     launcher.prepare(runtime)
     if not resolved.settings.quiet:
         for line in launcher.summary(runtime, run_target):

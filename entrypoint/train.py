@@ -20,7 +20,7 @@ from entrypoint.options import (
     say,
     with_settings,
 )
-from mgpu_env.runtime import build_runtime
+from mgpu_env.api import start_process
 from mgpu_env.training.resume import resolve_run_settings
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
@@ -126,8 +126,7 @@ def command(
         fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
              EXIT_BAD_CONFIG)
     resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
-    runtime = build_runtime(resolved, command="train")  # a GPU the machine lacks: exit 2
-    runtime.apply()
+    runtime = start_process(resolved, "train")  # a GPU the machine lacks: exit 2
     TAG.set_for(runtime)
 
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mgpu_env import runtime
+from mgpu_env import api, runtime
 from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import cudalibs, nvml
 from tests.support.fake_nvml import FakeNvml, fake_with
@@ -38,6 +38,9 @@ def restore_environ() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+    # A command run in-process (CliRunner) keeps its runtime as the process's
+    # (`api.start_process`): the next test resolves its own.
+    api._reset()
 
 
 @pytest.fixture(autouse=True)
