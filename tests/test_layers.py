@@ -80,3 +80,46 @@ def test_no_test_module_imports_another() -> None:
         if name.startswith(("tests.test_", "tests.conftest"))
     ]
     assert not crossings, "\n".join(crossings)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of mgpu_env and entrypoint -> the modules of the two it imports, at any
+    depth of the code (a package's `__init__` is a module of its own, as import-linter
+    counts it)."""
+    files = {}
+    for path in [*sorted(PACKAGE.rglob("*.py")), *sorted((REPO / "entrypoint").rglob("*.py"))]:
+        parts = path.relative_to(REPO).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {
+        module: {name for name in imported_modules(path) if name in files and name != module}
+        for module, path in files.items()
+    }
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a loop."""
+    reach = {module: set(targets) for module, targets in graph.items()}
+    changed = True
+    while changed:  # the transitive closure: small graphs, a few passes
+        changed = False
+        for targets in reach.values():
+            more = set().union(*(reach[t] for t in targets)) - targets
+            if more:
+                targets |= more
+                changed = True
+    groups = {frozenset({m, *(t for t in reach[m] if m in reach[t])})
+              for m in graph if m in reach[m]}
+    return sorted(sorted(group) for group in groups)
+
+
+def test_no_import_cycles_function_level_imports_included() -> None:
+    # The doctor's checks package is left out: its modules and its __init__ share helpers
+    # both ways (the doctor's own layout, outside the training core).
+    cycles = [group for group in import_cycles(module_graph())
+              if not all(m.startswith("mgpu_env.doctor.") for m in group)]
+    assert not cycles, "\n".join(" <-> ".join(group) for group in cycles)
+
+
+def test_the_cycle_check_sees_a_loop_through_a_lazy_import() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]

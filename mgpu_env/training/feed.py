@@ -61,10 +61,8 @@ CALL_ROWS_BYTES = 64 * 1024**2
 
 
 def fits_on_device(data: Arrays | FileData, keep: KeepLimit) -> bool:
-    """Whether the training rows are kept on every device (else they stream from the host),
-    counted as the float32 samples and int32 labels the step takes."""
-    per_row = int(np.prod(data.sample_shape)) + 1
-    return keep.keeps(data.train_size * per_row * 4)
+    """Whether the training rows are kept on every device (else they stream from the host)."""
+    return keep.keeps_rows(data.sample_shape, data.train_size)
 
 
 def epoch_steps(data: Data, global_batch: int, workers: int, keep: KeepLimit) -> int:

@@ -109,10 +109,9 @@ def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
     data = load_data(choice, seed)
     if isinstance(data, FileData):
         from mgpu_env.training.data.read import read_whole
-        from mgpu_env.training.feed import fits_on_device
         from mgpu_env.training.keep import FALLBACK
 
-        if fits_on_device(data, FALLBACK):
+        if FALLBACK.keeps_rows(data.sample_shape, data.train_size):
             return read_whole(data)
         raise ConfigError(
             f"DATASET={choice.name}: its decoded samples are over 2 GiB, so they stream from "

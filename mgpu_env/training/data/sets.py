@@ -12,14 +12,11 @@ import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mgpu_env.training.hooks import Part, RowStream
 
 IMAGE_SIDE = 28
 FEATURES = IMAGE_SIDE * IMAGE_SIDE
@@ -28,6 +25,25 @@ CLASSES = 10
 FINITE_CHUNK_ROWS = 65_536
 
 Origin = Literal["file", "download", "built-in", "generated", "hook", "files"]
+
+
+# A DATASET loader's parts (`training.hooks`): arrays, or a stream of rows too big to read.
+@dataclass(frozen=True)
+class RowStream:
+    """A loader's tf.data.Dataset too big to read into memory: its rows as (float32 x,
+    int32 y), read anew each epoch, with what one counting pass found."""
+
+    rows: Any  # tf.data.Dataset of (x, y)
+    size: int
+    sample_shape: tuple[int, ...]
+    max_label: int
+
+
+Part = tuple[np.ndarray, np.ndarray] | RowStream
+
+
+def part_size(part: Part) -> int:
+    return part.size if isinstance(part, RowStream) else int(part[0].shape[0])
 FileKind = Literal["tfrecord", "images", "npy"]
 FILE_KINDS: tuple[FileKind, ...] = ("tfrecord", "images", "npy")
 
@@ -86,7 +102,7 @@ class Arrays:
 
 @dataclass(frozen=True)
 class Streamed:
-    """A DATASET loader's data too big to read into memory (`hooks.RowStream`): the
+    """A DATASET loader's data too big to read into memory (`RowStream`): the
     training rows stream from its pipeline every epoch (`training.feed.RowStreamFeed`), the
     test rows once per evaluation."""
 
@@ -105,8 +121,6 @@ class Streamed:
 
     @property
     def test_size(self) -> int:
-        from mgpu_env.training.hooks import part_size
-
         return part_size(self.test)
 
 
