@@ -123,3 +123,29 @@ def test_no_import_cycles_function_level_imports_included() -> None:
 def test_the_cycle_check_sees_a_loop_through_a_lazy_import() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+# Where a function over MAX_FUNCTION_LINES lines must say why it is long, in a comment that
+# starts with "# Long:" (the training core, bench and the commands built on them).
+MAX_FUNCTION_LINES = 60
+LENGTH_RULE = ("mgpu_env/training", "mgpu_env/bench", "mgpu_env/api.py", "entrypoint/train.py",
+               "entrypoint/bench.py", "entrypoint/run.py")
+
+
+def test_a_long_function_says_why_it_is_long() -> None:
+    unexplained = []
+    for place in LENGTH_RULE:
+        path = REPO / place
+        for module in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            lines = module.read_text().splitlines()
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                end = node.end_lineno or node.lineno
+                body = lines[node.lineno - 1 : end]
+                if end - node.lineno + 1 > MAX_FUNCTION_LINES and not any(
+                    line.strip().startswith("# Long:") for line in body
+                ):
+                    unexplained.append(f"{module.relative_to(REPO)}:{node.lineno} {node.name} "
+                                       f"({end - node.lineno + 1} lines)")
+    assert not unexplained, "split these, or say why they are long:\n" + "\n".join(unexplained)

@@ -15,6 +15,7 @@ def plot_bench(report: dict[str, Any], path: Path) -> Path:
     and the ideal line n x throughput(base). Right: scaling efficiency in percent, with
     100% as the ideal.
     """
+    # Long: matplotlib's calls for two panels that share their series, colours and ticks.
     import matplotlib
 
     matplotlib.use("Agg")  # no display in containers and CI

@@ -235,16 +235,7 @@ def plan_training(
     settings = runtime.settings
     output_dir = output_dir_of(runtime)
     check_output_dir(runtime)
-    notes = list(runtime.notes)
-    if (resumed := resume_note(runtime.resolved)) is not None:
-        notes.insert(0, resumed)
-    if dry_run and runtime.cluster is not None:
-        missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
-        if missing:
-            notes.append(f"peers that do not resolve yet: {', '.join(missing)} (a real run "
-                         "waits up to WORKER_TIMEOUT for them)")
-    if runtime.strategy_plan.note:
-        notes.append(runtime.strategy_plan.note)
+    notes = _start_notes(runtime, dry_run)
     dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)
     if dataset.note:
         notes.append(dataset.note)
@@ -254,35 +245,10 @@ def plan_training(
         from mgpu_env.training import hooks
 
         hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
-    input_shape: tuple[int, ...] = (FEATURES,)
-    num_classes = CLASSES
-    replicas = runtime.replicas
-    workers = runtime.strategy_plan.role.num_workers
-    keep_limit = plan_keep(runtime, workers)
+    keep_limit = plan_keep(runtime, runtime.strategy_plan.role.num_workers)
     notes.append(keep_limit.note())
-    global_batch = settings.batch_size * replicas
-    if dataset.origin in ("hook", "files"):
-        # Its size and shape are known only by calling it (a loader) or counting it (files,
-        # cached after the first run), once: the loop reuses the data. A loader may use
-        # TensorFlow, so TensorFlow gets its devices and policy first; files are counted
-        # with TensorFlow after the same preparation, or (multi-worker) in a child process.
-        if dataset.origin == "hook":
-            runtime.execution.prepare_tensorflow()
-        arrays = load_data(dataset, settings.seed, in_process=workers == 1,
-                           prepare=runtime.execution.prepare_tensorflow)
-        dataset = dataclasses.replace(dataset, loaded=arrays)
-        train_size, test_size = arrays.train_size, arrays.test_size
-        input_shape, num_classes = arrays.sample_shape, arrays.num_classes
-        steps = epoch_steps(arrays, global_batch, workers, keep_limit)
-    else:
-        train_size, test_size = KNOWN_SIZES[dataset.name]
-        steps = train_size // global_batch
-    if steps == 0:
-        raise ConfigError(
-            f"The global batch ({settings.batch_size} x {replicas} replicas = {global_batch}) "
-            f"is larger than the {train_size} training samples of {dataset.name}.\n"
-            f"  Fix: set BATCH_SIZE to at most {train_size // replicas}."
-        )
+    global_batch = settings.batch_size * runtime.replicas
+    dataset, sizes = _data_sizes(runtime, dataset, global_batch, keep_limit)
     identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
     folder = rundir.inspect_run_folder(output_dir, identity)
     resume_epoch = rundir.completed_epochs(folder)
@@ -295,18 +261,78 @@ def plan_training(
     return TrainPlan(
         runtime=runtime,
         dataset=dataset,
-        train_size=train_size,
-        test_size=test_size,
+        train_size=sizes.train_size,
+        test_size=sizes.test_size,
         global_batch_size=global_batch,
-        steps_per_epoch=steps,
+        steps_per_epoch=sizes.steps_per_epoch,
         output_dir=output_dir,
         folder=folder,
         resume_epoch=resume_epoch,
         notes=tuple(notes),
-        input_shape=input_shape,
-        num_classes=num_classes,
+        input_shape=sizes.input_shape,
+        num_classes=sizes.num_classes,
         keep=keep_limit,
     )
+
+
+def _start_notes(runtime: Runtime, dry_run: bool) -> list[str]:
+    """The summary's notes on the start: the runtime's, the settings a resumed run took from
+    its folder, peers a dry run could not resolve, and the strategy's."""
+    notes = list(runtime.notes)
+    if (resumed := resume_note(runtime.resolved)) is not None:
+        notes.insert(0, resumed)
+    if dry_run and runtime.cluster is not None:
+        missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
+        if missing:
+            notes.append(f"peers that do not resolve yet: {', '.join(missing)} (a real run "
+                         "waits up to WORKER_TIMEOUT for them)")
+    if runtime.strategy_plan.note:
+        notes.append(runtime.strategy_plan.note)
+    return notes
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """What the plan knows of the data's size and shape."""
+
+    train_size: int
+    test_size: int
+    steps_per_epoch: int
+    input_shape: tuple[int, ...] = (FEATURES,)
+    num_classes: int = CLASSES
+
+
+def _data_sizes(
+    runtime: Runtime, dataset: DatasetChoice, global_batch: int, keep_limit: keep.KeepLimit
+) -> tuple[DatasetChoice, _Sizes]:
+    """The data's sizes: a built-in set's are known; a loader's or files' are found by
+    loading them (the loaded data goes back with the choice, so the loop reuses it).
+    Refuses a global batch larger than the training samples."""
+    settings, workers = runtime.settings, runtime.strategy_plan.role.num_workers
+    if dataset.origin in ("hook", "files"):
+        # Its size and shape are known only by calling it (a loader) or counting it (files,
+        # cached after the first run), once: the loop reuses the data. A loader may use
+        # TensorFlow, so TensorFlow gets its devices and policy first; files are counted
+        # with TensorFlow after the same preparation, or (multi-worker) in a child process.
+        if dataset.origin == "hook":
+            runtime.execution.prepare_tensorflow()
+        arrays = load_data(dataset, settings.seed, in_process=workers == 1,
+                           prepare=runtime.execution.prepare_tensorflow)
+        dataset = dataclasses.replace(dataset, loaded=arrays)
+        sizes = _Sizes(arrays.train_size, arrays.test_size,
+                       epoch_steps(arrays, global_batch, workers, keep_limit),
+                       arrays.sample_shape, arrays.num_classes)
+    else:
+        train_size, test_size = KNOWN_SIZES[dataset.name]
+        sizes = _Sizes(train_size, test_size, train_size // global_batch)
+    if sizes.steps_per_epoch == 0:
+        replicas = runtime.replicas
+        raise ConfigError(
+            f"The global batch ({settings.batch_size} x {replicas} replicas = {global_batch}) "
+            f"is larger than the {sizes.train_size} training samples of {dataset.name}.\n"
+            f"  Fix: set BATCH_SIZE to at most {sizes.train_size // replicas}."
+        )
+    return dataset, sizes
 
 
 def plan_keep(runtime: Runtime, workers: int) -> keep.KeepLimit:

@@ -69,6 +69,9 @@ def make_step_functions(
     given, turns each training batch into the model's input inside the step (`mgpu bench`
     makes images of MNIST rows for its ResNet).
     """
+    # Long: every compiled function below closes over the same model, optimizer, loss and
+    # metrics, which must be created once in the strategy's scope; built apart, each would
+    # take them all as arguments, and tf.function would trace them as captures anyway.
     import tensorflow as tf
 
     from mgpu_env.runtime.keras import tensorflow_keras

@@ -159,6 +159,8 @@ def read_whole(data: FileData) -> Arrays:
 def count_part(where: str, kind: FileKind, part: FilePart, layout: Layout) -> dict[str, Any]:
     """Read and decode every record of a split: records per file, label range, sample
     shape. A corrupt file or image, mixed sizes, NaN: ConfigError naming the file."""
+    # Long: one tf.data reduction whose state and steps are closures over the layout (its
+    # reader, decoder and rank); the per-file errors need that reduction's results.
     import tensorflow as tf
 
     read, decode = _image_bytes(kind, layout), _decode(layout)
