@@ -151,7 +151,7 @@ def test_debug_shows_traceback_for_unexpected_errors(monkeypatch: pytest.MonkeyP
     code = (
         "import sys\n"
         "def boom(*a, **k): raise RuntimeError('kaput')\n"
-        "import entrypoint.train as t; t.build_runtime = boom\n"
+        "import entrypoint.train as t; t.start_process = boom\n"
         "from entrypoint.app import main; sys.argv = ['mgpu'] + sys.argv[1:]; main()\n"
     )
     plain = subprocess.run(
