@@ -21,10 +21,10 @@ from entrypoint.options import (
     with_settings,
 )
 from mgpu_env.api import start_process
-from mgpu_env.training.resume import resolve_run_settings
+from mgpu_env.training.run.resume import resolve_run_settings
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
-    from mgpu_env.training.plan import TrainPlan
+    from mgpu_env.training.run.plan import TrainPlan
 
 
 def plan_lines(plan: TrainPlan, verbose: bool = False) -> list[str]:
@@ -131,9 +131,9 @@ def command(
 
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
     from mgpu_env.doctor import require_ready
-    from mgpu_env.training.loop import run_training
-    from mgpu_env.training.plan import check_output_dir, plan_training
-    from mgpu_env.training.report import EpochLineReporter, ProgbarReporter, Reporter
+    from mgpu_env.training.run.loop import run_training
+    from mgpu_env.training.run.plan import check_output_dir, plan_training
+    from mgpu_env.training.run.report import EpochLineReporter, ProgbarReporter, Reporter
 
     check_output_dir(runtime)  # an unwritable run folder: exit 2 before anything slow
     require_ready(runtime, wait_for_peers=not dry_run)  # the doctor's pre-flight

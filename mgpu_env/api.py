@@ -146,7 +146,7 @@ def run_dir() -> Path:
     so a restarted script finds its checkpoints again."""
     with _LOCK:
         if _STATE.run_dir is None:
-            from mgpu_env.training.rundir import default_output_dir
+            from mgpu_env.training.run.rundir import default_output_dir
 
             settings = runtime().settings
             folder = settings.output_dir or default_output_dir(settings.run_name)

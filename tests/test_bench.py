@@ -466,7 +466,7 @@ def mirrored_over(devices: tuple[str, ...]) -> Any:
 def small_arrays(rows: int = 100, features: int = 3) -> Any:
     import numpy as np
 
-    from mgpu_env.training.data import Arrays
+    from mgpu_env.training.input.data import Arrays
 
     rng = np.random.default_rng(0)
     x = rng.random((rows, features), dtype=np.float32)
@@ -477,7 +477,7 @@ def small_arrays(rows: int = 100, features: int = 3) -> Any:
 def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_end(
     logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training import stream
+    from mgpu_env.training.input import stream
 
     # Chunks of 5 steps: 4 rows of 3 float32 features and a label each per replica.
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 4 * (3 + 1) * 4)
@@ -503,7 +503,7 @@ def test_a_loaders_stream_alone_counts_per_replica_batches(
 ) -> None:
     import tensorflow as tf
 
-    from mgpu_env.training.feed import ResidentFeed, RowStreamFeed
+    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed
 
     strategy = mirrored_over(logical_cpus[:2])
     arrays = small_arrays()

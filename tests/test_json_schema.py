@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from mgpu_env.bench.sweep import run_bench
-from mgpu_env.training import rundir
+from mgpu_env.training.run import rundir
 from tests.support.bench import fake_runner, settings
 from tests.support.cli_process import mgpu
 from tests.support.fake_nvml import FakeNvml, fake_with

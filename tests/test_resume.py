@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mgpu_env.training.resume import recorded_settings, resolve_run_settings, resume_note
+from mgpu_env.training.run.resume import recorded_settings, resolve_run_settings, resume_note
 
 
 def run_folder(path: Path, settings: dict[str, str], identity: dict[str, object]) -> Path:

@@ -80,7 +80,7 @@ def test_training_stops_before_the_preflight_with_the_fix(
 
     from entrypoint.app import app
     from mgpu_env import doctor
-    from mgpu_env.training import plan
+    from mgpu_env.training.run import plan
 
     def no_preflight(runtime: object, **kwargs: object) -> None:
         raise AssertionError("the folder is checked first")

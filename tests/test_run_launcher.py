@@ -170,7 +170,7 @@ def test_worker_hosts_gives_two_processes_one_cluster(tmp_path: Path) -> None:
 SEED_ON_DIGITS = """\
 # The seed's own code, unmodified (its MirroredStrategy(), compile and model.fit), on the
 # built-in digits because the seed's MNIST download is not available offline.
-from mgpu_env.training.data import load_arrays, resolve_dataset
+from mgpu_env.training.input.data import load_arrays, resolve_dataset
 from mgpu_env.training import seed
 
 arrays = load_arrays(resolve_dataset("digits", None), 42)

@@ -267,8 +267,8 @@ def test_the_roles_nest_as_a_run_uses_them() -> None:
 def test_keras_is_recorded_resumed_and_agreed_and_a_script_decides_its_data_order() -> None:
     from mgpu_env.launcher import SCRIPT_DECIDES
     from mgpu_env.training.multiworker import agreement_values
-    from mgpu_env.training.plan import RUN_SETTINGS
-    from mgpu_env.training.resume import RESUMED_SETTINGS
+    from mgpu_env.training.run.plan import RUN_SETTINGS
+    from mgpu_env.training.run.resume import RESUMED_SETTINGS
 
     assert "KERAS" in RUN_SETTINGS and "KERAS" in RESUMED_SETTINGS
     values = agreement_values(resolve_settings({}, {"KERAS": "2"}).settings, {"KERAS": "2"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mgpu_env.training import rundir
+from mgpu_env.training.run import rundir
 
 
 def plot_bench(report: dict[str, Any], path: Path) -> Path:

@@ -51,7 +51,7 @@ from mgpu_env.bench.report import (
 from mgpu_env.config.errors import RunFailed
 from mgpu_env.config.settings import Settings
 from mgpu_env.runtime import Execution, Runtime
-from mgpu_env.training import rundir
+from mgpu_env.training.run import rundir
 
 BENCH_PNG = "bench.png"
 
@@ -183,7 +183,7 @@ def run_bench(
     if ":" in settings.model:
         # A builder that cannot be imported is a bad setting (exit 2), found before any
         # child starts rather than as a failure of every point.
-        from mgpu_env.training import hooks
+        from mgpu_env.training.step import hooks
 
         hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
     if runner is None:

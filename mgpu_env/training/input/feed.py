@@ -8,9 +8,9 @@ per step: `mgpu bench` measured the element-wise tf.data pipeline (from_tensor_s
 shuffle -> batch -> experimental_distribute_dataset) at 67-73% of the CPU's training
 throughput.
 
-Data over the run's keep limit (`training.keep`: from the devices' free memory) is `StreamFeed`
-(`training.stream`, with the other streams): kept in host memory, cut into chunks of many
-steps' batches by one tf.data pipeline per worker through
+Data over the run's keep limit (`training.input.keep`: from the devices' free memory) is
+`StreamFeed` (`training.input.stream`, with the other streams): kept in host memory, cut into
+chunks of many steps' batches by one tf.data pipeline per worker through
 `distribute_datasets_from_function`, prefetched to each replica's device.
 
 A `DATASET` loader's tf.data set too big to read into memory (`data.Streamed`) is
@@ -20,7 +20,7 @@ TFRecord files and image folders (`data.FileData`) are read whole into a `Reside
 when their decoded rows fit, else `FileStreamFeed`: each worker streams its share of the
 files (`data.read.worker_rows`), in an order drawn from (SEED, epoch).
 
-The rows' order is `training.order`'s. The first three follow one order per epoch (the
+The rows' order is `training.input.order`'s. The first three follow one order per epoch (the
 first two the same one) and give global batch b of an epoch the same rows whatever the
 replica or worker count (`FileStreamFeed`'s order is SEED's and the epoch's too, but each
 worker reads its own files): replica r (its id across all workers) of R takes rows
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.data import (
+from mgpu_env.training.input.data import (
     Arrays,
     Data,
     FileData,
@@ -45,9 +45,9 @@ from mgpu_env.training.data import (
     as_float32,
     release_pages,
 )
-from mgpu_env.training.keep import FALLBACK, KeepLimit
-from mgpu_env.training.order import StepRunner, call_steps, epoch_order
-from mgpu_env.training.stream import FileStreamFeed, RowStreamFeed, StreamFeed
+from mgpu_env.training.input.keep import FALLBACK, KeepLimit
+from mgpu_env.training.input.order import StepRunner, call_steps, epoch_order
+from mgpu_env.training.input.stream import FileStreamFeed, RowStreamFeed, StreamFeed
 
 __all__ = [
     "Feed", "FileStreamFeed", "ResidentFeed", "RowStreamFeed",
@@ -69,7 +69,7 @@ def epoch_steps(data: Data, global_batch: int, workers: int, keep: KeepLimit) ->
     """Steps per epoch: whole global batches; files streamed by file, the whole global
     batches every worker's share of the files gives."""
     if isinstance(data, FileData) and not fits_on_device(data, keep):
-        from mgpu_env.training.data.read import steps_per_epoch
+        from mgpu_env.training.input.data.read import steps_per_epoch
 
         return steps_per_epoch(data.train, global_batch, workers)
     return data.train_size // global_batch
@@ -167,7 +167,7 @@ def make_feed(
     if isinstance(data, FileData):
         if not fits_on_device(data, keep):
             return FileStreamFeed(strategy, data, global_batch, seed, deterministic)
-        from mgpu_env.training.data.read import read_whole
+        from mgpu_env.training.input.data.read import read_whole
 
         data = read_whole(data)
     if fits_on_device(data, keep):

@@ -24,16 +24,17 @@ from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
-from mgpu_env.training import keep, rundir
-from mgpu_env.training.data import (
+from mgpu_env.training.input import keep
+from mgpu_env.training.input.data import (
     CLASSES,
     FEATURES,
     DatasetChoice,
     load_data,
     resolve_dataset,
 )
-from mgpu_env.training.feed import epoch_steps
-from mgpu_env.training.resume import resume_note
+from mgpu_env.training.input.feed import epoch_steps
+from mgpu_env.training.run import rundir
+from mgpu_env.training.run.resume import resume_note
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
 SCHEMA_VERSION = 1
@@ -242,7 +243,7 @@ def plan_training(
     if settings.model != "mlp":
         # A builder that cannot be imported fails now, in the plan (and the dry run), not
         # after the data has loaded; it is called later, in the strategy's scope.
-        from mgpu_env.training import hooks
+        from mgpu_env.training.step import hooks
 
         hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
     keep_limit = plan_keep(runtime, runtime.strategy_plan.role.num_workers)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.data.sets import Arrays, FileData, FileKind, FilePart, Layout
+from mgpu_env.training.input.data.sets import Arrays, FileData, FileKind, FilePart, Layout
 
 # Files read at once, interleaved (and the records a TFRecord stream shuffles among).
 INTERLEAVE_FILES = 8

@@ -2,7 +2,7 @@
 
 `Arrays` (in memory, or memory-mapped `.npy` files), `Streamed` (a loader's tf.data set too
 big to read), `FileData` (TFRecord files or image folders, read by tf.data). Every
-`training.feed` takes any of them.
+`training.input.feed` takes any of them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ FINITE_CHUNK_ROWS = 65_536
 Origin = Literal["file", "download", "built-in", "generated", "hook", "files"]
 
 
-# A DATASET loader's parts (`training.hooks`): arrays, or a stream of rows too big to read.
+# A DATASET loader's parts (`training.step.hooks`): arrays, or a stream of rows too big to read.
 @dataclass(frozen=True)
 class RowStream:
     """A loader's tf.data.Dataset too big to read into memory: its rows as (float32 x,
@@ -103,7 +103,7 @@ class Arrays:
 @dataclass(frozen=True)
 class Streamed:
     """A DATASET loader's data too big to read into memory (`RowStream`): the
-    training rows stream from its pipeline every epoch (`training.feed.RowStreamFeed`), the
+    training rows stream from its pipeline every epoch (`training.input.feed.RowStreamFeed`), the
     test rows once per evaluation."""
 
     name: str

@@ -9,7 +9,7 @@ leaves the previous checkpoint the one referenced); starting again with the same
 OUTPUT_DIR restores the latest one and continues from the next epoch. SIGTERM or SIGINT
 stop training at the next step boundary (at most STEPS_PER_CALL steps), keep the last
 completed epoch's checkpoint, and raise `Interrupted` with the command that resumes. A
-non-finite loss, or a record that cannot be read (`training.corrupt`), stops with RunFailed.
+non-finite loss, or a record that cannot be read (`training.input.corrupt`), stops with RunFailed.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from typing import Any
 from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.hardware.tfimport import import_tensorflow
-from mgpu_env.training import rundir
-from mgpu_env.training.build import Trainer, build_trainer
-from mgpu_env.training.corrupt import stop_on_bad_records
-from mgpu_env.training.data import Data, load_data
-from mgpu_env.training.epochs import AFTER_CALL, AFTER_EPOCH, Checkpoints, Run
-from mgpu_env.training.feed import make_feed
+from mgpu_env.training.input.corrupt import stop_on_bad_records
+from mgpu_env.training.input.data import Data, load_data
+from mgpu_env.training.input.feed import make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
-from mgpu_env.training.plan import RUN_SETTINGS, TrainPlan
-from mgpu_env.training.report import Reporter
-from mgpu_env.training.signals import Interrupted, StopRequest, stop_on_signals
+from mgpu_env.training.run import rundir
+from mgpu_env.training.run.epochs import AFTER_CALL, AFTER_EPOCH, Checkpoints, Run
+from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
+from mgpu_env.training.run.report import Reporter
+from mgpu_env.training.run.signals import Interrupted, StopRequest, stop_on_signals
+from mgpu_env.training.step.build import Trainer, build_trainer
 
 CHECKPOINTS_KEPT = 3
 
@@ -119,7 +119,7 @@ def run_training(
 def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
     """TensorFlow's devices and precision, the strategy, then model, optimizer and steps."""
     from mgpu_env.runtime.keras import tensorflow_keras
-    from mgpu_env.training.model import model_builder
+    from mgpu_env.training.step.model import model_builder
 
     execution = plan.runtime.execution
     execution.prepare_tensorflow()
@@ -245,7 +245,7 @@ def _evaluate(
     plan: TrainPlan, trainer: Trainer, session: WorkerSession, arrays: Data
 ) -> tuple[float, float]:
     """Loss and accuracy on the whole test set (the partial last batch included)."""
-    from mgpu_env.training.data import test_dataset
+    from mgpu_env.training.input.data import test_dataset
 
     steps = trainer.steps
     steps.test_loss.reset_state()

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.data.sets import Part, RowStream, check_finite
+from mgpu_env.training.input.data.sets import Part, RowStream, check_finite
 
 MODEL_CONTRACT = (
     "build(input_shape, num_classes) returning an uncompiled keras.Model that takes "
@@ -48,7 +48,7 @@ DATA_CONTRACT = (
 
 
 # A loader's tf.data.Dataset over this many bytes is streamed, not read into memory: a
-# pipeline over files may hold far more than the host's memory (training.keep decides, apart
+# pipeline over files may hold far more than the host's memory (training.input.keep decides, apart
 # from this, which arrays stay on the devices).
 READ_LIMIT_BYTES = 2 * 1024**3
 

@@ -20,16 +20,16 @@ from typing import Any
 
 from mgpu_env import __version__
 from mgpu_env.config.errors import RunFailed
-from mgpu_env.training import rundir
-from mgpu_env.training.build import Trainer
-from mgpu_env.training.corrupt import stop_on_bad_records
-from mgpu_env.training.data import Data
-from mgpu_env.training.feed import Feed
+from mgpu_env.training.input.corrupt import stop_on_bad_records
+from mgpu_env.training.input.data import Data
+from mgpu_env.training.input.feed import Feed
+from mgpu_env.training.input.order import STEPS_PER_CALL
 from mgpu_env.training.multiworker import WorkerSession
-from mgpu_env.training.order import STEPS_PER_CALL
-from mgpu_env.training.plan import TRAIN_SETTINGS, TrainPlan
-from mgpu_env.training.report import Reporter
-from mgpu_env.training.signals import Interrupted, StopRequest
+from mgpu_env.training.run import rundir
+from mgpu_env.training.run.plan import TRAIN_SETTINGS, TrainPlan
+from mgpu_env.training.run.report import Reporter
+from mgpu_env.training.run.signals import Interrupted, StopRequest
+from mgpu_env.training.step.build import Trainer
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 
 from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
 from mgpu_env.config.settings import BY_ENV, DECLARATIONS, with_role
-from mgpu_env.training import rundir
+from mgpu_env.training.run import rundir
 
 # What defines a run and how it trains: a resume without them would be refused (the
 # identity differs) or would train another run (EPOCHS). Where the output goes, how much

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mgpu_env.training.data.read import sample_fn
-from mgpu_env.training.data.sets import FileData, FilePart
+from mgpu_env.training.input.data.read import sample_fn
+from mgpu_env.training.input.data.sets import FileData, FilePart
 
 # Indices of the readable records fetched from tf.data at a time.
 INDEX_BATCH = 65_536
