@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -151,7 +151,18 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
     return strategy.experimental_distribute_values_from_function(value_fn)
 
 
-Feed = ResidentFeed | StreamFeed | RowStreamFeed | FileStreamFeed
+@runtime_checkable
+class Feed(Protocol):
+    """What the loop and bench take from any feed: the steps of an epoch, and a runner that
+    runs them `count` at a time. A new feed is a class of this shape and a case in
+    `make_feed`; nothing else changes."""
+
+    global_batch: int
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner: ...
 
 
 def make_feed(

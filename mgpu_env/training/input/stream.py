@@ -291,6 +291,15 @@ class FileStreamFeed:
             self.strategy, lambda context: self.worker_dataset(context, first_epoch, epochs)
         )
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """The whole global batches every worker's share of the files gives."""
+        from mgpu_env.training.input.data.read import steps_per_epoch
+
+        local = len(self.strategy.extended.worker_devices)
+        workers = self.strategy.num_replicas_in_sync // local
+        return steps_per_epoch(self.data.train, self.global_batch, workers)
+
     def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
         return _iterator_runner(steps, self.dataset(first_epoch, epochs))
