@@ -88,7 +88,7 @@ def run_training(
     )
     with stop_on_signals(stop):
         try:
-            result = _train(plan, reporter, stop, started, session)
+            result = _train(plan, _Start(started, reporter, stop, session))
             session.close(succeeded=True)
             return result
         except (ConfigError, RunFailed):
@@ -172,17 +172,37 @@ def _restore_checkpoints(
     )
 
 
-def _train(
-    plan: TrainPlan, reporter: Reporter, stop: StopRequest, started: float,
-    session: WorkerSession,
-) -> TrainResult:
+@dataclass(frozen=True)
+class _Start:
+    """This start of the run: when the command started (the wall time's start), what
+    reports its progress, the stop request its signals set, and its worker session."""
+
+    started: float
+    reporter: Reporter
+    stop: StopRequest
+    session: WorkerSession
+
+
+def _train(plan: TrainPlan, start: _Start) -> TrainResult:
+    """Prepare the run (data, model, checkpoints, feed), train its epochs, finish it."""
+    run = _prepare(plan, start)
+    run.train()
+    if run.stop.requested and plan.settings.epochs > run.start_epoch:
+        # The signal came during the last epoch's save: everything is saved, so finish.
+        run.reporter.note("Stop requested after the last epoch was saved; finishing the run")
+    return _finish(run, start.started)
+
+
+def _prepare(plan: TrainPlan, start: _Start) -> Run:
+    """TensorFlow, the data, the model and its steps, the restored checkpoint and the feed;
+    settings.json records this start before any epoch."""
     tf = import_tensorflow()  # the first import in a fresh run: quiet on a healthy start
 
     # Iterating a distributed dataset inside tf.function reads its options in graph mode;
     # TensorFlow warns about that on every run, and it changes nothing here.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
 
-    settings = plan.settings
+    settings, session = plan.settings, start.session
     data = load_data(plan.dataset, settings.seed)
     _check_sizes(plan, data)
     trainer = _start(plan, session, data)
@@ -192,29 +212,26 @@ def _train(
         rundir.atomic_write_json(plan.output_dir / rundir.SETTINGS_FILE, {
             "schema_version": rundir.SCHEMA_VERSION,
             "mgpu_version": __version__,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start.started)),
             "resumed_from_epoch": start_epoch,
             "settings": plan.settings_provenance(RUN_SETTINGS),
         })
     if start_epoch:
-        reporter.note(f"Resuming from the checkpoint of epoch {start_epoch} in {saved.directory}")
+        start.reporter.note(
+            f"Resuming from the checkpoint of epoch {start_epoch} in {saved.directory}"
+        )
     with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
         # Data kept on the devices is read (and checked) here, once.
         feed = make_feed(trainer.strategy, data, plan.global_batch_size, settings.seed,
                          deterministic=settings.data_deterministic, keep=plan.keep)
-    run = Run(
-        plan, trainer, saved, session, reporter, stop,
+    return Run(
+        plan, trainer, saved, session, start.reporter, start.stop,
         writer=tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
         if plan.is_chief else tf.summary.create_noop_writer(),
         data=data, feed=feed, start_epoch=start_epoch,
         history=rundir.read_history(plan.output_dir, start_epoch) if start_epoch else [],
         after_call=list(AFTER_CALL), after_epoch=list(AFTER_EPOCH),
     )
-    run.train()
-    if stop.requested and settings.epochs > start_epoch:
-        # The signal came during the last epoch's save: everything is saved, so finish.
-        reporter.note("Stop requested after the last epoch was saved; finishing the run")
-    return _finish(run, started)
 
 
 def _finish(run: Run, started: float) -> TrainResult:
