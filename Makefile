@@ -93,12 +93,12 @@ bench: $(STAMP) ## Measure samples/s and scaling efficiency against replica coun
 	$(BIN)/mgpu bench
 
 .PHONY: test
-test: $(STAMP) ## Run the whole test suite (container tests too when Docker is there)
-	$(BIN)/pytest $(PYTEST_ARGS)
+test: $(STAMP) ## Run the whole test suite, in parallel (container tests too when Docker is there)
+	$(BIN)/pytest -n auto --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## Run the tests that need neither Docker nor long training
-	$(BIN)/pytest -m "not slow and not docker" $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto --dist loadgroup -m "not slow and not docker" $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy and hadolint

@@ -83,7 +83,7 @@ RESULT = "RESULT "
 
 def digits_uint8(rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """x_train, y_train, x_test, y_test: uint8 28x28x1 images, training rows repeated."""
-    from mgpu_env.training.data import load_arrays, resolve_dataset
+    from mgpu_env.training.input.data import load_arrays, resolve_dataset
 
     arrays = load_arrays(resolve_dataset("digits", None), SEED)
 
@@ -184,11 +184,11 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
     from mgpu_env.runtime.keras import tensorflow_keras
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
-    from mgpu_env.training.build import build_trainer
-    from mgpu_env.training.data import Arrays, load_data, resolve_dataset
-    from mgpu_env.training.feed import epoch_steps, make_feed
-    from mgpu_env.training.keep import FALLBACK, KeepLimit
-    from mgpu_env.training.model import build_model, build_optimizer
+    from mgpu_env.training.input.data import Arrays, load_data, resolve_dataset
+    from mgpu_env.training.input.feed import epoch_steps, make_feed
+    from mgpu_env.training.input.keep import FALLBACK, KeepLimit
+    from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.model import build_model, build_optimizer
 
     keras = tensorflow_keras()
     strategy = make_strategy(plan_strategy("auto", devices, "CPU", 1))
@@ -323,7 +323,7 @@ def many_runs(args: argparse.Namespace) -> None:
         data = args.data or Path(temporary)
         if not (data / "npy" / "x_train.npy").is_file():
             write_folders(data, args.rows, args.shards)
-        from mgpu_env.training.data import load_data, resolve_dataset
+        from mgpu_env.training.input.data import load_data, resolve_dataset
 
         for kind in ("tfrecord", "images"):  # counted here once, into each folder's cache
             load_data(resolve_dataset(f"{kind}:{data / kind}", None), SEED)

@@ -71,10 +71,10 @@ def main() -> None:
     from mgpu_env.bench.worker import SameBatch
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
-    from mgpu_env.training.build import build_trainer
-    from mgpu_env.training.data import FEATURES, load_arrays, resolve_dataset
-    from mgpu_env.training.feed import ResidentFeed, StreamFeed
-    from mgpu_env.training.model import build_model
+    from mgpu_env.training.input.data import FEATURES, load_arrays, resolve_dataset
+    from mgpu_env.training.input.feed import ResidentFeed, StreamFeed
+    from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.model import build_model
 
     strategy = make_strategy(plan_strategy("auto", devices, "CPU", 1))
     global_batch = BATCH * args.replicas

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.runfolders import completed_epochs
-from tests.slurm_cluster import REPO, start_cluster
+from tests.support.runfolders import completed_epochs
+from tests.support.slurm_cluster import REPO, start_cluster
 from tests.test_slurm import free_port_pair
 
 FIRST_STEP = '''

@@ -41,10 +41,10 @@ def main() -> None:
 
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
-    from mgpu_env.training.build import build_trainer
-    from mgpu_env.training.data import CLASSES, FEATURES, Arrays
-    from mgpu_env.training.feed import make_feed
-    from mgpu_env.training.model import build_model
+    from mgpu_env.training.input.data import CLASSES, FEATURES, Arrays
+    from mgpu_env.training.input.feed import make_feed
+    from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.model import build_model
 
     rng = np.random.default_rng(SEED)
     x = rng.random((args.rows, FEATURES), dtype=np.float32)

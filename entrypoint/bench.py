@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from entrypoint.options import EXIT_FAILED, SettingFlags, resolve, with_settings
+from mgpu_env.api import start_process
 from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_report
-from mgpu_env.runtime import build_runtime
 
 PIPED_WIDTH = 200  # wider than any table mgpu bench prints
 
@@ -25,8 +25,7 @@ def command(flags: SettingFlags) -> None:
     of one timed interval of BENCH_STEPS steps per data variant, in turns. Writes
     bench.json and bench.png under OUTPUT_DIR.
     """
-    runtime = build_runtime(resolve(flags), command="bench")  # a GPU the machine lacks: exit 2
-    runtime.apply()
+    runtime = start_process(resolve(flags), "bench")  # a GPU the machine lacks: exit 2
     settings = runtime.settings
     output_dir = default_output_dir(settings)
     err_console = Console(stderr=True)

@@ -18,7 +18,7 @@ from entrypoint.options import (
     with_settings,
 )
 from mgpu_env import launcher
-from mgpu_env.runtime import build_runtime
+from mgpu_env.api import start_process
 
 # The settings flags go before SCRIPT; everything from SCRIPT on is the script's, unparsed
 # (`--epochs 3` after SCRIPT is the script's argument, as with `python SCRIPT`).
@@ -64,10 +64,9 @@ def command(
     resolved = resolve(flags)  # bad settings: exit 2, before the script starts
     run_target = launcher.resolve_target(target or [], module=module)
     scan = launcher.scan_target(run_target)  # Keras 2 era code: KERAS=auto gives it tf_keras
-    runtime = build_runtime(resolved, command="run",  # a GPU the machine lacks: exit 2
+    runtime = start_process(resolved, "run",  # a GPU the machine lacks: exit 2
                             keras_2_code=scan.keras_2_evidence())
     TAG.set_for(runtime)
-    runtime.apply()  # CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is imported
     launcher.prepare(runtime)
     if not resolved.settings.quiet:
         for line in launcher.summary(runtime, run_target, scan):

@@ -23,13 +23,15 @@ from entrypoint.options import (
     say,
     with_settings,
 )
-from mgpu_env.runtime import build_runtime
+from mgpu_env.api import start_process
 from mgpu_env.training.finished import finished_run, read_finished
 from mgpu_env.training.messages import plural
-from mgpu_env.training.resume import resolve_run_settings
+from mgpu_env.training.run.resume import resolve_run_settings
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
-    from mgpu_env.training.plan import TrainPlan
+    from mgpu_env.training.run.loop import TrainResult
+    from mgpu_env.training.run.plan import TrainPlan
+    from mgpu_env.training.run.report import Reporter
 
 
 def plan_lines(plan: TrainPlan, verbose: bool = False) -> list[str]:
@@ -111,6 +113,18 @@ def _model_line(plan: TrainPlan) -> str:
     return f"{plan.model} (your builder), {shape}"
 
 
+def _reporter(quiet: bool, plan: TrainPlan) -> Reporter:
+    """How progress is shown: nothing (QUIET), a progress bar on a terminal, else a line an
+    epoch (logs and CI)."""
+    from mgpu_env.training.run.report import EpochLineReporter, ProgbarReporter, Reporter
+
+    if quiet:
+        return Reporter()
+    if interactive(sys.stdout, os.environ):
+        return ProgbarReporter(say, samples_per_step=plan.global_batch_size)
+    return EpochLineReporter(say)
+
+
 @with_settings(scope="train")
 def command(
     flags: SettingFlags,
@@ -139,8 +153,7 @@ def command(
         argv = ["train", *(["--dry-run"] if dry_run else []), *(["-v"] if verbose else [])]
         raise typer.Exit(code=launch_workers(flags, workers, gpus_per_worker, argv, "train"))
     resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
-    runtime = build_runtime(resolved, command="train")  # a GPU the machine lacks: exit 2
-    runtime.apply()
+    runtime = start_process(resolved, "train")  # a GPU the machine lacks: exit 2
     TAG.set_for(runtime)
     if not dry_run and (finished := finished_run(runtime)) is not None:
         say(finished.message())  # said before TensorFlow loads: there is nothing to train
@@ -148,9 +161,8 @@ def command(
 
     # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
     from mgpu_env.doctor import require_ready
-    from mgpu_env.training.loop import run_training
-    from mgpu_env.training.plan import check_output_dir, plan_training
-    from mgpu_env.training.report import EpochLineReporter, ProgbarReporter, Reporter
+    from mgpu_env.training.run.loop import run_training
+    from mgpu_env.training.run.plan import check_output_dir, plan_training
 
     check_output_dir(runtime)  # an unwritable run folder: exit 2 before anything slow
     require_ready(runtime, wait_for_peers=not dry_run)  # the doctor's pre-flight
@@ -163,14 +175,13 @@ def command(
         say(line)
     if dry_run:
         return
-    reporter: Reporter
-    if resolved.settings.quiet:
-        reporter = Reporter()
-    elif interactive(sys.stdout, os.environ):
-        reporter = ProgbarReporter(say, samples_per_step=plan.global_batch_size)
-    else:
-        reporter = EpochLineReporter(say)
-    result = run_training(plan, reporter, started)
+    _say_result(run_training(plan, _reporter(resolved.settings.quiet, plan), started), plan)
+
+
+
+def _say_result(result: TrainResult, plan: TrainPlan) -> None:
+    """The last lines of a run: what it reached and where its outputs are, or that the run
+    folder already held the finished run."""
     if result.already_finished:
         found = read_finished(result.output_dir)
         say(found.message() if found else

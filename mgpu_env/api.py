@@ -30,9 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mgpu_env.config.resolve import ResolvedSettings
     from mgpu_env.runtime import Runtime
+    from mgpu_env.runtime.keras import Command
 
-__all__ = ["global_batch_size", "is_chief", "num_replicas", "run_dir", "runtime", "strategy"]
+__all__ = ["global_batch_size", "is_chief", "num_replicas", "run_dir", "runtime",
+           "start_process", "strategy"]
 
 
 @dataclass
@@ -61,6 +64,24 @@ def adopt(runtime: Runtime, *, tensorflow_prepared: bool) -> None:
         _STATE.run_dir = None
 
 
+def start_process(
+    resolved: ResolvedSettings, command: Command, *, keras_2_code: str | None = None
+) -> Runtime:
+    """Make this process's decisions once, where every entry point starts (mgpu train, run
+    and bench, and a script's first `runtime()`): build the runtime from the resolved
+    settings (a GPU the machine lacks: ConfigError), write the environment TensorFlow reads
+    (CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is imported), and keep it as this
+    process's runtime, so code of the user's that calls `runtime()` sees the same one.
+    `keras_2_code`: what `mgpu run`'s source scan found that only Keras 2 has (KERAS=auto
+    then gives the script tf_keras)."""
+    from mgpu_env.runtime import build_runtime
+
+    built = build_runtime(resolved, command=command, keras_2_code=keras_2_code)
+    built.apply()
+    adopt(built, tensorflow_prepared=False)
+    return built
+
+
 def runtime() -> Runtime:
     """This process's `Runtime`: the resolved settings and every decision made from them
     (GPU selection, device split, precision, strategy plan, cluster).
@@ -73,12 +94,9 @@ def runtime() -> Runtime:
     with _LOCK:
         if _STATE.runtime is None:
             from mgpu_env.config.resolve import resolve_settings
-            from mgpu_env.runtime import build_runtime
 
             # A script of the user's, as under `mgpu run`.
-            built = build_runtime(resolve_settings({}, os.environ), command="run")
-            built.apply()
-            _STATE.runtime = built
+            return start_process(resolve_settings({}, os.environ), "run")
         return _STATE.runtime
 
 
@@ -132,7 +150,7 @@ def run_dir() -> Path:
     so a restarted script finds its checkpoints again."""
     with _LOCK:
         if _STATE.run_dir is None:
-            from mgpu_env.training.rundir import default_output_dir
+            from mgpu_env.training.run.rundir import default_output_dir
 
             settings = runtime().settings
             folder = settings.output_dir or default_output_dir(settings.run_name)

@@ -48,6 +48,7 @@ from typing import Any
 
 from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.settings import with_role
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.keras import (
     MULTI_WORKER_ISSUE,
@@ -60,12 +61,10 @@ from mgpu_env.runtime.precision import MIXED_FLOAT16
 from mgpu_env.runtime.source_scan import ScriptScan, scan_script, script_roots
 from mgpu_env.runtime.strategy import StrategyPlan
 
-# Settings of the packaged loop that `mgpu run` does not apply: the script has its own
-# epochs, batch, optimizer, data, model, seed, jit_compile, checkpoints and outputs.
-SCRIPT_DECIDES = (
-    "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "MODEL", "DATA_DIR", "XLA", "SEED",
-    "WORKER_TIMEOUT",
-)
+# Settings of the packaged loop that `mgpu run` does not apply (declared with the role
+# "script"): the script has its own epochs, batch, optimizer, data and its order, model,
+# seed, jit_compile, checkpoints and outputs.
+SCRIPT_DECIDES = with_role("script")
 # Python's own exit code for a script killed by an uncaught KeyboardInterrupt (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 

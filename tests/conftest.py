@@ -1,4 +1,5 @@
-"""Shared fixtures: a fake NVML behind the probe layer, and a clean settings environment."""
+"""Shared fixtures: a fake NVML behind the probe layer, and a clean settings environment;
+tests marked `gpu` are skipped, with the reason, on a machine whose NVML lists no GPU."""
 
 from __future__ import annotations
 
@@ -7,10 +8,25 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mgpu_env import runtime
+from mgpu_env import api, runtime
 from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import cudalibs, nvml
-from tests.fake_nvml import FakeNvml, fake_with
+from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.runtimes import LOGICAL_CPUS
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the `gpu` tests where there is no GPU, saying why (NVML is asked once, and only
+    when such a test was collected: `pytest -m gpu` on a GPU machine runs them)."""
+    marked = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not marked:
+        return
+    listing = nvml.list_gpus()
+    if listing.gpus:
+        return
+    skip = pytest.mark.skip(reason=f"requires a GPU: {listing.error or 'NVML lists none'}")
+    for item in marked:
+        item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
@@ -22,6 +38,9 @@ def restore_environ() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+    # A command run in-process (CliRunner) keeps its runtime as the process's
+    # (`api.start_process`): the next test resolves its own.
+    api._reset()
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +60,7 @@ def clean_settings_env(
 def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     """The doctor and the pre-flight see the CUDA user space the CUDA lock installs, not this
     machine's: tests that probe the real libraries call cudalibs' lower-level functions."""
-    from tests.fake_doctor import cuda_stack
+    from tests.support.fake_doctor import cuda_stack
 
     monkeypatch.setattr(cudalibs, "collect", lambda environ, timeout_s=0: cuda_stack())
     monkeypatch.setattr(cudalibs, "collect_in_process", lambda environ=None: cuda_stack())
@@ -64,11 +83,6 @@ def use_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeNvm
 @pytest.fixture
 def two_gpus(use_fake_nvml: Callable[[FakeNvml], FakeNvml]) -> FakeNvml:
     return use_fake_nvml(fake_with(2))
-
-
-# TensorFlow's devices are fixed by the first test that starts its runtime in this process:
-# every in-process test that uses TensorFlow asks for this split first (session-wide).
-LOGICAL_CPUS = 4
 
 
 @pytest.fixture(scope="session")

@@ -43,17 +43,13 @@ from mgpu_env.bench.sweep import (
     write_report,
 )
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.resolve import resolve_settings
-from mgpu_env.config.settings import GpuRequest, Settings
+from mgpu_env.config.settings import GpuRequest
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.nvml import GpuInfo, Probed
-from tests.runtimes import runtime_of
+from tests.support.bench import fake_runner, settings
+from tests.support.runtimes import runtime_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def settings(**values: str) -> Settings:
-    return resolve_settings(values, {}).settings
 
 
 def cpu_selection() -> GpuSelection:
@@ -66,48 +62,6 @@ def gpu_selection(count: int, capability: tuple[int, int] = (8, 0)) -> GpuSelect
         for i in range(count)
     )
     return GpuSelection(GpuRequest("all"), gpus, ",".join(str(i) for i in range(count)))
-
-
-LOAD = (1.0, 0.98, 1.02, 1.0)  # the machine's load in each round: slows every variant alike
-
-
-def fake_runner(
-    base_step_s: float = 0.01, efficiency: float = 0.9, seed_slowdown: float = 3.0,
-    real_slowdown: float = 1.25, stream_slowdown: float = 1.5, stream_alone: float = 8000.0,
-) -> Callable[[Group], list[dict[str, Any]]]:
-    """Timings of a device where each extra replica costs (1 - efficiency) of a step; the
-    stream gives `stream_alone` samples/s with no step (the synthetic step takes 6,400 at
-    1 replica of batch 64, 11,520 at 2)."""
-
-    def one(spec: PointSpec) -> dict[str, Any]:
-        # weak scaling: n replicas take base / efficiency(n) per step of n x batch
-        step = base_step_s if spec.replicas == 1 else base_step_s / efficiency
-        if spec.runner == "seed":
-            step *= seed_slowdown
-        if spec.data == "real":
-            step *= real_slowdown
-        if spec.data == "stream":
-            step *= stream_slowdown
-        interval = step * spec.steps_per_interval
-        result: dict[str, Any] = {
-            "interval_seconds": [interval * f for f in LOAD][: spec.intervals],
-            "device_type": "CPU",
-            "devices": [f"/device:CPU:{i}" for i in range(spec.replicas)],
-            "logical_devices": spec.virtual_devices > 0,
-            "parameters": 55050,
-        }
-        if spec.data == "real":
-            result["input_alone"] = {"samples_per_s": None, "skipped": KEPT_REASON}
-        if spec.data == "stream":
-            result["input_alone"] = {"samples_per_s": stream_alone, "samples": 64_000,
-                                     "elements": 40, "seconds": 64_000 / stream_alone}
-            result["steps_per_chunk"] = 83
-        return result
-
-    def run(group: Group, timeout_s: float | None = None) -> list[dict[str, Any]]:
-        return [one(spec) for spec in group]
-
-    return run
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -512,7 +466,7 @@ def mirrored_over(devices: tuple[str, ...]) -> Any:
 def small_arrays(rows: int = 100, features: int = 3) -> Any:
     import numpy as np
 
-    from mgpu_env.training.data import Arrays
+    from mgpu_env.training.input.data import Arrays
 
     rng = np.random.default_rng(0)
     x = rng.random((rows, features), dtype=np.float32)
@@ -523,7 +477,7 @@ def small_arrays(rows: int = 100, features: int = 3) -> Any:
 def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_end(
     logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training import stream
+    from mgpu_env.training.input import stream
 
     # Chunks of 5 steps: 4 rows of 3 float32 features and a label each per replica.
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 4 * (3 + 1) * 4)
@@ -549,7 +503,7 @@ def test_a_loaders_stream_alone_counts_per_replica_batches(
 ) -> None:
     import tensorflow as tf
 
-    from mgpu_env.training.feed import ResidentFeed, RowStreamFeed
+    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed
 
     strategy = mirrored_over(logical_cpus[:2])
     arrays = small_arrays()

@@ -116,7 +116,7 @@ def test_bench_has_its_own_help_for_the_output_folder() -> None:
 
 
 def test_doctor_takes_env_file(tmp_path: Path, use_fake_nvml: object) -> None:
-    from tests.fake_nvml import fake_with
+    from tests.support.fake_nvml import fake_with
 
     use_fake_nvml(fake_with(1))  # type: ignore[operator]
     env_file = tmp_path / "doctor.env"

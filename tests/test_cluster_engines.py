@@ -24,8 +24,8 @@ from mgpu_env.runtime.cluster.peers import (
     probe_peers,
     wait_until_resolved,
 )
-from tests.runtimes import runtime_of
-from tests.test_quiet_start import clean_env
+from tests.support.cli_process import clean_env
+from tests.support.runtimes import runtime_of
 
 
 def settings_from(**env: str) -> Settings:

@@ -19,9 +19,9 @@ from mgpu_env.config.errors import RunFailed
 from mgpu_env.doctor import checks, require_ready
 from mgpu_env.hardware import hostgpus
 from mgpu_env.hardware.nvml import Probed
-from tests.fake_doctor import healthy_host, make_facts
-from tests.fake_nvml import FakeNvml
-from tests.runtimes import runtime_for
+from tests.support.fake_doctor import healthy_host, make_facts
+from tests.support.fake_nvml import FakeNvml
+from tests.support.runtimes import runtime_for
 
 REPO = Path(__file__).resolve().parent.parent
 Install = Callable[[FakeNvml], FakeNvml]

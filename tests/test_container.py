@@ -11,34 +11,19 @@ base image, the layers and uv's download cache are kept).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.support.docker import docker_engine_missing
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def docker_engine_missing() -> str | None:
-    """Why the container test cannot run here, or None when it can."""
-    if shutil.which("docker") is None:
-        return "requires a Docker engine: no docker command"
-    try:
-        info = subprocess.run(
-            ["docker", "info"], capture_output=True, text=True, timeout=60, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return "requires a Docker engine: docker info timed out"
-    if info.returncode != 0:
-        return f"requires a Docker engine: docker info fails ({info.stderr.strip()[:200]})"
-    if shutil.which("make") is None:
-        return "requires make"
-    return None
 
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.xdist_group("docker")  # one worker builds the image the docker tests share
 @pytest.mark.timeout(3600)
 def test_make_test_container(tmp_path: Path) -> None:
     reason = docker_engine_missing()

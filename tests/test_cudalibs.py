@@ -188,7 +188,7 @@ def test_xla_flags_folder_is_the_first_root(tmp_path: Path) -> None:
 
 
 def test_json_round_trip() -> None:
-    from tests.fake_doctor import cuda_stack
+    from tests.support.fake_doctor import cuda_stack
 
     for stack in (cuda_stack(), cuda_stack(missing=("nccl",), ptxas=None, libdevice=False),
                   cudalibs.failed("boom")):

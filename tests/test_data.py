@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.data import (
+from mgpu_env.training.input.data import (
     DatasetChoice,
     builtin,
     digits_to_mnist_layout,

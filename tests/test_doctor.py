@@ -16,9 +16,9 @@ from mgpu_env.doctor import checks, preflight
 from mgpu_env.doctor.checks import Check, capability_support, run_checks
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.nvml import Probed
-from tests.fake_doctor import GIB, healthy_host, make_facts, tf_facts
-from tests.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
-from tests.runtimes import runtime_for
+from tests.support.fake_doctor import GIB, healthy_host, make_facts, tf_facts
+from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
+from tests.support.runtimes import runtime_for
 
 Install = Callable[[FakeNvml], FakeNvml]
 
@@ -225,7 +225,7 @@ def test_no_tf_skips_the_tensorflow_checks(use_fake_nvml: Install) -> None:
      ((9, 0), "ptx"), ((10, 0), "ptx"), ((12, 0), "ptx"), ((5, 2), "none"), ((3, 7), "none")],
 )
 def test_capability_support(capability: tuple[int, int], support: str) -> None:
-    from tests.fake_doctor import TF_221_CAPABILITIES
+    from tests.support.fake_doctor import TF_221_CAPABILITIES
 
     assert capability_support(capability, TF_221_CAPABILITIES) == support
 

@@ -14,8 +14,8 @@ from mgpu_env.doctor import facts as probes
 from mgpu_env.hardware import tfprobe
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.hardware.tfprobe import TfFacts
-from tests.fake_doctor import healthy_host, tf_facts, versions
-from tests.fake_nvml import FakeNvml, fake_with
+from tests.support.fake_doctor import healthy_host, tf_facts, versions
+from tests.support.fake_nvml import FakeNvml, fake_with
 
 Install = Callable[[FakeNvml], FakeNvml]
 REAL_PROBE_HOST = probes.probe_host

@@ -14,9 +14,9 @@ from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import cudalibs
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
-from tests.fake_doctor import cuda_stack, healthy_host, make_facts, tf_facts
-from tests.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
-from tests.runtimes import runtime_for
+from tests.support.fake_doctor import cuda_stack, healthy_host, make_facts, tf_facts
+from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
+from tests.support.runtimes import runtime_for
 
 Install = Callable[[FakeNvml], FakeNvml]
 REAL_COLLECT = cudalibs.collect

@@ -16,9 +16,9 @@ from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import smoke
 from mgpu_env.doctor.smoke import SmokeResult, SmokeStep
 from mgpu_env.runtime import Runtime
-from tests.fake_doctor import healthy_host, versions
-from tests.fake_nvml import FakeNvml, fake_with
-from tests.runtimes import runtime_of
+from tests.support.fake_doctor import healthy_host, versions
+from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.runtimes import runtime_of
 
 Install = Callable[[FakeNvml], FakeNvml]
 CPU = runtime_of({"GPUS": "all"})

@@ -17,8 +17,8 @@ from mgpu_env.hardware import cudalibs, tfprobe
 from mgpu_env.hardware.cudalibs import LIBRARIES, CudaStack
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.hardware.tfprobe import TfFacts
-from tests.fake_doctor import cuda_stack, healthy_host, tf_facts, versions
-from tests.fake_nvml import FakeNvml, fake_with
+from tests.support.fake_doctor import cuda_stack, healthy_host, tf_facts, versions
+from tests.support.fake_nvml import FakeNvml, fake_with
 
 Install = Callable[[FakeNvml], FakeNvml]
 WIDE = "/opt/a-rather-long-virtual-environment/lib/python3.12/site-packages"

@@ -10,7 +10,7 @@ import pytest
 
 from mgpu_env.hardware import tfprobe
 from mgpu_env.hardware.nvml import Probed
-from tests.fake_doctor import tf_facts
+from tests.support.fake_doctor import tf_facts
 
 
 @pytest.mark.parametrize(

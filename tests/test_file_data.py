@@ -12,9 +12,9 @@ import pytest
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import SettingError, parse_dataset
-from mgpu_env.training.data import Arrays, FileData, check_finite, files
-from mgpu_env.training.data.files import load_files
-from tests.filedata import (
+from mgpu_env.training.input.data import Arrays, FileData, check_finite, files
+from mgpu_env.training.input.data.files import load_files
+from tests.support.filedata import (
     flip_record_byte,
     image_bytes,
     replace_keeping_stat,
@@ -164,8 +164,8 @@ def test_two_workers_read_every_training_record_once_per_epoch(
 ) -> None:
     import tensorflow as tf
 
-    from mgpu_env.training import feed
-    from mgpu_env.training.keep import KeepLimit
+    from mgpu_env.training.input import feed
+    from mgpu_env.training.input.keep import KeepLimit
 
     nothing_kept = KeepLimit(0, "test")  # stream, as large data does
     per_file = 128 // train_files
@@ -194,7 +194,7 @@ def test_two_workers_read_every_training_record_once_per_epoch(
 
 
 def test_bad_records_names_each_damaged_file_and_its_first_bad_record(tmp_path: Path) -> None:
-    from mgpu_env.training.data.verify import bad_records
+    from mgpu_env.training.input.data.verify import bad_records
 
     folder = write_tfrecords(tmp_path / "tf", files=3, per_file=16)
     data = load("tfrecord", folder)
@@ -217,7 +217,7 @@ def test_bad_records_names_each_damaged_file_and_its_first_bad_record(tmp_path: 
 
 
 def test_bad_records_names_images_that_no_longer_decode(tmp_path: Path) -> None:
-    from mgpu_env.training.data.verify import bad_records
+    from mgpu_env.training.input.data.verify import bad_records
 
     folder = write_images(tmp_path / "im")
     jpeg = folder / "train" / "cat" / "2.png"  # decode_image reads the bytes, not the name
@@ -241,8 +241,8 @@ def test_a_read_error_stops_the_run_naming_the_file_only_when_a_file_explains_it
     import tensorflow as tf
 
     from mgpu_env.config.errors import RunFailed
-    from mgpu_env.training.corrupt import bad_records_message, stop_on_bad_records
-    from mgpu_env.training.data.verify import BadRecord, tensorflow_message
+    from mgpu_env.training.input.corrupt import bad_records_message, stop_on_bad_records
+    from mgpu_env.training.input.data.verify import BadRecord, tensorflow_message
 
     folder = write_tfrecords(tmp_path / "tf", files=2, per_file=8)
     data = load("tfrecord", folder)
@@ -277,7 +277,7 @@ def rss_file_mib() -> float:
 
 
 def test_rows_of_a_mapped_npy_are_read_without_mapping_its_pages(tmp_path: Path) -> None:
-    from mgpu_env.training.data import release_pages, take_rows
+    from mgpu_env.training.input.data import release_pages, take_rows
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (65_536, 1024), np.uint8)  # 64 MiB
@@ -310,7 +310,7 @@ def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
     tmp_path: Path, logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
-    from mgpu_env.training import stream
+    from mgpu_env.training.input import stream
 
     # Chunks of 5 steps: 8 rows per replica of 8x8 float32 samples and an int32 label.
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 8 * (64 + 1) * 4)

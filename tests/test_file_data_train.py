@@ -13,21 +13,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.filedata import (
+from tests.support.filedata import (
     flip_record_byte,
     replace_keeping_stat,
     write_images,
     write_npy,
     write_tfrecords,
 )
-from tests.test_train_run import metrics, run, train_env
+from tests.support.train_process import metrics, run, train_env
 
 pytestmark = pytest.mark.slow
 
 # Runs `mgpu train` with the keep limit at 0, so a small folder streams from its files
 # (or a loader's tf.data set streams from its pipeline), as data over 2 GiB does.
 STREAMING = (
-    "import runpy, sys; import mgpu_env.training.keep as k, mgpu_env.training.hooks as h; "
+    "import runpy, sys; import mgpu_env.training.input.keep as k; "
+    "import mgpu_env.training.step.hooks as h; "
     "k.keep_limit = lambda *a, **kw: k.KeepLimit(0, 'test'); h.READ_LIMIT_BYTES = 0; "
     "sys.argv = ['mgpu', 'train']; "
     "runpy.run_module('entrypoint', run_name='__main__')"

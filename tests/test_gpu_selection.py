@@ -15,7 +15,7 @@ from entrypoint.app import app
 from mgpu_env.config.settings import SettingError, parse_gpus
 from mgpu_env.hardware import nvml
 from mgpu_env.hardware.devices import HIDE_ALL_GPUS, cuda_environment, select_gpus
-from tests.fake_nvml import FakeNvml, fake_with
+from tests.support.fake_nvml import FakeNvml, fake_with
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_cli_refuses_gpu_index_without_driver(
 _PROBE = """
 import json, os, sys
 sys.path.insert(0, {repo!r})
-from tests.fake_nvml import fake_with
+from tests.support.fake_nvml import fake_with
 import mgpu_env.hardware.nvml as nvml
 nvml.load_library = lambda: fake_with(2)
 import mgpu_env.runtime as launch

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.filedata import write_npy
+from tests.support.filedata import write_npy
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -24,10 +24,10 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import SettingsErrors
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
-from mgpu_env.training import hooks
-from mgpu_env.training.data import load_arrays, resolve_dataset
-from mgpu_env.training.plan import run_identity
-from tests.runtimes import runtime_of
+from mgpu_env.training.input.data import load_arrays, resolve_dataset
+from mgpu_env.training.run.plan import run_identity
+from mgpu_env.training.step import hooks
+from tests.support.runtimes import runtime_of
 
 Write = Callable[[str, str], str]
 

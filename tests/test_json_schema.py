@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from mgpu_env.bench.sweep import run_bench
-from mgpu_env.training import rundir
-from tests.fake_nvml import FakeNvml, fake_with
-from tests.runtimes import runtime_of
-from tests.test_bench import fake_runner, settings
-from tests.test_quiet_start import mgpu
+from mgpu_env.training.run import rundir
+from tests.support.bench import fake_runner, settings
+from tests.support.cli_process import mgpu
+from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.runtimes import runtime_of
 
 IDENTITY = {"dataset": "digits", "global_batch_size": 64}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mgpu_env.training.keep import (
+from mgpu_env.training.input.keep import (
     FALLBACK_BYTES,
     GIB,
     MODEL_RESERVE_BYTES,

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_run_launcher import REPO, start
+from tests.support.run_process import REPO, start
 
 pytestmark = pytest.mark.slow
 CORPUS = REPO / "tests" / "keras2_scripts"

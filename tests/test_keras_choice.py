@@ -14,7 +14,7 @@ from mgpu_env.doctor.checks import check_keras
 from mgpu_env.doctor.facts import KerasFacts
 from mgpu_env.runtime import Execution
 from mgpu_env.runtime.keras import KerasChoice, choose_keras
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 HOSTS = {"WORKER_HOSTS": "127.0.0.1:2222,127.0.0.1:2223", "WORKER_INDEX": "0",
          "GPUS": "none"}

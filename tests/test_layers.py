@@ -67,3 +67,85 @@ def test_no_module_is_over_the_line_budget() -> None:
     long = [f"{p.relative_to(REPO)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert not long, f"modules over {MAX_LINES} lines (split them by topic):\n" + "\n".join(long)
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/support; a test module (or conftest) imported by another
+    would run its tests twice and tie the two together."""
+    tests = REPO / "tests"
+    crossings = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in sorted(tests.rglob("*.py"))
+        for name in sorted(imported_modules(path))
+        if name.startswith(("tests.test_", "tests.conftest"))
+    ]
+    assert not crossings, "\n".join(crossings)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of mgpu_env and entrypoint -> the modules of the two it imports, at any
+    depth of the code (a package's `__init__` is a module of its own, as import-linter
+    counts it)."""
+    files = {}
+    for path in [*sorted(PACKAGE.rglob("*.py")), *sorted((REPO / "entrypoint").rglob("*.py"))]:
+        parts = path.relative_to(REPO).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {
+        module: {name for name in imported_modules(path) if name in files and name != module}
+        for module, path in files.items()
+    }
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a loop."""
+    reach = {module: set(targets) for module, targets in graph.items()}
+    changed = True
+    while changed:  # the transitive closure: small graphs, a few passes
+        changed = False
+        for targets in reach.values():
+            more = set().union(*(reach[t] for t in targets)) - targets
+            if more:
+                targets |= more
+                changed = True
+    groups = {frozenset({m, *(t for t in reach[m] if m in reach[t])})
+              for m in graph if m in reach[m]}
+    return sorted(sorted(group) for group in groups)
+
+
+def test_no_import_cycles_function_level_imports_included() -> None:
+    # The doctor's checks package is left out: its modules and its __init__ share helpers
+    # both ways (the doctor's own layout, outside the training core).
+    cycles = [group for group in import_cycles(module_graph())
+              if not all(m.startswith("mgpu_env.doctor.") for m in group)]
+    assert not cycles, "\n".join(" <-> ".join(group) for group in cycles)
+
+
+def test_the_cycle_check_sees_a_loop_through_a_lazy_import() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+# Where a function over MAX_FUNCTION_LINES lines must say why it is long, in a comment that
+# starts with "# Long:" (the training core, bench and the commands built on them).
+MAX_FUNCTION_LINES = 60
+LENGTH_RULE = ("mgpu_env/training", "mgpu_env/bench", "mgpu_env/api.py", "entrypoint/train.py",
+               "entrypoint/bench.py", "entrypoint/run.py")
+
+
+def test_a_long_function_says_why_it_is_long() -> None:
+    unexplained = []
+    for place in LENGTH_RULE:
+        path = REPO / place
+        for module in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            lines = module.read_text().splitlines()
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                end = node.end_lineno or node.lineno
+                body = lines[node.lineno - 1 : end]
+                if end - node.lineno + 1 > MAX_FUNCTION_LINES and not any(
+                    line.strip().startswith("# Long:") for line in body
+                ):
+                    unexplained.append(f"{module.relative_to(REPO)}:{node.lineno} {node.name} "
+                                       f"({end - node.lineno + 1} lines)")
+    assert not unexplained, "split these, or say why they are long:\n" + "\n".join(unexplained)

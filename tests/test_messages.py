@@ -24,13 +24,13 @@ from mgpu_env.config.parsers import SettingError, parse_dataset
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import SettingsErrors
 from mgpu_env.hardware.folders import folder_access
-from mgpu_env.training.data.files import load_files
-from mgpu_env.training.data.sets import DatasetChoice
+from mgpu_env.training.input.data.files import load_files
+from mgpu_env.training.input.data.sets import DatasetChoice
 from mgpu_env.training.messages import plural, unwritable_folder
 from mgpu_env.training.multiworker.backstop import probe, stuck_message
-from mgpu_env.training.signals import Interrupted
-from tests.filedata import write_npy, write_tfrecords
-from tests.runfolders import completed_epochs
+from mgpu_env.training.run.signals import Interrupted
+from tests.support.filedata import write_npy, write_tfrecords
+from tests.support.runfolders import completed_epochs
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,7 @@ from mgpu_env.training.multiworker import (
     is_worker_failure,
     lost_tasks,
 )
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 
 def settings_from(**env: str) -> Settings:
@@ -180,13 +180,14 @@ def test_disagreements_name_the_worker_and_both_values() -> None:
 
 def test_agreement_compares_what_the_workers_resolved() -> None:
     values = agreement_values(
-        settings_from(BATCH_SIZE="32", MIXED_PRECISION="1"), dataset="digits",
-        precision_policy="mixed_bfloat16", local_replicas=2, train_samples=1437,
-        steps_per_epoch=22,
+        settings_from(BATCH_SIZE="32", MIXED_PRECISION="1"),
+        {"DATASET": "digits", "MIXED_PRECISION": "mixed_bfloat16", "KERAS": "2"},
+        local_replicas=2, train_samples=1437, steps_per_epoch=22,
     )
     assert values["BATCH_SIZE"] == "32" and values["MIXED_PRECISION"] == "mixed_bfloat16"
     assert values["DATASET"] == "digits" and values["EPOCHS"] == "5"
     assert values["local replicas (GPUs or VIRTUAL_DEVICES)"] == "2"
+    assert values["KERAS"] == "2" and values["XLA"] == "0" and values["LEARNING_RATE"] == "0.001"
 
 
 # ------------------------------------------------------------------------------- faults

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs, epoch_losses
-from tests.test_container import docker_engine_missing
+from tests.support.docker import docker_engine_missing
+from tests.support.runfolders import completed_epochs, epoch_losses
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.multiworker.yml"
@@ -27,7 +27,8 @@ BASE_CPU_IMAGE = os.environ.get("BASE_CPU_IMAGE", "mgpu-env/base-cpu:bookworm")
 TEST_IMAGE = os.environ.get("TEST_IMAGE", "mgpu-env:cpu")
 SURVIVOR_EXIT_BOUND_S = 60
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# The image and compose project are shared with test_container: one xdist worker for both.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("docker")]
 
 
 def compose_command() -> list[str] | None:

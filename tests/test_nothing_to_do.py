@@ -16,7 +16,7 @@ import pytest
 
 from mgpu_env.runtime import Runtime, build_runtime
 from mgpu_env.training.finished import finished_run, latest_checkpoint_epoch
-from mgpu_env.training.resume import resolve_run_settings
+from mgpu_env.training.run.resume import resolve_run_settings
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pynvml
 import pytest
 
 from mgpu_env.hardware import nvml
-from tests.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
+from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 
 Install = Callable[[FakeNvml], FakeNvml]
 

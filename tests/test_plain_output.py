@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from entrypoint.train import interactive, settings_lines
-from mgpu_env.training.report import EpochLineReporter
+from mgpu_env.training.run.report import EpochLineReporter
 
 REPO = Path(__file__).resolve().parent.parent
 COLOUR = re.compile(r"\x1b\[[0-9;]*(3[0-7]|9[0-7]|38;)[0-9;]*m")

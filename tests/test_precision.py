@@ -78,7 +78,7 @@ def _summary(settings: dict[str, str], scan: object = None) -> list[str]:
     from pathlib import Path
 
     from mgpu_env import launcher
-    from tests.runtimes import runtime_of
+    from tests.support.runtimes import runtime_of
 
     runtime = runtime_of({"GPUS": "none", **settings}, command="run")
     target = launcher.Target("train.py", False, (), Path("train.py"))

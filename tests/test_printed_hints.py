@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs
-from tests.test_train_run import wait_for_epochs
+from tests.support.runfolders import completed_epochs
+from tests.support.train_process import wait_for_epochs
 
 REPO = Path(__file__).resolve().parent.parent
 MGPU_BIN = Path(sys.executable).parent  # where `mgpu` is installed, as a user's PATH has it

@@ -8,33 +8,11 @@ run's stderr. TF_CPP_MIN_LOG_LEVEL is left unset here, as a user would.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mgpu_env.config.settings import DECLARATIONS
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def clean_env(tmp_path: Path, **settings: str) -> dict[str, str]:
-    drop = {d.env for d in DECLARATIONS} | {
-        "TF_CPP_MIN_LOG_LEVEL", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES", "TF_CONFIG",
-        "TF_ENABLED_DEVICE_TYPES", "NO_COLOR", "FORCE_COLOR",
-    }
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path / "home"), **settings)
-    return env
-
-
-def mgpu(tmp_path: Path, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "entrypoint", *args], env=clean_env(tmp_path, **settings),
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-    )
+from tests.support.cli_process import mgpu
 
 
 def test_dry_run_without_gpus_writes_nothing_to_stderr(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mgpu_env.training.resume import recorded_settings, resolve_run_settings, resume_note
+from mgpu_env.training.run.resume import recorded_settings, resolve_run_settings, resume_note
 
 
 def run_folder(path: Path, settings: dict[str, str], identity: dict[str, object]) -> Path:
@@ -38,3 +38,10 @@ def test_a_fresh_folder_takes_nothing(tmp_path: Path) -> None:
     resolved = resolve_run_settings({}, {"OUTPUT_DIR": str(tmp_path / "new")})
     assert resolved.from_run_folder() == [] and resume_note(resolved) is None
     assert resolved.settings.epochs == 5
+
+
+def test_a_keras_2_run_resumes_with_keras_2(tmp_path: Path) -> None:
+    folder = run_folder(tmp_path / "run", {"KERAS": "2", "OUTPUT_DIR": "x"}, {"seed": 42})
+    assert recorded_settings(folder) == {"KERAS": "2"}
+    resolved = resolve_run_settings({}, {"OUTPUT_DIR": str(folder)})
+    assert resolved.settings.keras == "2" and resolved.origin("KERAS") == "run folder"

@@ -16,7 +16,7 @@ from entrypoint.app import app
 from mgpu_env import api, launcher
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import resolve_settings
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -22,7 +22,7 @@ from mgpu_env.doctor.checks import check_run_folder
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware.folders import FolderAccess, folder_access
 from mgpu_env.hardware.nvml import GpuListing, NvmlSnapshot
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 REPO = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -80,7 +80,7 @@ def test_training_stops_before_the_preflight_with_the_fix(
 
     from entrypoint.app import app
     from mgpu_env import doctor
-    from mgpu_env.training import plan
+    from mgpu_env.training.run import plan
 
     def no_preflight(runtime: object, **kwargs: object) -> None:
         raise AssertionError("the folder is checked first")

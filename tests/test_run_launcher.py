@@ -8,7 +8,6 @@ offline) and one epoch keep the training runs short.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,12 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_multiworker_run import free_ports, log_of, two_workers, wait_all
-from tests.test_train_run import metrics, wait_for_epochs
+from tests.support.run_process import (
+    REPO,
+    TIMEOUT_S,
+    finish,
+    mgpu,
+    run_env,
+    seen,
+    start,
+    write,
+)
+from tests.support.train_process import metrics, wait_for_epochs
+from tests.support.workers import free_ports, log_of, two_workers, wait_all
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-TIMEOUT_S = 300
 
 # What a script under `mgpu run` sees of the run's decisions, before and after it builds
 # strategies of its own.
@@ -45,64 +52,6 @@ first_line.update(
 )
 print("SEEN " + json.dumps(first_line), flush=True)
 """
-
-
-def run_env(tmp_path: Path, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CONFIG", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES",
-                        "TF_USE_LEGACY_KERAS", "KERAS_HOME")}
-    env.update(
-        PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none", QUIET="1",
-        HOME=str(tmp_path / "home"),
-    )
-    env.update(settings)
-    return env
-
-
-def finish(workers: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:
-    """Each worker's result, in order; every worker is killed if one overruns TIMEOUT_S."""
-    results = []
-    try:
-        for worker in workers:
-            stdout, stderr = worker.communicate(timeout=TIMEOUT_S)
-            results.append(subprocess.CompletedProcess(worker.args, worker.returncode,
-                                                       stdout, stderr))
-    finally:
-        for worker in workers:
-            worker.kill()
-    return results
-
-
-def start(tmp_path: Path, args: list[str], command: str = "run",
-          **settings: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "entrypoint", command, *args],
-        env=run_env(tmp_path, **settings), cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-
-
-def mgpu(tmp_path: Path, args: list[str], command: str = "run",
-         **settings: str) -> subprocess.CompletedProcess[str]:
-    process = start(tmp_path, args, command, **settings)
-    try:
-        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
-    finally:
-        process.kill()
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-
-
-def seen(result: subprocess.CompletedProcess[str]) -> dict:
-    lines = [line for line in result.stdout.splitlines() if line.startswith("SEEN ")]
-    assert lines, f"stdout: {result.stdout}\nstderr: {result.stderr}"
-    return json.loads(lines[-1][5:])
-
-
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
 
 
 # ------------------------------------------------------------------------------ mgpu run
@@ -224,7 +173,7 @@ def test_worker_hosts_gives_two_processes_one_cluster(tmp_path: Path) -> None:
 SEED_ON_DIGITS = """\
 # The seed's own code, unmodified (its MirroredStrategy(), compile and model.fit), on the
 # built-in digits because the seed's MNIST download is not available offline.
-from mgpu_env.training.data import load_arrays, resolve_dataset
+from mgpu_env.training.input.data import load_arrays, resolve_dataset
 from mgpu_env.training import seed
 
 arrays = load_arrays(resolve_dataset("digits", None), 42)
@@ -251,7 +200,7 @@ def test_the_seeds_unmodified_script_trains_on_two_logical_devices(tmp_path: Pat
 FAKE_GPUS = """
 import sys
 sys.path.insert(0, {repo!r})
-from tests.fake_nvml import fake_with
+from tests.support.fake_nvml import fake_with
 import mgpu_env.hardware.nvml as nvml
 nvml.load_library = lambda: fake_with(2)
 from mgpu_env import launcher

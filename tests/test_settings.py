@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import DECLARATIONS, GpuRequest, SettingsErrors
-from tests.runtimes import runtime_of
+from tests.support.runtimes import runtime_of
 
 
 def test_defaults_when_nothing_is_set() -> None:
@@ -151,7 +151,7 @@ def test_debug_shows_traceback_for_unexpected_errors(monkeypatch: pytest.MonkeyP
     code = (
         "import sys\n"
         "def boom(*a, **k): raise RuntimeError('kaput')\n"
-        "import entrypoint.train as t; t.build_runtime = boom\n"
+        "import entrypoint.train as t; t.start_process = boom\n"
         "from entrypoint.app import main; sys.argv = ['mgpu'] + sys.argv[1:]; main()\n"
     )
     plain = subprocess.run(
@@ -219,3 +219,59 @@ def test_a_near_miss_of_a_fixed_choice_says_did_you_mean(name: str, text: str, m
     with pytest.raises(SettingsErrors) as caught:
         resolve_settings({}, {name: text})
     assert f"did you mean {meant}?\n" in caught.value.user_message()
+
+
+# ------------------------------------------------------------------------------- roles
+
+
+def settings_read_by(*folders: str) -> set[str]:
+    """The Settings fields the code in `folders` reads (`settings.epochs`, `...settings.seed`)."""
+    import ast
+
+    fields = {d.field_name for d in DECLARATIONS}
+    repo = Path(__file__).resolve().parent.parent
+    read: set[str] = set()
+    for folder in folders:
+        for path in sorted((repo / folder).rglob("*.py")) or [repo / f"{folder}.py"]:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Attribute) and node.attr in fields
+                        and isinstance(node.value, (ast.Name, ast.Attribute))
+                        and (getattr(node.value, "id", "") == "settings"
+                             or getattr(node.value, "attr", "") == "settings")):
+                    read.add(node.attr)
+    return read
+
+
+def test_every_setting_a_training_run_reads_is_recorded_in_the_run() -> None:
+    read = settings_read_by("mgpu_env/training", "mgpu_env/runtime", "entrypoint/train")
+    by_field = {d.field_name: d for d in DECLARATIONS}
+    assert {"epochs", "keras", "seed", "data_deterministic"} <= read  # the scan sees them
+    missing = sorted(by_field[name].env for name in read if "recorded" not in by_field[name].roles)
+    assert not missing, f"read by a training run but not recorded in it: {missing}"
+
+
+def test_the_roles_nest_as_a_run_uses_them() -> None:
+    from mgpu_env.config.settings import with_role
+
+    recorded = set(with_role("recorded"))
+    # Shown, resumed and agreed values are all in settings.json; an identity is resumed.
+    assert set(with_role("shown")) <= recorded and set(with_role("agreed")) <= recorded
+    assert set(with_role("resumed")) <= recorded
+    assert set(with_role("identity")) <= set(with_role("resumed"))
+    # What a script decides is a setting of mgpu train's loop (its flags show on train).
+    assert all("train" in d.scope for d in DECLARATIONS if "script" in d.roles)
+    # A setting no training run reads (bench's own) has no role in one.
+    assert all(not d.roles for d in DECLARATIONS if d.scope == ("bench",))
+
+
+def test_keras_is_recorded_resumed_and_agreed_and_a_script_decides_its_data_order() -> None:
+    from mgpu_env.launcher import SCRIPT_DECIDES
+    from mgpu_env.training.multiworker import agreement_values
+    from mgpu_env.training.run.plan import RUN_SETTINGS
+    from mgpu_env.training.run.resume import RESUMED_SETTINGS
+
+    assert "KERAS" in RUN_SETTINGS and "KERAS" in RESUMED_SETTINGS
+    values = agreement_values(resolve_settings({}, {"KERAS": "2"}).settings, {"KERAS": "2"},
+                              local_replicas=1, train_samples=10, steps_per_epoch=1)
+    assert values["KERAS"] == "2"
+    assert "DATA_DETERMINISTIC" in SCRIPT_DECIDES and "WORKER_TIMEOUT" in SCRIPT_DECIDES

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from mgpu_env.training.signals import Interrupted, StopRequest, stop_on_signals
+from mgpu_env.training.run.signals import Interrupted, StopRequest, stop_on_signals
 
 
 def test_interrupted_exits_128_plus_the_signal() -> None:

@@ -1,4 +1,4 @@
-"""mgpu under a real Slurm (one node, `tests/slurm_cluster.py`): srun steps, a batch job.
+"""mgpu under a real Slurm (one node, `tests/support/slurm_cluster.py`): srun steps, a batch job.
 
 Each `srun -n2` step is one 2-worker run on this machine's CPU: the tasks read their rank
 and the step's nodes from Slurm's variables, nothing else. Each task writes its own log
@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.runfolders import completed_epochs, epoch_losses
-from tests.slurm_cluster import REPO, SlurmCluster, SlurmUnavailable, start_cluster
+from tests.support.runfolders import completed_epochs, epoch_losses
+from tests.support.slurm_cluster import REPO, SlurmCluster, SlurmUnavailable, start_cluster
 
-pytestmark = pytest.mark.slow
+# One Slurm on this machine: its tests share one xdist worker (make test runs in parallel).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 MGPU = REPO / ".venv" / "bin" / "mgpu"
 RUN_TIMEOUT_S = 300
 WORKER_TIMEOUT_S = "30"

@@ -20,8 +20,7 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
 from mgpu_env.runtime.strategy import WorkerRole, make_strategy, plan_strategy
-from tests.conftest import LOGICAL_CPUS
-from tests.runtimes import runtime_of
+from tests.support.runtimes import LOGICAL_CPUS, runtime_of
 
 
 @pytest.fixture
@@ -65,8 +64,8 @@ def _train_a_little(
     import keras
     import tensorflow as tf
 
-    from mgpu_env.training.build import build_trainer
-    from mgpu_env.training.model import build_model
+    from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.model import build_model
 
     keras.mixed_precision.set_global_policy(precision.policy)
     rng = np.random.default_rng(0)
@@ -109,7 +108,7 @@ def test_fp16_with_loss_scaling_trains_on_two_replicas(
 def test_one_replicas_overflow_makes_every_replica_skip(logical_cpus: tuple[str, ...]) -> None:
     import tensorflow as tf
 
-    from mgpu_env.training.steps import _agree_on_finite
+    from mgpu_env.training.step.steps import _agree_on_finite
 
     strategy = mirrored(logical_cpus[:2])
 
@@ -159,8 +158,8 @@ def test_agreement_passes_when_every_replica_has_the_same_settings(
 def test_a_whole_run_in_process_on_four_replicas(
     logical_cpus: tuple[str, ...], tmp_path: Path, float32_policy: None
 ) -> None:
-    from mgpu_env.training.loop import run_training
-    from mgpu_env.training.plan import plan_training
+    from mgpu_env.training.run.loop import run_training
+    from mgpu_env.training.run.plan import plan_training
 
     resolved = resolve_settings(
         {"GPUS": "none", "VIRTUAL_DEVICES": str(LOGICAL_CPUS), "DATASET": "digits",
@@ -184,10 +183,10 @@ def _losses_per_call(
     """Train the seed's MLP a few calls of 5 steps from a feed; the mean loss of each call."""
     import tensorflow as tf
 
-    from mgpu_env.training.build import build_trainer
-    from mgpu_env.training.data import Arrays
-    from mgpu_env.training.feed import ResidentFeed, RowStreamFeed, StreamFeed
-    from mgpu_env.training.model import build_model
+    from mgpu_env.training.input.data import Arrays
+    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
+    from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.model import build_model
 
     rng = np.random.default_rng(0)
     x = rng.random((700, 784), dtype=np.float32)
@@ -233,7 +232,7 @@ def test_every_replica_count_trains_on_the_same_global_batches(
 def test_a_resident_feed_splits_calls_to_bound_the_rows_it_gathers(
     logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training import feed
+    from mgpu_env.training.input import feed
 
     whole = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
     # Room for two steps' rows per call (32 rows of 784 float32 + an int32 label per replica).
@@ -257,7 +256,7 @@ def test_streamed_and_kept_rows_train_on_the_same_batches(
 def test_a_stream_of_short_chunks_trains_on_the_kept_rows_batches(
     logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training import stream
+    from mgpu_env.training.input import stream
 
     kept = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
     # Chunks of 7 steps (32 rows of 784 float32 + an int32 label per replica, and a caller
@@ -271,7 +270,7 @@ def test_a_stream_of_short_chunks_trains_on_the_kept_rows_batches(
 def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
     logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training import stream
+    from mgpu_env.training.input import stream
 
     class Counted:
         """The step functions, counting the calls a runner makes of each."""
@@ -306,7 +305,7 @@ def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
 
 
 def test_chunks_divide_the_callers_calls_where_that_costs_little() -> None:
-    from mgpu_env.training.stream import aligned_chunk
+    from mgpu_env.training.input.stream import aligned_chunk
 
     assert aligned_chunk(83, 200) == 50  # training's calls of 200, the MLP's 16 MiB chunks
     assert aligned_chunk(83, 50) == 50  # mgpu bench's intervals of 50
@@ -316,8 +315,8 @@ def test_chunks_divide_the_callers_calls_where_that_costs_little() -> None:
 
 
 def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, ...]) -> None:
-    from mgpu_env.training.data import Arrays
-    from mgpu_env.training.feed import StreamFeed, epoch_order
+    from mgpu_env.training.input.data import Arrays
+    from mgpu_env.training.input.feed import StreamFeed, epoch_order
 
     x = np.zeros((100, 784), np.float32)
     arrays = Arrays("test", x, np.zeros(100, np.int32), x[:1], np.zeros(1, np.int32))
@@ -354,7 +353,7 @@ def streaming_loader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logical_cpus: tuple[str, ...]
 ) -> str:
     """A loader of tf.data.Datasets over the (lowered) read limit: they stream."""
-    from mgpu_env.training import hooks
+    from mgpu_env.training.step import hooks
 
     (tmp_path / "big_rows.py").write_text(STREAMING_LOADER)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -366,8 +365,8 @@ def streaming_loader(
 def test_a_loaders_stream_over_the_read_limit_is_not_read_into_memory(
     streaming_loader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training import hooks
-    from mgpu_env.training.data import Arrays, Streamed, load_data, resolve_dataset
+    from mgpu_env.training.input.data import Arrays, Streamed, load_data, resolve_dataset
+    from mgpu_env.training.step import hooks
 
     data = load_data(resolve_dataset(streaming_loader, None, {}), seed=0)
     assert isinstance(data, Streamed)
@@ -381,8 +380,8 @@ def test_a_loaders_stream_over_the_read_limit_is_not_read_into_memory(
 def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
     streaming_loader: str, tmp_path: Path, float32_policy: None
 ) -> None:
-    from mgpu_env.training.loop import run_training
-    from mgpu_env.training.plan import plan_training
+    from mgpu_env.training.run.loop import run_training
+    from mgpu_env.training.run.plan import plan_training
 
     # The whole test: its global batch on 1, 2 and 4 replicas is
     # test_every_replica_count_trains_on_the_same_global_batches["rows"].
@@ -405,7 +404,7 @@ def test_bench_streams_a_loaders_rows_on_its_real_and_stream_points(
 ) -> None:
     from mgpu_env.bench.sweep import plan_devices, plan_points
     from mgpu_env.bench.worker import point_data, real_feed
-    from mgpu_env.training.feed import RowStreamFeed
+    from mgpu_env.training.input.feed import RowStreamFeed
 
     settings = resolve_settings({"GPUS": "none", "DATASET": streaming_loader,
                                  "BENCH_DATA": "all"}, {}).settings
@@ -420,7 +419,7 @@ def test_bench_streams_a_loaders_rows_on_its_real_and_stream_points(
 
 
 def test_the_epoch_order_is_a_seeded_permutation_cut_to_whole_batches() -> None:
-    from mgpu_env.training.feed import epoch_order
+    from mgpu_env.training.input.feed import epoch_order
 
     order = epoch_order(seed=5, epoch=2, size=1000, global_batch=64)
     assert order.shape == (960,) and len(set(order.tolist())) == 960

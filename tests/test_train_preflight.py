@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from mgpu_env.hardware import tfprobe
-from tests.fake_doctor import tf_facts
-from tests.fake_nvml import FakeNvml, fake_with
+from tests.support.fake_doctor import tf_facts
+from tests.support.fake_nvml import FakeNvml, fake_with
 
 
 def test_old_driver_stops_training_with_the_fix(

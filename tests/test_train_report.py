@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from mgpu_env.training.report import ProgbarReporter, epoch_line
+from mgpu_env.training.run.report import ProgbarReporter, epoch_line
 
 
 def test_progress_bar_shows_samples_per_second() -> None:

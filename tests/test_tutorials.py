@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_multiworker_run import free_ports
-from tests.test_run_launcher import REPO, finish, start, write
+from tests.support.run_process import REPO, finish, start, write
+from tests.support.workers import free_ports
 
 pytestmark = pytest.mark.slow
 TUTORIALS = REPO / "tests" / "tutorials"

@@ -80,7 +80,7 @@ def measure_input_alone(
 
     The dataset covers as many epochs as the warm-up and the timing take, plus one; the
     count of samples comes from the elements' shapes."""
-    from mgpu_env.training.feed import ResidentFeed, StreamFeed
+    from mgpu_env.training.input.feed import ResidentFeed, StreamFeed
 
     if isinstance(feed, ResidentFeed):
         return {"samples_per_s": None, "skipped": KEPT_REASON}

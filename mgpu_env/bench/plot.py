@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mgpu_env.training import rundir
+from mgpu_env.training.run import rundir
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -31,6 +31,7 @@ def draw_bench(report: dict[str, Any]) -> Figure:
     100% as the ideal. Every axis starts at 0, so the heights compare as ratios (an axis
     from 20,000 makes 25,000 look twice 22,500).
     """
+    # Long: matplotlib's calls for two panels that share their series, colours and ticks.
     import matplotlib
 
     matplotlib.use("Agg")  # no display in containers and CI

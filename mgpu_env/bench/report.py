@@ -20,7 +20,7 @@ from mgpu_env.bench.stats import (
     spread,
     summarize_point,
 )
-from mgpu_env.training import rundir
+from mgpu_env.training.run import rundir
 
 BENCH_JSON = "bench.json"
 # 2: the input's cost is paired round by round (`throughput_lost` is the median over rounds,

@@ -51,7 +51,7 @@ from mgpu_env.bench.report import (
 from mgpu_env.config.errors import RunFailed
 from mgpu_env.config.settings import Settings
 from mgpu_env.runtime import Execution, Runtime
-from mgpu_env.training import rundir
+from mgpu_env.training.run import rundir
 
 BENCH_PNG = "bench.png"
 
@@ -81,6 +81,24 @@ __all__ = [
     "seed_comparison",
     "write_report",
 ]
+
+
+# How bench.json's numbers were made (the settings' counts are added per run).
+METHOD: dict[str, Any] = {
+    "scaling": "weak: global batch = per-replica batch x replicas",
+    "efficiency": "throughput(n) / (n x throughput(base)); base = fewest replicas",
+    "timing": "time.perf_counter around each interval, ended by fetching the loss "
+    "to the host; warm-up (tracing, compilation) excluded",
+    "spread": "median, quartiles, min/max and mean with its 95% CI over intervals",
+    "process_per_point": False,
+    "interleaved": "the points that differ only in their data run in one process: "
+    "each warmed up, then rounds of one interval of each in turn (the order changes "
+    "every round), so a change of the machine's load hits them alike",
+    "input_cost": "1 - samples/s of the data / samples/s of synthetic, per round "
+    "(the two intervals of one round); median and spread over the rounds",
+    "input_alone": "a streamed feed's distributed dataset iterated with no step, "
+    "after the rounds, in the same process; samples counted from the elements",
+}
 
 
 # ------------------------------------------------------------------------------ children
@@ -131,6 +149,23 @@ def run_child(group: Group, timeout_s: float | None = None) -> list[dict[str, An
 # ------------------------------------------------------------------------------ the sweep
 
 
+def _measure_groups(
+    groups: list[Group], runner: ChildRunner,
+    on_point: Callable[[dict[str, Any], int, int], None] | None,
+) -> dict[PointSpec, dict[str, Any]]:
+    """Each group in a child process of its own; each point's record, as it comes."""
+    measured: dict[PointSpec, dict[str, Any]] = {}
+    total, done = sum(len(group) for group in groups), 0
+    for child, group in enumerate(groups):
+        for spec, record in zip(group, _measure(group, runner), strict=True):
+            record["child"] = child
+            measured[spec] = record
+            done += 1
+            if on_point:
+                on_point(record, done, total)
+    return measured
+
+
 def run_bench(
     runtime: Runtime,
     *,
@@ -148,7 +183,7 @@ def run_bench(
     if ":" in settings.model:
         # A builder that cannot be imported is a bad setting (exit 2), found before any
         # child starts rather than as a failure of every point.
-        from mgpu_env.training import hooks
+        from mgpu_env.training.step import hooks
 
         hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
     if runner is None:
@@ -169,24 +204,9 @@ def run_bench(
     report = BenchReport(
         settings=settings.describe(),
         devices=devices,
-        method={
-            "scaling": "weak: global batch = per-replica batch x replicas",
-            "efficiency": "throughput(n) / (n x throughput(base)); base = fewest replicas",
-            "warmup_steps": settings.bench_warmup,
-            "steps_per_interval": settings.bench_steps,
-            "intervals": settings.bench_intervals,
-            "timing": "time.perf_counter around each interval, ended by fetching the loss "
-            "to the host; warm-up (tracing, compilation) excluded",
-            "spread": "median, quartiles, min/max and mean with its 95% CI over intervals",
-            "process_per_point": False,
-            "interleaved": "the points that differ only in their data run in one process: "
-            "each warmed up, then rounds of one interval of each in turn (the order changes "
-            "every round), so a change of the machine's load hits them alike",
-            "input_cost": "1 - samples/s of the data / samples/s of synthetic, per round "
-            "(the two intervals of one round); median and spread over the rounds",
-            "input_alone": "a streamed feed's distributed dataset iterated with no step, "
-            "after the rounds, in the same process; samples counted from the elements",
-        },
+        method=dict(METHOD, warmup_steps=settings.bench_warmup,
+                    steps_per_interval=settings.bench_steps,
+                    intervals=settings.bench_intervals),
         notes=list(devices.notes),
     )
     groups = group_points(specs)
@@ -195,15 +215,7 @@ def run_bench(
         groups.insert(0, (comparison[0],))
         if comparison[1] not in specs:
             groups.insert(1, (comparison[1],))
-    measured: dict[PointSpec, dict[str, Any]] = {}
-    total, done = sum(len(group) for group in groups), 0
-    for child, group in enumerate(groups):
-        for spec, record in zip(group, _measure(group, runner), strict=True):
-            record["child"] = child
-            measured[spec] = record
-            done += 1
-            if on_point:
-                on_point(record, done, total)
+    measured = _measure_groups(groups, runner, on_point)
     report.points.extend(measured[spec] for spec in specs)
     add_efficiencies(report.points)
     report.notes.extend(chunk_notes(report.points))

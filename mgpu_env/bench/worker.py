@@ -29,10 +29,10 @@ from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
 from mgpu_env.bench.rounds import warmup_intervals
 from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
-from mgpu_env.training.data import Arrays, Data, DatasetChoice, Streamed
+from mgpu_env.training.input.data import Arrays, Data, DatasetChoice, Streamed
 
 if TYPE_CHECKING:
-    from mgpu_env.training.feed import Feed
+    from mgpu_env.training.input.feed import Feed
 
 
 class SameBatch:
@@ -81,7 +81,7 @@ def point_data(spec: PointSpec) -> PointData:
     a loader's samples give the model their shape, on synthetic points too, so real and
     synthetic data are measured on the same model."""
     from mgpu_env.bench.models import model_shape
-    from mgpu_env.training.data import load_arrays, load_data, resolve_dataset
+    from mgpu_env.training.input.data import load_arrays, load_data, resolve_dataset
 
     choice = resolve_dataset(spec.dataset, Path(spec.data_dir) if spec.data_dir else None)
     if choice.origin == "hook":
@@ -102,7 +102,7 @@ def point_data(spec: PointSpec) -> PointData:
 def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str]:
     """The training module's feed over DATASET: the rows kept on every device (`real`), or
     streamed through tf.data (`stream`, the path for data that does not fit)."""
-    from mgpu_env.training.feed import ResidentFeed, RowStreamFeed, StreamFeed
+    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
 
     assert data.arrays is not None  # point_data loads them for every non-synthetic point
     if isinstance(data.arrays, Streamed):  # a loader's data too big to read: one path
@@ -125,7 +125,7 @@ def image_maker(input_shape: tuple[int, ...]) -> Any:
     channel), done in the step after the batch is cut, so it counts as input cost too."""
     import tensorflow as tf
 
-    from mgpu_env.training.data import IMAGE_SIDE as side
+    from mgpu_env.training.input.data import IMAGE_SIDE as side
 
     pad = (input_shape[0] - side) // 2
 
@@ -165,7 +165,7 @@ def measure_variants(
     variant, all in this process, on `strategy`. Then each streamed feed alone."""
     from mgpu_env.bench.input_alone import measure_input_alone
     from mgpu_env.bench.rounds import time_interleaved
-    from mgpu_env.training.feed import StreamFeed
+    from mgpu_env.training.input.feed import StreamFeed
 
     first = specs[0]
     data = point_data(next((s for s in specs if s.data != "synthetic"), first))
@@ -200,9 +200,9 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
     import tensorflow as tf
 
     from mgpu_env.bench.models import build_model
-    from mgpu_env.training.build import build_trainer
-    from mgpu_env.training.data import FEATURES
-    from mgpu_env.training.feed import StreamFeed
+    from mgpu_env.training.input.data import FEATURES
+    from mgpu_env.training.input.feed import StreamFeed
+    from mgpu_env.training.step.build import build_trainer
 
     rows = data.arrays.sample_shape if data.arrays is not None else data.shape.input_shape
     # The training module's step: n steps per tf.function call, XLA on the per-replica

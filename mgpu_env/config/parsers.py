@@ -206,7 +206,7 @@ def parse_name_or_hook(*names: str) -> Callable[[str], str]:
     return parse
 
 
-# DATASET=kind:DIR reads a folder of files (training/data/files.py); checked before "hook".
+# DATASET=kind:DIR reads a folder of files (training/input/data/files.py); checked before "hook".
 FILE_DATASET_KINDS = ("tfrecord", "images", "npy")
 
 

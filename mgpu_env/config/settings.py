@@ -37,8 +37,8 @@ from mgpu_env.config.parsers import (  # re-exported: the settings' vocabulary
     parse_worker_hosts,
 )
 
-__all__ = ["BY_ENV", "DECLARATIONS", "Declaration", "GpuRequest", "SettingError", "Settings",
-           "SettingsErrors", "setting"]
+__all__ = ["BY_ENV", "DECLARATIONS", "ROLES", "Declaration", "GpuRequest", "Role", "SettingError",
+           "Settings", "SettingsErrors", "setting", "with_role"]
 
 T = TypeVar("T")
 
@@ -71,6 +71,9 @@ def setting(
     kind: SettingKind = "value",
     short: str = "",
     help_for: Mapping[str, str] | None = None,
+    roles: tuple[Role, ...] = (),
+    identity: str = "",
+    identity_if_set: bool = False,
 ) -> Any:
     """Declare one setting as a dataclass field: its env var, default text, help, parser.
 
@@ -80,7 +83,11 @@ def setting(
     `kind` "switch" makes an on/off flag pair (`--xla/--no-xla`) instead of `--xla VALUE`;
     its text in the environment or a file is still parsed by `parse` (0/1, true/false, ...).
     `short` is a one-letter flag (`-q`); `help_for` replaces the help on one command's flags.
+    `roles` say what a training run does with the setting (see `ROLES`); `identity` is its key
+    in run.json's identity, and `identity_if_set` leaves it out of the identity at its default.
     """
+    if set(roles) - set(ROLES) or ("identity" in roles) != bool(identity):
+        raise ValueError(f"{env}: roles {roles} with identity {identity!r}")
     return field(
         default=parse(default),
         metadata={
@@ -94,11 +101,29 @@ def setting(
             "kind": kind,
             "short": short,
             "help_for": dict(help_for or {}),
+            "roles": roles,
+            "identity": identity,
+            "identity_if_set": identity_if_set,
         },
     )
 
 
 SettingKind = Literal["value", "switch"]
+# What a training run does with a setting, declared on the setting itself; every list of
+# setting names the run keeps (`with_role`) is derived from these.
+Role = Literal["shown", "recorded", "resumed", "identity", "agreed", "script"]
+ROLES: dict[Role, str] = {
+    "shown": "a setting of mgpu train's run: in its start summary, --dry-run and metrics.json",
+    "recorded": "written to the run folder's settings.json when a run starts",
+    "resumed": "taken from settings.json when the same OUTPUT_DIR is started again",
+    "identity": "in run.json's identity: a folder whose identity differs is not resumed",
+    "agreed": "equal on every worker of a multi-worker run (checked before training)",
+    "script": "decided by a user's script under mgpu run, not applied by mgpu",
+}
+# How a run trains: shown, recorded and resumed, so `OUTPUT_DIR=<folder> mgpu train` trains
+# the same run; a script under mgpu run decides the loop's own (`LOOP_SETTING`).
+RUN_SETTING: tuple[Role, ...] = ("shown", "recorded", "resumed")
+LOOP_SETTING: tuple[Role, ...] = (*RUN_SETTING, "script")
 MixedPrecision = Literal["0", "1", "fp16", "bf16"]
 CrossDeviceOps = Literal["auto", "nccl", "hierarchical_copy", "reduction_to_one"]
 # Scopes: settings of mgpu train's own loop (a script under `mgpu run` decides these
@@ -117,33 +142,38 @@ class Settings:
         "GPUS", "all",
         "GPUs to use: all, none (CPU only), indices in nvidia-smi order (0,1) or GPU UUIDs.",
         parse_gpus, "all, none, a comma list of GPU indices like 0,1, or GPU UUIDs",
-        metavar="LIST",
+        metavar="LIST", roles=RUN_SETTING,
     )
     mixed_precision: MixedPrecision = setting(
         "MIXED_PRECISION", "0",
         "Mixed precision: 0 off, 1 the best for the device (fp16 on GPUs with tensor cores, "
         "bf16 on CPUs with bf16 instructions, else float32), fp16, bf16.",
         parse_choice("0", "1", "fp16", "bf16"), "0, 1, fp16, bf16", metavar="MODE",
+        roles=(*RUN_SETTING, "identity", "agreed"), identity="precision_policy",  # the policy
     )
     keras: KerasRequest = setting(
         "KERAS", "auto",
         "Which Keras tf.keras is: auto (Keras 2, tf_keras, for a script run between workers "
         "by mgpu run, where Keras 3 cannot train; else Keras 3), 3, or 2 (needs tf-keras).",
         parse_choice("auto", "3", "2"), "auto, 3, 2", metavar="VERSION",
+        roles=(*RUN_SETTING, "agreed"),  # agreed: the Keras it chose (2 or 3)
     )
     epochs: int = setting(
         "EPOCHS", "5", "Epochs to train (the tutorial trains 5).",
         parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope=TRAIN,
+        roles=(*LOOP_SETTING, "agreed"),
     )
     batch_size: int = setting(
         "BATCH_SIZE", "64",
         "Batch size per replica; the global batch is BATCH_SIZE x replicas.",
         parse_int(1, 1_048_576), "a whole number from 1 to 1048576", metavar="N", scope=LOOP,
+        roles=(*LOOP_SETTING, "identity", "agreed"), identity="per_replica_batch_size",
     )
     learning_rate: float = setting(
         "LEARNING_RATE", "0.001", "Adam's learning rate.",
         parse_positive_float(10.0), "a number above 0 and at most 10, e.g. 0.001",
         metavar="RATE", scope=TRAIN,
+        roles=(*LOOP_SETTING, "identity", "agreed"), identity="learning_rate",
     )
     dataset: str = setting(
         "DATASET", "auto",
@@ -154,6 +184,8 @@ class Settings:
         ", ".join(DATASETS) + ", tfrecord:DIR, images:DIR, npy:DIR (an existing folder), "
         "or package.module:function (your loader)", metavar="NAME",
         scope=LOOP,
+        # The identity and the agreement hold the data set `auto` chose.
+        roles=(*LOOP_SETTING, "identity", "agreed"), identity="dataset",
     )
     model: str = setting(
         "MODEL", "mlp",
@@ -161,11 +193,14 @@ class Settings:
         "builder, package.module:function, called as build(input_shape, num_classes).",
         parse_name_or_hook("mlp"), "mlp, or package.module:function (your builder)",
         metavar="NAME", scope=LOOP,
+        # In the identity only when set, so folders of runs from before MODEL still resume.
+        roles=(*LOOP_SETTING, "identity", "agreed"), identity="model", identity_if_set=True,
     )
     data_dir: Path | None = setting(
         "DATA_DIR", "",
         "Folder with data files (mnist.npz, Fashion-MNIST IDX files); empty: Keras' cache.",
         parse_optional_dir_must_exist, "an existing folder, or empty", metavar="DIR", scope=LOOP,
+        roles=LOOP_SETTING,
     )
     output_dir: Path | None = setting(
         "OUTPUT_DIR", "",
@@ -174,6 +209,8 @@ class Settings:
         parse_optional_output_dir, "a folder (created if missing), or empty", metavar="DIR",
         help_for={"bench": "Where bench.json and bench.png go. Empty: "
                            "runs/bench-<RUN_NAME or timestamp>."},
+        # Where this start writes, not how the run trains: never taken from a folder.
+        roles=("shown", "recorded"),
     )
     run_name: str = setting(
         "RUN_NAME", "", "Name of the run folder under runs/ when OUTPUT_DIR is empty.",
@@ -181,26 +218,29 @@ class Settings:
         metavar="NAME",
         help_for={"bench": "Names the results folder runs/bench-<RUN_NAME> when OUTPUT_DIR "
                            "is empty."},
+        roles=("shown", "recorded"),
     )
     virtual_devices: int = setting(
         "VIRTUAL_DEVICES", "0",
         "Split each visible device (the CPU when no GPU) into N logical devices, so "
         "MirroredStrategy runs N replicas on one device; 0 is off.",
-        parse_int(0, 64), "a whole number from 0 to 64", metavar="N",
+        parse_int(0, 64), "a whole number from 0 to 64", metavar="N", roles=RUN_SETTING,
     )
     xla: bool = setting(
         "XLA", "0", "Compile the training step with XLA (jit_compile).",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope=LOOP,
+        roles=(*LOOP_SETTING, "agreed"),
     )
     cross_device_ops: CrossDeviceOps = setting(
         "CROSS_DEVICE_OPS", "auto",
         "All-reduce: auto (NCCL where it works), nccl, hierarchical_copy, reduction_to_one.",
         parse_choice("auto", "nccl", "hierarchical_copy", "reduction_to_one"),
-        "auto, nccl, hierarchical_copy, reduction_to_one", metavar="NAME",
+        "auto, nccl, hierarchical_copy, reduction_to_one", metavar="NAME", roles=RUN_SETTING,
     )
     seed: int = setting(
         "SEED", "42", "Random seed for weights and shuffling.",
         parse_int(0, 2**31 - 1), "a whole number from 0 to 2147483647", metavar="N", scope=LOOP,
+        roles=(*LOOP_SETTING, "identity", "agreed"), identity="seed",
     )
     data_deterministic: bool = setting(
         "DATA_DETERMINISTIC", "1",
@@ -208,6 +248,7 @@ class Settings:
         "so runs repeat; 0 lets parallel stages hand out batches as they finish (faster when "
         "batches take uneven time to read, but the order and the losses vary).",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope=LOOP,
+        roles=LOOP_SETTING,
     )
     bench_model: str = setting(
         "BENCH_MODEL", "mlp",
@@ -275,6 +316,7 @@ class Settings:
         'empty, or JSON like {"cluster": {"worker": ["host1:2222", "host2:2222"]}, '
         '"task": {"type": "worker", "index": 0}}',
         metavar="JSON",
+        roles=("recorded",),
     )
     worker_hosts: tuple[str, ...] = setting(
         "WORKER_HOSTS", "",
@@ -282,18 +324,21 @@ class Settings:
         "each, the chief (index 0) first; builds TF_CONFIG with WORKER_INDEX.",
         parse_worker_hosts, "empty, or a comma list of host:port like w0:2222,w1:2222",
         metavar="LIST",
+        roles=("recorded",),
     )
     worker_index: int | None = setting(
         "WORKER_INDEX", "",
         "This worker's position in WORKER_HOSTS (0 is the chief, which writes the outputs).",
         parse_optional_index, "empty, or a whole number from 0 to the number of hosts - 1",
         metavar="N",
+        roles=("recorded",),
     )
     worker_port: int = setting(
         "WORKER_PORT", "2222",
         "Multi-worker under Slurm or a Kubernetes Indexed Job: the port each worker listens "
         "on (Slurm: plus the task's local id, so tasks on one node never collide).",
         parse_int(1024, 65535), "a whole number from 1024 to 65535", metavar="PORT",
+        roles=("recorded",),
     )
     worker_timeout: float = setting(
         "WORKER_TIMEOUT", "300",
@@ -301,15 +346,18 @@ class Settings:
         "step) before it stops; a dead worker is noticed in about 10 s anyway.",
         parse_positive_float(86_400.0), "a number of seconds above 0, at most 86400",
         metavar="SECONDS", scope=TRAIN,
+        roles=("recorded", "script"),
     )
     quiet: bool = setting(
         "QUIET", "0", "Print no per-epoch progress, only the start and end summaries.",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", short="-q",
+        roles=("shown", "recorded"),
     )
     env_file: Path | None = setting(
         "ENV_FILE", "",
         f"Settings file read after the environment (default: {DEFAULT_ENV_FILE} if present).",
         parse_optional_env_file, "an existing file, or empty", metavar="FILE",
+        roles=("recorded",),
     )
 
     def describe(self) -> dict[str, str]:
@@ -355,6 +403,9 @@ class Declaration:
     kind: SettingKind = "value"
     short: str = ""
     help_for: Mapping[str, str] = field(default_factory=dict)
+    roles: tuple[Role, ...] = ()  # what a training run does with it: see ROLES
+    identity: str = ""  # its key in run.json's identity, for the role "identity"
+    identity_if_set: bool = False  # in the identity only when not at its default
 
     @property
     def flag(self) -> str:
@@ -383,7 +434,15 @@ DECLARATIONS: tuple[Declaration, ...] = tuple(
         kind=f.metadata["kind"],
         short=f.metadata["short"],
         help_for=f.metadata["help_for"],
+        roles=f.metadata["roles"],
+        identity=f.metadata["identity"],
+        identity_if_set=f.metadata["identity_if_set"],
     )
     for f in dataclasses.fields(Settings)
 )
 BY_ENV: dict[str, Declaration] = {d.env: d for d in DECLARATIONS}
+
+
+def with_role(role: Role) -> tuple[str, ...]:
+    """The env names of the settings with `role`, in declaration order."""
+    return tuple(d.env for d in DECLARATIONS if role in d.roles)

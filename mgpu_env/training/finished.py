@@ -18,7 +18,7 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime import Runtime
-from mgpu_env.training import rundir
+from mgpu_env.training.run import rundir
 
 # The `checkpoint` index file tf.train.CheckpointManager keeps (a text-format
 # CheckpointState): its first line names the latest checkpoint, `ckpt-<epoch>` here.
@@ -74,8 +74,8 @@ def latest_checkpoint_epoch(output_dir: Path) -> int | None:
 def finished_run(runtime: Runtime) -> FinishedRun | None:
     """This start's run, finished already, in its OUTPUT_DIR; None whenever that is not
     certain from the folder's files (the usual path then decides). Imports no TensorFlow."""
-    from mgpu_env.training.data.resolve import resolve_dataset
-    from mgpu_env.training.plan import output_dir_of, run_identity
+    from mgpu_env.training.input.data.resolve import resolve_dataset
+    from mgpu_env.training.run.plan import output_dir_of, run_identity
 
     settings = runtime.settings
     if runtime.strategy_plan.role.num_workers != 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,3 +85,14 @@ def unwritable_folder(access: FolderAccess, setting: str = "OUTPUT_DIR") -> str:
             f"  Fix: `chmod u+w {access.decides}`, or choose another {setting}."
         )
     return f"{access.problem(setting)}.\n  Fix: {access.fix()}."
+
+def tensorflow_message(err: Exception) -> str:
+    """A TensorFlow error's own words, on one line, without the graph's node and tf.data's
+    stage names: "corrupted record at 1232", "Invalid PNG data, size 268"."""
+    text = str(getattr(err, "message", "") or err)
+    text = re.sub(r"\{\{[^}]*\}\}|\[\[[^\]]*\]\]|\[Op:[^\]]*\]", "", text)
+    text = re.sub(r"\s+", " ", text)
+    text = re.sub(r"^.*Iterator::[\w:]+:|\bname:\s*$", "", text).strip()
+    if text.startswith("assertion failed:"):  # tf.debugging.Assert's "[label] [7] [...]"
+        text = re.sub(r"[\[\]]", "", text.removeprefix("assertion failed:"))
+    return text.strip().removesuffix(".") or type(err).__name__

@@ -3,8 +3,9 @@
 `mgpu train` runs on several machines with TensorFlow's own collective engine,
 `tf.distribute.MultiWorkerMirroredStrategy`, configured by `TF_CONFIG` (what Kubernetes'
 TFJob operator and other launchers set) or by `WORKER_HOSTS` + `WORKER_INDEX`, which build
-it. Training itself is the same custom step as on one machine (see `mgpu_env.training.steps` for
-why it is not `model.fit`); this module adds what only a cluster needs:
+it. Training itself is the same custom step as on one machine (see
+`mgpu_env.training.step.steps` for why it is not `model.fit`); this module adds what only a
+cluster needs:
 
 - The cluster itself is decided by the runtime (`mgpu_env.runtime.cluster`: TF_CONFIG,
   WORKER_HOSTS, Slurm or a Kubernetes Indexed Job), which exports the TF_CONFIG TensorFlow

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import Settings
+from mgpu_env.config.settings import Settings, with_role
 from mgpu_env.runtime.strategy import WorkerRole
 
 # Bytes per value in the agreement all-gather; longer values are compared by a digest.
@@ -19,28 +19,23 @@ VALUE_WIDTH = 48
 
 def agreement_values(
     settings: Settings,
+    chosen: Mapping[str, str],
     *,
-    dataset: str,
-    precision_policy: str,
     local_replicas: int,
     train_samples: int,
     steps_per_epoch: int,
 ) -> dict[str, str]:
-    """What must be equal on every worker, as text keyed by the name the user knows.
+    """What must be equal on every worker, as text keyed by the name the user knows: the
+    settings declared with the role "agreed", and what the run derives from them.
 
-    The resolved data set and precision (not the requested `auto`/`1`) are compared, so
-    two workers that resolve `auto` differently are caught too. Equal local replicas keep
-    the global batch (and the data shards) the same on every worker.
+    `chosen` holds what this worker resolved for a setting's request (DATASET `auto` to
+    `digits`, MIXED_PRECISION `1` to `mixed_bfloat16`, KERAS `auto` to `2`): those are
+    compared, so two workers that resolve `auto` differently are caught too. Equal local
+    replicas keep the global batch (and the data shards) the same on every worker.
     """
+    values = settings.as_text()
     return {
-        "BATCH_SIZE": str(settings.batch_size),
-        "EPOCHS": str(settings.epochs),
-        "LEARNING_RATE": repr(settings.learning_rate),
-        "SEED": str(settings.seed),
-        "XLA": str(int(settings.xla)),
-        "DATASET": dataset,
-        "MODEL": settings.model,
-        "MIXED_PRECISION": precision_policy,
+        **{env: chosen.get(env, values[env]) for env in with_role("agreed")},
         "local replicas (GPUs or VIRTUAL_DEVICES)": str(local_replicas),
         "training samples": str(train_samples),
         "steps per epoch": str(steps_per_epoch),

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 START_SCRIPT = REPO / "tests" / "slurm" / "start-slurm.sh"
 EXIT_CANNOT = 3
 # Installing the packages (first use on a fresh machine) dominates; starting takes ~1 s.

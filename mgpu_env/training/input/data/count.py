@@ -1,4 +1,4 @@
-"""`python -m mgpu_env.training.data.count kind:DIR`: count and check a folder of files into
+"""`python -m mgpu_env.training.input.data.count kind:DIR`: count and check a folder of files into
 its cache, in a process of its own (`files.load_files(in_process=False)`: a multi-worker
 run must not start TensorFlow's runtime before its strategy). Exit 2 with the message on
 bad data."""
@@ -9,13 +9,13 @@ import sys
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import file_dataset
-from mgpu_env.training.data.files import load_files
+from mgpu_env.training.input.data.files import load_files
 
 
 def main(argv: list[str]) -> int:
     found = file_dataset(argv[0]) if len(argv) == 1 else None
     if found is None:
-        print("usage: python -m mgpu_env.training.data.count kind:DIR", file=sys.stderr)
+        print("usage: python -m mgpu_env.training.input.data.count kind:DIR", file=sys.stderr)
         return 2
     kind, folder = found
     try:

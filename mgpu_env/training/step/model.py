@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mgpu_env.training.data import CLASSES, FEATURES
+from mgpu_env.training.input.data import CLASSES, FEATURES
 
 HIDDEN_UNITS = 64
 
@@ -51,7 +51,7 @@ def model_builder(
     else the user's `package.module:function`, checked against the data (ConfigError)."""
     if model == "mlp":
         return lambda: build_model(seed, input_shape, classes)
-    from mgpu_env.training import hooks
+    from mgpu_env.training.step import hooks
 
     return lambda: hooks.build_model(model, input_shape, classes)
 

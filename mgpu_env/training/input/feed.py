@@ -8,9 +8,9 @@ per step: `mgpu bench` measured the element-wise tf.data pipeline (from_tensor_s
 shuffle -> batch -> experimental_distribute_dataset) at 67-73% of the CPU's training
 throughput.
 
-Data over the run's keep limit (`training.keep`: from the devices' free memory) is `StreamFeed`
-(`training.stream`, with the other streams): kept in host memory, cut into chunks of many
-steps' batches by one tf.data pipeline per worker through
+Data over the run's keep limit (`training.input.keep`: from the devices' free memory) is
+`StreamFeed` (`training.input.stream`, with the other streams): kept in host memory, cut into
+chunks of many steps' batches by one tf.data pipeline per worker through
 `distribute_datasets_from_function`, prefetched to each replica's device.
 
 A `DATASET` loader's tf.data set too big to read into memory (`data.Streamed`) is
@@ -20,7 +20,7 @@ TFRecord files and image folders (`data.FileData`) are read whole into a `Reside
 when their decoded rows fit, else `FileStreamFeed`: each worker streams its share of the
 files (`data.read.worker_rows`), in an order drawn from (SEED, epoch).
 
-The rows' order is `training.order`'s. The first three follow one order per epoch (the
+The rows' order is `training.input.order`'s. The first three follow one order per epoch (the
 first two the same one) and give global batch b of an epoch the same rows whatever the
 replica or worker count (`FileStreamFeed`'s order is SEED's and the epoch's too, but each
 worker reads its own files): replica r (its id across all workers) of R takes rows
@@ -33,11 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from mgpu_env.training.data import (
+from mgpu_env.training.input.data import (
     Arrays,
     Data,
     FileData,
@@ -45,9 +45,9 @@ from mgpu_env.training.data import (
     as_float32,
     release_pages,
 )
-from mgpu_env.training.keep import FALLBACK, KeepLimit
-from mgpu_env.training.order import StepRunner, call_steps, epoch_order
-from mgpu_env.training.stream import FileStreamFeed, RowStreamFeed, StreamFeed
+from mgpu_env.training.input.keep import FALLBACK, KeepLimit
+from mgpu_env.training.input.order import StepRunner, call_steps, epoch_order
+from mgpu_env.training.input.stream import FileStreamFeed, RowStreamFeed, StreamFeed
 
 __all__ = [
     "Feed", "FileStreamFeed", "ResidentFeed", "RowStreamFeed",
@@ -61,17 +61,15 @@ CALL_ROWS_BYTES = 64 * 1024**2
 
 
 def fits_on_device(data: Arrays | FileData, keep: KeepLimit) -> bool:
-    """Whether the training rows are kept on every device (else they stream from the host),
-    counted as the float32 samples and int32 labels the step takes."""
-    per_row = int(np.prod(data.sample_shape)) + 1
-    return keep.keeps(data.train_size * per_row * 4)
+    """Whether the training rows are kept on every device (else they stream from the host)."""
+    return keep.keeps_rows(data.sample_shape, data.train_size)
 
 
 def epoch_steps(data: Data, global_batch: int, workers: int, keep: KeepLimit) -> int:
     """Steps per epoch: whole global batches; files streamed by file, the whole global
     batches every worker's share of the files gives."""
     if isinstance(data, FileData) and not fits_on_device(data, keep):
-        from mgpu_env.training.data.read import steps_per_epoch
+        from mgpu_env.training.input.data.read import steps_per_epoch
 
         return steps_per_epoch(data.train, global_batch, workers)
     return data.train_size // global_batch
@@ -153,7 +151,18 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
     return strategy.experimental_distribute_values_from_function(value_fn)
 
 
-Feed = ResidentFeed | StreamFeed | RowStreamFeed | FileStreamFeed
+@runtime_checkable
+class Feed(Protocol):
+    """What the loop and bench take from any feed: the steps of an epoch, and a runner that
+    runs them `count` at a time. A new feed is a class of this shape and a case in
+    `make_feed`; nothing else changes."""
+
+    global_batch: int
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner: ...
 
 
 def make_feed(
@@ -169,7 +178,7 @@ def make_feed(
     if isinstance(data, FileData):
         if not fits_on_device(data, keep):
             return FileStreamFeed(strategy, data, global_batch, seed, deterministic)
-        from mgpu_env.training.data.read import read_whole
+        from mgpu_env.training.input.data.read import read_whole
 
         data = read_whole(data)
     if fits_on_device(data, keep):

@@ -2,7 +2,7 @@
 
 `Arrays` (in memory, or memory-mapped `.npy` files), `Streamed` (a loader's tf.data set too
 big to read), `FileData` (TFRecord files or image folders, read by tf.data). Every
-`training.feed` takes any of them.
+`training.input.feed` takes any of them.
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.training.messages import FILE_KIND_NOUNS
-
-if TYPE_CHECKING:
-    from mgpu_env.training.hooks import Part, RowStream
 
 IMAGE_SIDE = 28
 FEATURES = IMAGE_SIDE * IMAGE_SIDE
@@ -29,6 +26,25 @@ CLASSES = 10
 FINITE_CHUNK_ROWS = 65_536
 
 Origin = Literal["file", "download", "built-in", "generated", "hook", "files"]
+
+
+# A DATASET loader's parts (`training.step.hooks`): arrays, or a stream of rows too big to read.
+@dataclass(frozen=True)
+class RowStream:
+    """A loader's tf.data.Dataset too big to read into memory: its rows as (float32 x,
+    int32 y), read anew each epoch, with what one counting pass found."""
+
+    rows: Any  # tf.data.Dataset of (x, y)
+    size: int
+    sample_shape: tuple[int, ...]
+    max_label: int
+
+
+Part = tuple[np.ndarray, np.ndarray] | RowStream
+
+
+def part_size(part: Part) -> int:
+    return part.size if isinstance(part, RowStream) else int(part[0].shape[0])
 FileKind = Literal["tfrecord", "images", "npy"]
 FILE_KINDS: tuple[FileKind, ...] = ("tfrecord", "images", "npy")
 
@@ -87,8 +103,8 @@ class Arrays:
 
 @dataclass(frozen=True)
 class Streamed:
-    """A DATASET loader's data too big to read into memory (`hooks.RowStream`): the
-    training rows stream from its pipeline every epoch (`training.feed.RowStreamFeed`), the
+    """A DATASET loader's data too big to read into memory (`RowStream`): the
+    training rows stream from its pipeline every epoch (`training.input.feed.RowStreamFeed`), the
     test rows once per evaluation."""
 
     name: str
@@ -106,8 +122,6 @@ class Streamed:
 
     @property
     def test_size(self) -> int:
-        from mgpu_env.training.hooks import part_size
-
         return part_size(self.test)
 
 

@@ -10,6 +10,10 @@ from mgpu_env.hardware.nvml import GpuInfo, GpuListing, NvmlSnapshot
 from mgpu_env.runtime import Runtime, build_runtime
 from mgpu_env.runtime.keras import Command
 
+# TensorFlow's devices are fixed by the first test that starts its runtime in a process:
+# every in-process test that uses TensorFlow asks for this split first (the session-wide
+# `logical_cpus` fixture).
+LOGICAL_CPUS = 4
 # A CPU without bf16 instructions, so precision tests do not depend on this machine's CPU.
 PLAIN_CPU = frozenset({"avx2", "fma"})
 

@@ -19,6 +19,7 @@ room:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,12 @@ class KeepLimit:
 
     def keeps(self, data_bytes: int) -> bool:
         return data_bytes <= self.bytes
+
+    def keeps_rows(self, sample_shape: Sequence[int], rows: int) -> bool:
+        """Whether `rows` training rows are kept on every device (else they stream from the
+        host), counted as the float32 samples and int32 labels the step takes."""
+        per_row = math.prod(sample_shape) + 1
+        return self.keeps(rows * per_row * 4)
 
     def note(self) -> str:
         return (f"training data of up to {self.bytes / GIB:.1f} GiB is kept on each device, "

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.data.sets import (
+from mgpu_env.training.input.data.sets import (
     Arrays,
     Data,
     FileData,
@@ -198,7 +198,7 @@ def read_cache(path: Path, key: str) -> dict[str, Any] | None:
 def write_cache(path: Path, counts: dict[str, Any]) -> None:
     """Store the counts (atomically: a reader sees the old file or the new one). A folder
     that cannot be written only costs the next run a recount."""
-    from mgpu_env.training.rundir import atomic_write_json
+    from mgpu_env.training.run.rundir import atomic_write_json
 
     with contextlib.suppress(OSError):
         atomic_write_json(path, counts)
@@ -236,7 +236,7 @@ def load_files(name: str, kind: FileKind, folder: Path, *, in_process: bool = Tr
 
 def _count_in_child(name: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "mgpu_env.training.data.count", name],
+        [sys.executable, "-m", "mgpu_env.training.input.data.count", name],
         capture_output=True, text=True, check=False,
     )
     if result.returncode == 2:
@@ -251,7 +251,7 @@ def count(name: str, kind: FileKind, parts: dict[str, FilePart], layout: Layout
     where = f"DATASET={name}"
     if kind == "npy":
         return _count_npy(where, parts, layout)
-    from mgpu_env.training.data.read import count_part
+    from mgpu_env.training.input.data.read import count_part
 
     found = {split: count_part(where, kind, parts[split], layout) for split in SPLITS}
     shapes = {split: tuple(found[split]["sample_shape"]) for split in SPLITS}

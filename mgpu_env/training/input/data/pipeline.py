@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.data.sets import Data, FileData, Streamed, as_float32, release_pages
+from mgpu_env.training.input.data.sets import Data, FileData, Streamed, as_float32, release_pages
 
 
 def _distribute_options() -> Any:
@@ -27,11 +27,11 @@ def test_dataset(data: Data, global_batch_size: int) -> Any:
     import tensorflow as tf
 
     if isinstance(data, FileData):
-        from mgpu_env.training.data.read import test_rows
+        from mgpu_env.training.input.data.read import test_rows
 
         batches = test_rows(data).batch(global_batch_size)
     elif isinstance(data, Streamed):
-        from mgpu_env.training.hooks import as_stream
+        from mgpu_env.training.step.hooks import as_stream
 
         batches = as_stream(data.test).rows.batch(global_batch_size)  # too big to cache
     elif isinstance(data.x_test, np.memmap) or data.x_test.dtype != np.float32:

@@ -30,14 +30,13 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.hardware.tfimport import import_tensorflow
-from mgpu_env.training.data.sets import check_finite
+from mgpu_env.training.input.data.sets import Part, RowStream, check_finite
 
 MODEL_CONTRACT = (
     "build(input_shape, num_classes) returning an uncompiled keras.Model that takes "
@@ -50,23 +49,9 @@ DATA_CONTRACT = (
 
 
 # A loader's tf.data.Dataset over this many bytes is streamed, not read into memory: a
-# pipeline over files may hold far more than the host's memory (training.keep decides, apart
+# pipeline over files may hold far more than the host's memory (training.input.keep decides, apart
 # from this, which arrays stay on the devices).
 READ_LIMIT_BYTES = 2 * 1024**3
-
-
-@dataclass(frozen=True)
-class RowStream:
-    """A loader's tf.data.Dataset too big to read into memory: its rows as (float32 x,
-    int32 y), read anew each epoch, with what one counting pass found."""
-
-    rows: Any  # tf.data.Dataset of (x, y)
-    size: int
-    sample_shape: tuple[int, ...]
-    max_label: int
-
-
-Part = tuple[np.ndarray, np.ndarray] | RowStream
 
 
 def _ensure_working_folder_on_path() -> None:
@@ -228,10 +213,6 @@ def sample_shape(part: Part) -> tuple[int, ...]:
     if isinstance(part, RowStream):
         return part.sample_shape
     return tuple(int(d) for d in part[0].shape[1:])
-
-
-def part_size(part: Part) -> int:
-    return part.size if isinstance(part, RowStream) else int(part[0].shape[0])
 
 
 def as_stream(part: Part) -> RowStream:

@@ -14,15 +14,15 @@ the user can mend them all at once.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from mgpu_env.training.data.read import sample_fn
-from mgpu_env.training.data.sets import FileData, FilePart
+from mgpu_env.training.input.data.read import sample_fn
+from mgpu_env.training.input.data.sets import FileData, FilePart
+from mgpu_env.training.messages import tensorflow_message
 
 # Indices of the readable records fetched from tf.data at a time.
 INDEX_BATCH = 65_536
@@ -128,13 +128,3 @@ def _problem(rows: Any, check: Callable[..., Any]) -> str:
     return "it reads now: the file changed again"
 
 
-def tensorflow_message(err: Exception) -> str:
-    """A TensorFlow error's own words, on one line, without the graph's node and tf.data's
-    stage names: "corrupted record at 1232", "Invalid PNG data, size 268"."""
-    text = str(getattr(err, "message", "") or err)
-    text = re.sub(r"\{\{[^}]*\}\}|\[\[[^\]]*\]\]|\[Op:[^\]]*\]", "", text)
-    text = re.sub(r"\s+", " ", text)
-    text = re.sub(r"^.*Iterator::[\w:]+:|\bname:\s*$", "", text).strip()
-    if text.startswith("assertion failed:"):  # tf.debugging.Assert's "[label] [7] [...]"
-        text = re.sub(r"[\[\]]", "", text.removeprefix("assertion failed:"))
-    return text.strip().removesuffix(".") or type(err).__name__

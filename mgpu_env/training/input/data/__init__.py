@@ -7,11 +7,11 @@
   checked, cached; `read`: their tf.data pipelines.
 - `pipeline`: the test set for evaluation.
 
-`DATASET=package.module:function` is the user's loader (`training/hooks.py` has its
+`DATASET=package.module:function` is the user's loader (`training/step/hooks.py` has its
 contract): any sample shape, any number of classes.
 """
 
-from mgpu_env.training.data.builtin import (
+from mgpu_env.training.input.data.builtin import (
     DOWNLOAD_TIMEOUT_S,
     MNIST_URL,
     digits_to_mnist_layout,
@@ -19,9 +19,9 @@ from mgpu_env.training.data.builtin import (
     read_idx,
     synthetic_arrays,
 )
-from mgpu_env.training.data.pipeline import test_dataset
-from mgpu_env.training.data.resolve import load_arrays, load_data, resolve_dataset
-from mgpu_env.training.data.sets import (
+from mgpu_env.training.input.data.pipeline import test_dataset
+from mgpu_env.training.input.data.resolve import load_arrays, load_data, resolve_dataset
+from mgpu_env.training.input.data.sets import (
     CLASSES,
     FEATURES,
     IMAGE_SIDE,

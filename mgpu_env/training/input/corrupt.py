@@ -5,7 +5,7 @@ the cached counts while the files keep their names, sizes and modification times
 file damaged in place is met mid-run, as a TensorFlow error that names no file. Under
 `stop_on_bad_records` such an error has the files read again one at a time
 (`data.verify.bad_records`): when one fails, the run stops as it does on a non-finite loss
-(`loop._raise_non_finite`): RunFailed (exit 1), nothing of the epoch saved, the last
+(`epochs.raise_non_finite`): RunFailed (exit 1), nothing of the epoch saved, the last
 completed epoch's checkpoint kept, and the message names the file, the record and the fix.
 """
 
@@ -15,10 +15,10 @@ import contextlib
 from collections.abc import Iterator
 
 from mgpu_env.config.errors import RunFailed
-from mgpu_env.training.data import Data, FileData
-from mgpu_env.training.data.files import cache_path
-from mgpu_env.training.data.verify import BadRecord, Split, bad_records
-from mgpu_env.training.rundir import checkpoint_kept
+from mgpu_env.training.input.data import Data, FileData
+from mgpu_env.training.input.data.files import cache_path
+from mgpu_env.training.input.data.verify import BadRecord, Split, bad_records
+from mgpu_env.training.run.rundir import checkpoint_kept
 
 # The bad files a message lists by name; more are counted.
 LISTED = 3

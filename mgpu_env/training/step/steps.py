@@ -10,10 +10,10 @@ GPUs and many workers: the Keras model, optimizer, loss and metrics, driven by o
 Speed: `train_steps(iterator, n)` runs n steps in one `tf.function` call (a `tf.range`
 loop, like Keras' `steps_per_execution`), so Python runs once per n steps, and the metrics
 are read once per call. `train_indexed(rows, order, first, n)` does the same with the rows
-already on each device (`training.feed.ResidentFeed`): each replica gathers its part of the
+already on each device (`training.input.feed.ResidentFeed`): each replica gathers its part of the
 call's n global batches by index once, then slices one batch per step, so no input
 pipeline runs per step. `train_chunk(chunk, first, n)` slices steps first..first+n-1 the same
-way from a chunk of batches a stream prefetched to each device (`training.stream.StreamFeed`),
+way from a chunk of batches a stream prefetched to each device (`training.input.stream.StreamFeed`),
 and `train_chunks(iterator, k)` runs k whole chunks taken from the stream inside the call.
 
 With XLA on, only the forward and backward pass of each replica is jit-compiled: the
@@ -69,6 +69,9 @@ def make_step_functions(
     given, turns each training batch into the model's input inside the step (`mgpu bench`
     makes images of MNIST rows for its ResNet).
     """
+    # Long: every compiled function below closes over the same model, optimizer, loss and
+    # metrics, which must be created once in the strategy's scope; built apart, each would
+    # take them all as arguments, and tf.function would trace them as captures anyway.
     import tensorflow as tf
 
     from mgpu_env.runtime.keras import tensorflow_keras

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpu_env.runtime.precision import PrecisionChoice
-from mgpu_env.training.steps import StepFunctions, make_step_functions
+from mgpu_env.training.step.steps import StepFunctions, make_step_functions
 
 
 @dataclass
@@ -36,7 +36,7 @@ def build_trainer(
     The Keras precision policy must already be set (`Execution.start`), since layers take
     it when they are built.
     """
-    from mgpu_env.training.model import build_optimizer
+    from mgpu_env.training.step.model import build_optimizer
 
     with strategy.scope():
         model = build_model()

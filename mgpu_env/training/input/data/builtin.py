@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.data.sets import CLASSES, FEATURES, IMAGE_SIDE, Arrays, DatasetChoice
+from mgpu_env.training.input.data.sets import CLASSES, FEATURES, IMAGE_SIDE, Arrays, DatasetChoice
 
 MNIST_FILE = "mnist.npz"
 MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"

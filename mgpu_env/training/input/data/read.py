@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.data.sets import Arrays, FileData, FileKind, FilePart, Layout
-from mgpu_env.training.messages import plural
+from mgpu_env.training.input.data.sets import Arrays, FileData, FileKind, FilePart, Layout
+from mgpu_env.training.messages import plural, tensorflow_message
 
 # Files read at once, interleaved (and the records a TFRecord stream shuffles among).
 INTERLEAVE_FILES = 8
@@ -161,6 +161,8 @@ def read_whole(data: FileData) -> Arrays:
 def count_part(where: str, kind: FileKind, part: FilePart, layout: Layout) -> dict[str, Any]:
     """Read and decode every record of a split: records per file, label range, sample
     shape. A corrupt file or image, mixed sizes, NaN: ConfigError naming the file."""
+    # Long: one tf.data reduction whose state and steps are closures over the layout (its
+    # reader, decoder and rank); the per-file errors need that reduction's results.
     import tensorflow as tf
 
     read, decode = _image_bytes(kind, layout), _decode(layout)
@@ -241,8 +243,6 @@ def _bad_record(path: str, meta: Callable[..., Any]) -> str:
     """Which record of a TFRecord file fails, and why, in words: read again one record at
     a time (on the error path only), as counting read it."""
     import tensorflow as tf
-
-    from mgpu_env.training.data.verify import tensorflow_message
 
     index = 0
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import file_dataset
-from mgpu_env.training.data.builtin import (
+from mgpu_env.training.input.data.builtin import (
     FASHION_DIR,
     MNIST_FILE,
     SYSTEM_FASHION_DIR,
@@ -16,8 +16,8 @@ from mgpu_env.training.data.builtin import (
     keras_cache_dir,
     read_built_in,
 )
-from mgpu_env.training.data.files import load_files
-from mgpu_env.training.data.sets import Arrays, Data, DatasetChoice, FileData, Streamed
+from mgpu_env.training.input.data.files import load_files
+from mgpu_env.training.input.data.sets import Arrays, Data, DatasetChoice, FileData, Streamed
 
 
 def resolve_dataset(
@@ -92,7 +92,7 @@ def load_data(choice: DatasetChoice, seed: int, *, in_process: bool = True,
         return load_files(choice.name, kind, folder,  # type: ignore[arg-type]
                           in_process=in_process, prepare=prepare)
     if choice.origin == "hook":
-        from mgpu_env.training import hooks
+        from mgpu_env.training.step import hooks
 
         train, test = hooks.load_data(choice.name)
         classes = hooks.num_classes(train, test)
@@ -108,11 +108,10 @@ def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
     """The chosen data set, which must be arrays (a loader's stream is refused)."""
     data = load_data(choice, seed)
     if isinstance(data, FileData):
-        from mgpu_env.training.data.read import read_whole
-        from mgpu_env.training.feed import fits_on_device
-        from mgpu_env.training.keep import FALLBACK
+        from mgpu_env.training.input.data.read import read_whole
+        from mgpu_env.training.input.keep import FALLBACK
 
-        if fits_on_device(data, FALLBACK):
+        if FALLBACK.keeps_rows(data.sample_shape, data.train_size):
             return read_whole(data)
         raise ConfigError(
             f"DATASET={choice.name}: its decoded samples are over 2 GiB, so they stream from "

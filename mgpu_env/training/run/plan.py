@@ -17,40 +17,33 @@ from typing import Any
 
 from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import Settings
+from mgpu_env.config.settings import DECLARATIONS, Settings, with_role
 from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.hardware.folders import folder_access
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
-from mgpu_env.training import keep, rundir
-from mgpu_env.training.data import (
+from mgpu_env.training.input import keep
+from mgpu_env.training.input.data import (
     CLASSES,
     FEATURES,
     DatasetChoice,
     load_data,
     resolve_dataset,
 )
-from mgpu_env.training.feed import epoch_steps
+from mgpu_env.training.input.feed import epoch_steps
 from mgpu_env.training.messages import unwritable_folder
-from mgpu_env.training.resume import resume_note
+from mgpu_env.training.run import rundir
+from mgpu_env.training.run.resume import resume_note
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
 SCHEMA_VERSION = 1
 # The settings `mgpu train` reads (the others belong to other commands, or to the
 # cluster), for the "settings" lines of the summary and the settings in metrics.json.
-TRAIN_SETTINGS = (
-    "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "MODEL",
-    "DATA_DIR",
-    "OUTPUT_DIR", "RUN_NAME", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "QUIET",
-    "DATA_DETERMINISTIC",
-)
+TRAIN_SETTINGS = with_role("shown")
 # What settings.json records: every setting a training run reads, the cluster's included.
-RUN_SETTINGS = (
-    *TRAIN_SETTINGS, "TF_CONFIG", "WORKER_HOSTS", "WORKER_INDEX", "WORKER_PORT", "WORKER_TIMEOUT",
-    "ENV_FILE",
-)
+RUN_SETTINGS = with_role("recorded")
 # Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
 # 20% held out by a stratified split.
 KNOWN_SIZES = {
@@ -112,6 +105,16 @@ class TrainPlan:
         return ("CPU",)
 
     @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the run folder (the other workers write scratch)."""
+        return self.strategy.role.is_chief
+
+    @property
+    def resume_command(self) -> str:
+        """What a user runs to resume this run, for every message that stops it."""
+        return f"OUTPUT_DIR={self.output_dir} mgpu train"
+
+    @property
     def per_replica_batch_size(self) -> int:
         return self.settings.batch_size
 
@@ -139,6 +142,13 @@ class TrainPlan:
             "warnings": list(self.runtime.resolved.warnings),
             "settings": self.settings_provenance(),
         }
+
+    @property
+    def chosen(self) -> dict[str, str]:
+        """What the run resolved for the settings that ask for a choice (`auto`, `1`), keyed
+        by the setting: the workers agree on these, not on the requests."""
+        return {"DATASET": self.dataset.name, "MIXED_PRECISION": self.precision.policy,
+                "KERAS": self.runtime.keras.version}
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -178,18 +188,18 @@ class TrainPlan:
 def run_identity(
     settings: Settings, dataset: str, policy: str, global_batch_size: int
 ) -> dict[str, Any]:
-    """What must match for a run folder to be resumed (EPOCHS may grow, devices may not)."""
-    identity: dict[str, Any] = {
-        "dataset": dataset,
-        "per_replica_batch_size": settings.batch_size,
-        "global_batch_size": global_batch_size,
-        "learning_rate": settings.learning_rate,
-        "seed": settings.seed,
-        "precision_policy": policy,
-    }
-    if settings.model != "mlp":
-        # Only when set, so folders of runs from before MODEL existed still resume.
-        identity["model"] = settings.model
+    """What must match for a run folder to be resumed (EPOCHS may grow, devices may not):
+    the settings declared with the role "identity", with what the run chose for `auto`
+    (the data set, the precision policy), and the global batch."""
+    chosen: dict[str, Any] = {"DATASET": dataset, "MIXED_PRECISION": policy}
+    identity: dict[str, Any] = {"global_batch_size": global_batch_size}
+    for declaration in DECLARATIONS:
+        if "identity" not in declaration.roles:
+            continue
+        value = getattr(settings, declaration.field_name)
+        if declaration.identity_if_set and value == declaration.parse(declaration.default):
+            continue
+        identity[declaration.identity] = chosen.get(declaration.env, value)
     return identity
 
 
@@ -227,60 +237,26 @@ def plan_training(
     settings = runtime.settings
     output_dir = output_dir_of(runtime)
     check_output_dir(runtime)
-    notes = list(runtime.notes)
-    if (resumed := resume_note(runtime.resolved)) is not None:
-        notes.insert(0, resumed)
-    if dry_run and runtime.cluster is not None:
-        missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
-        if missing:
-            notes.append(f"peers that do not resolve yet: {', '.join(missing)} (a real run "
-                         "waits up to WORKER_TIMEOUT for them)")
-    if runtime.strategy_plan.note:
-        notes.append(runtime.strategy_plan.note)
+    notes = _start_notes(runtime, dry_run)
     dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)
     if dataset.note:
         notes.append(dataset.note)
     if settings.model != "mlp":
         # A builder that cannot be imported fails now, in the plan (and the dry run), not
         # after the data has loaded; it is called later, in the strategy's scope.
-        from mgpu_env.training import hooks
+        from mgpu_env.training.step import hooks
 
         hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
-    input_shape: tuple[int, ...] = (FEATURES,)
-    num_classes = CLASSES
-    replicas = runtime.replicas
-    workers = runtime.strategy_plan.role.num_workers
-    keep_limit = plan_keep(runtime, workers)
+    keep_limit = plan_keep(runtime, runtime.strategy_plan.role.num_workers)
     notes.append(keep_limit.note())
-    global_batch = settings.batch_size * replicas
-    if dataset.origin in ("hook", "files"):
-        # Its size and shape are known only by calling it (a loader) or counting it (files,
-        # cached after the first run), once: the loop reuses the data. A loader may use
-        # TensorFlow, so TensorFlow gets its devices and policy first; files are counted
-        # with TensorFlow after the same preparation, or (multi-worker) in a child process.
-        if dataset.origin == "hook":
-            runtime.execution.prepare_tensorflow()
-        arrays = load_data(dataset, settings.seed, in_process=workers == 1,
-                           prepare=runtime.execution.prepare_tensorflow)
-        dataset = dataclasses.replace(dataset, loaded=arrays)
-        train_size, test_size = arrays.train_size, arrays.test_size
-        input_shape, num_classes = arrays.sample_shape, arrays.num_classes
-        steps = epoch_steps(arrays, global_batch, workers, keep_limit)
-    else:
-        train_size, test_size = KNOWN_SIZES[dataset.name]
-        steps = train_size // global_batch
-    if steps == 0:
-        raise ConfigError(
-            f"The global batch ({settings.batch_size} x {replicas} replicas = {global_batch}) "
-            f"is larger than the {train_size} training samples of {dataset.name}.\n"
-            f"  Fix: set BATCH_SIZE to at most {train_size // replicas}."
-        )
+    global_batch = settings.batch_size * runtime.replicas
+    dataset, sizes = _data_sizes(runtime, dataset, global_batch, keep_limit)
     if dry_run and settings.model != "mlp":
         # The builder is called only in the strategy's scope when training starts; the dry
         # run builds it on the CPU, so a model that does not fit the data fails here.
-        from mgpu_env.training import hooks
+        from mgpu_env.training.step import hooks
 
-        notes.append(hooks.check_on_cpu(settings.model, input_shape, num_classes))
+        notes.append(hooks.check_on_cpu(settings.model, sizes.input_shape, sizes.num_classes))
     identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
     folder = rundir.inspect_run_folder(output_dir, identity)
     resume_epoch = rundir.completed_epochs(folder)
@@ -293,18 +269,78 @@ def plan_training(
     return TrainPlan(
         runtime=runtime,
         dataset=dataset,
-        train_size=train_size,
-        test_size=test_size,
+        train_size=sizes.train_size,
+        test_size=sizes.test_size,
         global_batch_size=global_batch,
-        steps_per_epoch=steps,
+        steps_per_epoch=sizes.steps_per_epoch,
         output_dir=output_dir,
         folder=folder,
         resume_epoch=resume_epoch,
         notes=tuple(notes),
-        input_shape=input_shape,
-        num_classes=num_classes,
+        input_shape=sizes.input_shape,
+        num_classes=sizes.num_classes,
         keep=keep_limit,
     )
+
+
+def _start_notes(runtime: Runtime, dry_run: bool) -> list[str]:
+    """The summary's notes on the start: the runtime's, the settings a resumed run took from
+    its folder, peers a dry run could not resolve, and the strategy's."""
+    notes = list(runtime.notes)
+    if (resumed := resume_note(runtime.resolved)) is not None:
+        notes.insert(0, resumed)
+    if dry_run and runtime.cluster is not None:
+        missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
+        if missing:
+            notes.append(f"peers that do not resolve yet: {', '.join(missing)} (a real run "
+                         "waits up to WORKER_TIMEOUT for them)")
+    if runtime.strategy_plan.note:
+        notes.append(runtime.strategy_plan.note)
+    return notes
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """What the plan knows of the data's size and shape."""
+
+    train_size: int
+    test_size: int
+    steps_per_epoch: int
+    input_shape: tuple[int, ...] = (FEATURES,)
+    num_classes: int = CLASSES
+
+
+def _data_sizes(
+    runtime: Runtime, dataset: DatasetChoice, global_batch: int, keep_limit: keep.KeepLimit
+) -> tuple[DatasetChoice, _Sizes]:
+    """The data's sizes: a built-in set's are known; a loader's or files' are found by
+    loading them (the loaded data goes back with the choice, so the loop reuses it).
+    Refuses a global batch larger than the training samples."""
+    settings, workers = runtime.settings, runtime.strategy_plan.role.num_workers
+    if dataset.origin in ("hook", "files"):
+        # Its size and shape are known only by calling it (a loader) or counting it (files,
+        # cached after the first run), once: the loop reuses the data. A loader may use
+        # TensorFlow, so TensorFlow gets its devices and policy first; files are counted
+        # with TensorFlow after the same preparation, or (multi-worker) in a child process.
+        if dataset.origin == "hook":
+            runtime.execution.prepare_tensorflow()
+        arrays = load_data(dataset, settings.seed, in_process=workers == 1,
+                           prepare=runtime.execution.prepare_tensorflow)
+        dataset = dataclasses.replace(dataset, loaded=arrays)
+        sizes = _Sizes(arrays.train_size, arrays.test_size,
+                       epoch_steps(arrays, global_batch, workers, keep_limit),
+                       arrays.sample_shape, arrays.num_classes)
+    else:
+        train_size, test_size = KNOWN_SIZES[dataset.name]
+        sizes = _Sizes(train_size, test_size, train_size // global_batch)
+    if sizes.steps_per_epoch == 0:
+        replicas = runtime.replicas
+        raise ConfigError(
+            f"The global batch ({settings.batch_size} x {replicas} replicas = {global_batch}) "
+            f"is larger than the {sizes.train_size} training samples of {dataset.name}.\n"
+            f"  Fix: set BATCH_SIZE to at most {sizes.train_size // replicas}."
+        )
+    return dataset, sizes
 
 
 def plan_keep(runtime: Runtime, workers: int) -> keep.KeepLimit:

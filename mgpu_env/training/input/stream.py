@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.data import Arrays, FileData, as_float32, take_rows
-from mgpu_env.training.order import STEPS_PER_CALL, StepRunner, call_steps, epoch_order
+from mgpu_env.training.input.data import Arrays, FileData, as_float32, take_rows
+from mgpu_env.training.input.order import STEPS_PER_CALL, StepRunner, call_steps, epoch_order
 
 # The most bytes of rows one `StreamFeed` chunk holds: 64 MiB is 334 of the MLP's 64-row
 # batches, so training's calls of 200 steps take one chunk each. Per CPU second the stream
@@ -269,7 +269,7 @@ class FileStreamFeed:
         names, for `epochs` epochs from `first_epoch`: every worker the same whole steps."""
         import tensorflow as tf
 
-        from mgpu_env.training.data.read import steps_per_epoch, worker_rows
+        from mgpu_env.training.input.data.read import steps_per_epoch, worker_rows
 
         replicas = self.strategy.num_replicas_in_sync
         workers, worker = context.num_input_pipelines, context.input_pipeline_id
@@ -290,6 +290,15 @@ class FileStreamFeed:
         return _distribute(
             self.strategy, lambda context: self.worker_dataset(context, first_epoch, epochs)
         )
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """The whole global batches every worker's share of the files gives."""
+        from mgpu_env.training.input.data.read import steps_per_epoch
+
+        local = len(self.strategy.extended.worker_devices)
+        workers = self.strategy.num_replicas_in_sync // local
+        return steps_per_epoch(self.data.train, self.global_batch, workers)
 
     def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""

@@ -14,20 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
-from mgpu_env.config.settings import BY_ENV
-from mgpu_env.training import rundir
+from mgpu_env.config.settings import BY_ENV, DECLARATIONS, with_role
+from mgpu_env.training.run import rundir
 
 # What defines a run and how it trains: a resume without them would be refused (the
 # identity differs) or would train another run (EPOCHS). Where the output goes, how much
 # is printed and the cluster belong to this start, not to the run.
-RESUMED_SETTINGS = (
-    "GPUS", "MIXED_PRECISION", "EPOCHS", "BATCH_SIZE", "LEARNING_RATE", "DATASET", "MODEL",
-    "DATA_DIR", "VIRTUAL_DEVICES", "XLA", "CROSS_DEVICE_OPS", "SEED", "DATA_DETERMINISTIC",
-)
-# run.json's identity, for a run stopped before it wrote settings.json.
+RESUMED_SETTINGS = with_role("resumed")
+# run.json's identity, for a run stopped before it wrote settings.json: its keys back to
+# the settings. The precision is left out: the identity holds the policy MIXED_PRECISION
+# chose (mixed_float16), which is not a value of the setting.
 _FROM_IDENTITY = {
-    "dataset": "DATASET", "per_replica_batch_size": "BATCH_SIZE",
-    "learning_rate": "LEARNING_RATE", "seed": "SEED", "model": "MODEL",
+    d.identity: d.env for d in DECLARATIONS
+    if "identity" in d.roles and d.env != "MIXED_PRECISION"
 }
 
 

@@ -1,0 +1,306 @@
+"""`mgpu train`'s loop: train as planned, checkpoint every epoch, write the outputs.
+
+`run_training(plan, reporter)` trains and returns a `TrainResult`, or raises ConfigError
+(exit 2), RunFailed (exit 1) or `Interrupted` (exit 128 + signal number).
+
+Faults: a checkpoint is saved after every epoch (tf.train.CheckpointManager writes the
+data files first and the `checkpoint` index file last, by rename, so a kill -9 mid-save
+leaves the previous checkpoint the one referenced); starting again with the same
+OUTPUT_DIR restores the latest one and continues from the next epoch. SIGTERM or SIGINT
+stop training at the next step boundary (at most STEPS_PER_CALL steps), keep the last
+completed epoch's checkpoint, and raise `Interrupted` with the command that resumes. A
+non-finite loss, or a record that cannot be read (`training.input.corrupt`), stops with RunFailed.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgpu_env import __version__
+from mgpu_env.config.errors import ConfigError, RunFailed
+from mgpu_env.hardware.tfimport import import_tensorflow
+from mgpu_env.training.input.corrupt import stop_on_bad_records
+from mgpu_env.training.input.data import Data, load_data
+from mgpu_env.training.input.feed import make_feed
+from mgpu_env.training.multiworker import WorkerSession, agreement_values
+from mgpu_env.training.run import rundir
+from mgpu_env.training.run.epochs import AFTER_CALL, AFTER_EPOCH, Checkpoints, Run
+from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
+from mgpu_env.training.run.report import Reporter
+from mgpu_env.training.run.signals import Interrupted, StopRequest, stop_on_signals
+from mgpu_env.training.step.build import Trainer, build_trainer
+
+CHECKPOINTS_KEPT = 3
+
+
+@dataclass
+class TrainResult:
+    """What a run produced; `metrics` is what metrics.json holds."""
+
+    output_dir: Path
+    metrics: dict[str, Any]
+    already_finished: bool = False
+
+    @property
+    def test_accuracy(self) -> float:
+        return float(self.metrics["test_accuracy"])
+
+    @property
+    def train_samples_per_sec(self) -> float:
+        return float(self.metrics["train_samples_per_sec"])
+
+    @property
+    def training_time_s(self) -> float:
+        """The epochs' time: the seconds this run spent in the epochs it trained."""
+        return float(self.metrics.get("training_time_s", 0.0))
+
+    @property
+    def wall_time_s(self) -> float:
+        """Wall time, start-up included: from the command's start to the run's end."""
+        return float(self.metrics["wall_time_s"])
+
+
+def run_training(
+    plan: TrainPlan, reporter: Reporter | None = None, started: float | None = None
+) -> TrainResult:
+    """Train as planned; checkpoint every epoch; write the outputs when done. `started`
+    (`time.time()`): when the command started, the start of the wall time (default: now).
+
+    Raises ConfigError (bad data, an unreadable checkpoint), RunFailed (TensorFlow failed)
+    or Interrupted (a signal stopped the run; the command to resume is in the message).
+    """
+    reporter = reporter or Reporter()
+    started = time.time() if started is None else started
+    # A multi-worker run goes on even when finished: the chief's state decides for all.
+    if plan.strategy.role.num_workers == 1 and plan.folder.finished_metrics is not None and (
+        plan.folder.finished_metrics.get("epochs_completed") == plan.settings.epochs
+    ):
+        return TrainResult(plan.output_dir, plan.folder.finished_metrics, already_finished=True)
+    stop = StopRequest()
+    multi_worker = plan.strategy.kind == "multi_worker"
+    session = WorkerSession(
+        plan.runtime.cluster if multi_worker else None, plan.settings.worker_timeout
+    )
+    with stop_on_signals(stop):
+        try:
+            result = _train(plan, _Start(started, reporter, stop, session))
+            session.close(succeeded=True)
+            return result
+        except (ConfigError, RunFailed):
+            raise
+        except KeyboardInterrupt:
+            # A second Ctrl-C stops at once, even mid-save: the `checkpoint` index file is
+            # replaced last, so the previous checkpoint stays the one that is resumed.
+            raise Interrupted(
+                "SIGINT received twice: training stopped at once; the last checkpoint "
+                f"written is kept.\n  Resume with: {plan.resume_command}",
+                signal.SIGINT,
+            ) from None
+        except Exception as err:
+            lost = session.failure(err)
+            if lost is not None:
+                raise RunFailed(lost) from err
+            if type(err).__module__.startswith("tensorflow"):
+                raise RunFailed(
+                    f"TensorFlow failed: {type(err).__name__}: {str(err).splitlines()[0]}\n"
+                    f"  Completed epochs are checkpointed; resume with: "
+                    f"{plan.resume_command} (run with --debug for the traceback)"
+                ) from err
+            raise
+        finally:
+            session.close(succeeded=False)
+
+
+def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
+    """TensorFlow's devices and precision, the strategy, then model, optimizer and steps."""
+    from mgpu_env.runtime.keras import tensorflow_keras
+    from mgpu_env.training.step.model import model_builder
+
+    execution = plan.runtime.execution
+    execution.prepare_tensorflow()
+    tensorflow_keras().utils.set_random_seed(plan.settings.seed)
+    session.join()
+    strategy = execution.make_strategy()
+    session.after_strategy(strategy, agreement_values(
+        plan.settings, plan.chosen, local_replicas=plan.strategy.local_replicas,
+        train_samples=arrays.train_size, steps_per_epoch=plan.steps_per_epoch,
+    ))
+    return build_trainer(
+        strategy,
+        # MODEL: the tutorial's MLP, or the user's builder (checked against the data's shape).
+        model_builder(plan.model, plan.settings.seed, plan.input_shape, plan.num_classes),
+        learning_rate=plan.settings.learning_rate, precision=plan.precision,
+        global_batch_size=plan.global_batch_size, jit_compile=plan.xla,
+    )
+
+
+def _restore_checkpoints(
+    plan: TrainPlan, trainer: Trainer, session: WorkerSession
+) -> tuple[Checkpoints, int]:
+    """Claim the run folder (chief), restore the latest checkpoint; the epoch to start at."""
+    import tensorflow as tf
+
+    with trainer.strategy.scope():
+        epoch_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+    if plan.is_chief:
+        rundir.claim_run_folder(plan.folder, plan.identity)
+        directory = plan.folder.checkpoint_dir
+    else:
+        # Every worker must take part in saving (the save is collective); only the chief's
+        # copy is kept. The others save to a scratch folder, deleted at the end.
+        directory = session.checkpoint_dir(plan.folder.checkpoint_dir)
+    checkpoint = tf.train.Checkpoint(
+        model=trainer.model, optimizer=trainer.optimizer, epoch=epoch_counter
+    )
+    manager = tf.train.CheckpointManager(
+        checkpoint, str(directory), max_to_keep=CHECKPOINTS_KEPT, checkpoint_name="ckpt",
+    )
+    _restore(checkpoint, manager, epoch_counter)
+    # Multi-worker: the chief's checkpoint is the truth; the others receive its values, so
+    # they need no shared folder (and resume from the same epoch).
+    session.share_restored(
+        trainer.strategy,
+        [*trainer.model.variables, *trainer.optimizer.variables, epoch_counter],
+    )
+    return Checkpoints(checkpoint, manager, epoch_counter, directory), int(
+        epoch_counter.numpy()
+    )
+
+
+@dataclass(frozen=True)
+class _Start:
+    """This start of the run: when the command started (the wall time's start), what
+    reports its progress, the stop request its signals set, and its worker session."""
+
+    started: float
+    reporter: Reporter
+    stop: StopRequest
+    session: WorkerSession
+
+
+def _train(plan: TrainPlan, start: _Start) -> TrainResult:
+    """Prepare the run (data, model, checkpoints, feed), train its epochs, finish it."""
+    run = _prepare(plan, start)
+    run.train()
+    if run.stop.requested and plan.settings.epochs > run.start_epoch:
+        # The signal came during the last epoch's save: everything is saved, so finish.
+        run.reporter.note("Stop requested after the last epoch was saved; finishing the run")
+    return _finish(run, start.started)
+
+
+def _prepare(plan: TrainPlan, start: _Start) -> Run:
+    """TensorFlow, the data, the model and its steps, the restored checkpoint and the feed;
+    settings.json records this start before any epoch."""
+    tf = import_tensorflow()  # the first import in a fresh run: quiet on a healthy start
+
+    # Iterating a distributed dataset inside tf.function reads its options in graph mode;
+    # TensorFlow warns about that on every run, and it changes nothing here.
+    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+
+    settings, session = plan.settings, start.session
+    data = load_data(plan.dataset, settings.seed)
+    _check_sizes(plan, data)
+    trainer = _start(plan, session, data)
+    saved, start_epoch = _restore_checkpoints(plan, trainer, session)
+    if plan.is_chief:
+        # What this start ran with, and why (flag, env, .env, default), before any epoch.
+        rundir.atomic_write_json(plan.output_dir / rundir.SETTINGS_FILE, {
+            "schema_version": rundir.SCHEMA_VERSION,
+            "mgpu_version": __version__,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start.started)),
+            "resumed_from_epoch": start_epoch,
+            "settings": plan.settings_provenance(RUN_SETTINGS),
+        })
+    if start_epoch:
+        start.reporter.note(
+            f"Resuming from the checkpoint of epoch {start_epoch} in {saved.directory}"
+        )
+    with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
+        # Data kept on the devices is read (and checked) here, once.
+        feed = make_feed(trainer.strategy, data, plan.global_batch_size, settings.seed,
+                         deterministic=settings.data_deterministic, keep=plan.keep)
+    return Run(
+        plan, trainer, saved, session, start.reporter, start.stop,
+        writer=tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
+        if plan.is_chief else tf.summary.create_noop_writer(),
+        data=data, feed=feed, start_epoch=start_epoch,
+        history=rundir.read_history(plan.output_dir, start_epoch) if start_epoch else [],
+        after_call=list(AFTER_CALL), after_epoch=list(AFTER_EPOCH),
+    )
+
+
+def _finish(run: Run, started: float) -> TrainResult:
+    """Evaluate on the test set, then (chief) write the model and metrics.json."""
+    import tensorflow as tf
+
+    plan = run.plan
+    test_loss, test_accuracy = _evaluate(plan, run.trainer, run.session, run.data)
+    with run.writer.as_default(step=plan.settings.epochs):
+        tf.summary.scalar("test_accuracy", test_accuracy)
+    run.writer.flush()
+    metrics = run.metrics(test_loss, test_accuracy, time.time() - started)
+    finished_before = plan.folder.finished_metrics
+    if run.start_epoch == plan.settings.epochs and finished_before is not None:
+        # A multi-worker restart of a finished run (the workers still evaluated together):
+        # keep the chief's results rather than replace them with a run of no epochs.
+        return TrainResult(plan.output_dir, finished_before, already_finished=True)
+    if plan.is_chief:
+        rundir.atomic_save(
+            plan.output_dir / rundir.MODEL_FILE, lambda path: run.trainer.model.save(path),
+            ".keras",
+        )
+        rundir.atomic_write_json(plan.output_dir / rundir.METRICS_FILE, metrics)
+    return TrainResult(plan.output_dir, metrics)
+
+
+def _evaluate(
+    plan: TrainPlan, trainer: Trainer, session: WorkerSession, arrays: Data
+) -> tuple[float, float]:
+    """Loss and accuracy on the whole test set (the partial last batch included)."""
+    from mgpu_env.training.input.data import test_dataset
+
+    steps = trainer.steps
+    steps.test_loss.reset_state()
+    steps.test_accuracy.reset_state()
+    session.progress("evaluating")
+    with stop_on_bad_records(arrays, ("test",), None, plan.resume_command):
+        steps.evaluate(trainer.strategy.experimental_distribute_dataset(
+            test_dataset(arrays, plan.global_batch_size)
+        ))
+    return float(steps.test_loss.result()), float(steps.test_accuracy.result())
+
+
+def _check_sizes(plan: TrainPlan, arrays: Data) -> None:
+    # The plan (and the run's identity, and the dry run) use the official sizes; a file of
+    # another size is some other data set under a known name, so it is refused.
+    if (arrays.train_size, arrays.test_size) != (plan.train_size, plan.test_size):
+        raise ConfigError(
+            f"{plan.dataset.describe()} has {arrays.train_size} training and "
+            f"{arrays.test_size} test samples; {plan.dataset.name} has {plan.train_size} and "
+            f"{plan.test_size}.\n  Fix: replace the file with the official one."
+        )
+
+
+def _restore(checkpoint: Any, manager: Any, epoch_counter: Any) -> int:
+    """Restore the latest checkpoint, checking it matches the model; return its epoch.
+
+    A checkpoint that cannot be restored is an error, never a silent fresh start that would
+    overwrite it.
+    """
+    latest = manager.latest_checkpoint
+    if latest is None:
+        return 0
+    try:
+        checkpoint.restore(latest).assert_existing_objects_matched()
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"The checkpoint {latest} cannot be restored ({type(err).__name__}: {first}).\n"
+            f"  Fix: move {Path(latest).parent} away to start over, or choose another OUTPUT_DIR."
+        ) from None
+    return int(epoch_counter.numpy())
