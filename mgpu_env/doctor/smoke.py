@@ -15,6 +15,7 @@ child prints one JSON line. `run` never raises: a failure is a `SmokeResult` wit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mgpu_env.hardware import tflog
 from mgpu_env.runtime import Execution, Runtime
 
 JSON_MARKER = "MGPU_SMOKE_JSON "
@@ -42,8 +44,8 @@ FIX_HANG = (
     "try NCCL_P2P_DISABLE=1, or CROSS_DEVICE_OPS=hierarchical_copy"
 )
 FIX_SETUP = (
-    "TensorFlow could not set up the selected devices: see the driver and CUDA lines of "
-    "`mgpu doctor`, and `TF_CPP_MIN_LOG_LEVEL=0 mgpu doctor --smoke` for TensorFlow's reason"
+    "TensorFlow could not set up the selected devices: see TensorFlow's own reason above "
+    "and the driver and CUDA lines of `mgpu doctor`"
 )
 FIX_ALL_REDUCE = {
     "nccl": "NCCL_DEBUG=INFO mgpu doctor --smoke shows NCCL's reason; see the NCCL and "
@@ -122,6 +124,9 @@ def run(
         )
     env = dict(environ)
     runtime.apply(env)
+    # TensorFlow's whole log comes back on the child's stderr; `tflog` keeps its reason.
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    env["MGPU_DEBUG"] = "1"
     start = time.perf_counter()
     try:
         process = subprocess.Popen(
@@ -141,16 +146,30 @@ def run(
             FIX_HANG.format(timeout=timeout), time.perf_counter() - start,
         )
     elapsed = time.perf_counter() - start
+    reason = tflog.relevant_lines(stderr or "")
     for line in reversed(stdout.splitlines()):
         if line.startswith(JSON_MARKER):
             try:
-                return from_json(line.removeprefix(JSON_MARKER))
+                return _with_reason(from_json(line.removeprefix(JSON_MARKER)), reason)
             except (ValueError, KeyError, TypeError) as err:
                 return failed(f"unreadable answer from the smoke job: {err}", FIX_SETUP, elapsed)
-    tail = " | ".join(stderr.strip().splitlines()[-3:]) or "no output"
+    tail = " | ".join(reason or stderr.strip().splitlines()[-3:]) or "no output"
     return failed(
         f"the smoke job exited with code {process.returncode}: {tail}", FIX_SETUP, elapsed
     )
+
+
+def _with_reason(result: SmokeResult, reason: tuple[str, ...]) -> SmokeResult:
+    """A failed setup step gets TensorFlow's own reason (its relevant log lines)."""
+    if not reason:
+        return result
+    steps = tuple(
+        dataclasses.replace(step, detail=f"{step.detail}; TensorFlow says: "
+                            + " | ".join(reason))
+        if step.name == "setup" and not step.ok else step
+        for step in result.steps
+    )
+    return dataclasses.replace(result, steps=steps)
 
 
 def to_json(result: SmokeResult) -> str:

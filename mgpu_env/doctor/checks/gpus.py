@@ -185,8 +185,9 @@ def check_mixed_precision(facts: Facts) -> Check:
     try:
         choice = choose_precision(mode, device_type, capabilities)
     except ConfigError as err:
+        # A precision these GPUs cannot run is a bad setting: exit 2, as `mgpu train` exits.
         return Check("gpu.mixed_precision", title, "error", found + f" -> {err}", expected,
-                     str(err).split("Fix: ", 1)[-1].strip())
+                     str(err).split("Fix: ", 1)[-1].strip(), bad_setting=True)
     found += f" -> {choice.policy}: {choice.reason}"
     if mode != "0" and choice.policy == FLOAT32:
         return Check("gpu.mixed_precision", title, "warn", found, expected,
