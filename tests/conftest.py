@@ -48,6 +48,12 @@ def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     # NCCL loads wherever GPUs are selected, as in the image (tests of the probe itself call
     # cudalibs.nccl_loadable directly).
     monkeypatch.setattr(runtime, "nccl_available", lambda gpus: bool(gpus))
+    # CUDA's driver API initialises wherever NVML lists GPUs (tests of the probe itself, and
+    # the catalogue of real failures, use fake libcuda.so.1 files built with gcc).
+    from mgpu_env.hardware import cudadriver
+    from tests.fake_doctor import driver_api
+
+    monkeypatch.setattr(cudadriver, "collect", lambda environ, timeout_s=0: driver_api(environ))
 
 
 @pytest.fixture

@@ -44,9 +44,11 @@ from mgpu_env.doctor.checks import (
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.doctor.smoke import SmokeResult
-from mgpu_env.hardware import compat, cudalibs, nvml, tfprobe
+from mgpu_env.hardware import compat, cudadriver, cudalibs, nvml, tfprobe
+from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
+from mgpu_env.hardware.nvml import Probed
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime, build_runtime
 from mgpu_env.runtime.cluster import peers
@@ -207,6 +209,7 @@ def gather(
     with_tensorflow: bool = True,
     collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
     collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
+    collect_driver: Callable[[Mapping[str, str]], Probed[DriverApi]] | None = None,
 ) -> Facts:
     """Run every probe once. NVML and the host take milliseconds; TensorFlow seconds.
 
@@ -220,8 +223,12 @@ def gather(
     selection, selection_error = _selection_of(runtime, resolved, snapshot, environ)
     tf_facts = None
     cuda = None
+    child_environ = _environment_for_tensorflow(runtime, environ)
+    cuda_driver = None
+    if resolved.settings.gpus.kind != "none" and snapshot.listing.gpus:
+        # Milliseconds: a child that loads libcuda.so.1 and calls cuInit, also with --no-tf.
+        cuda_driver = (collect_driver or cudadriver.collect)(child_environ)
     if with_tensorflow:
-        child_environ = _environment_for_tensorflow(runtime, environ)
         tf_facts = (collect_tensorflow or tfprobe.collect)(child_environ)
         cuda = (collect_cuda or cudalibs.collect)(child_environ)
     settings = resolved.settings
@@ -242,6 +249,7 @@ def gather(
         run_folder=probes.probe_run_folder(settings),
         keras=probes.probe_keras(settings, environ, resolved.env_file_values,
                                  multi_worker=cluster.cluster is not None),
+        cuda_driver=cuda_driver,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
 from mgpu_env.hardware import nvml
+from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
@@ -76,6 +77,8 @@ class HostFacts:
     stack: Probed[tuple[int, int]] = field(default_factory=Probed)
     # /dev/dxg: WSL2's GPU device; there the GPU comes without any /dev/nvidia* file.
     wsl_gpu: Probed[bool] = field(default_factory=lambda: Probed(value=False))
+    # The NVIDIA kernel modules loaded (/proc/modules: the host's, also from a container).
+    nvidia_modules: Probed[tuple[str, ...]] = field(default_factory=Probed)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,9 @@ class Facts:
     cluster: ClusterFacts = field(default_factory=ClusterFacts)
     run_folder: FolderAccess | None = None  # None: not probed (the pre-flight)
     keras: KerasFacts = field(default_factory=KerasFacts)
+    # CUDA's driver API (cuInit) in a child with the run's environment; None: not probed
+    # (no GPU from NVML, GPUS=none, or the pre-flight).
+    cuda_driver: Probed[DriverApi] | None = None
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -181,6 +187,14 @@ def probe_wsl_gpu(dev: Path = Path("/dev")) -> Probed[bool]:
     return probe(lambda: (dev / "dxg").exists())
 
 
+def probe_nvidia_modules(path: Path = Path("/proc/modules")) -> Probed[tuple[str, ...]]:
+    """The loaded kernel modules whose name starts with nvidia (nvidia, nvidia_uvm, ...)."""
+    return probe(lambda: tuple(sorted(
+        line.split()[0] for line in path.read_text().splitlines()
+        if line.startswith("nvidia")
+    )))
+
+
 def probe_euid() -> Probed[int]:
     return probe(os.geteuid)
 
@@ -194,6 +208,7 @@ def probe_host() -> HostFacts:
         euid=probe_euid(),
         stack=probe_stack(),
         wsl_gpu=probe_wsl_gpu(),
+        nvidia_modules=probe_nvidia_modules(),
     )
 
 

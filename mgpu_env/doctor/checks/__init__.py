@@ -50,7 +50,12 @@ from mgpu_env.doctor.checks.cuda import (
     check_ptxas,
     check_tf_build,
 )
-from mgpu_env.doctor.checks.driver import check_driver_cuda, check_driver_version, check_nvml
+from mgpu_env.doctor.checks.driver import (
+    check_cuda_driver,
+    check_driver_cuda,
+    check_driver_version,
+    check_nvml,
+)
 from mgpu_env.doctor.checks.gpus import (
     capability_support,
     check_gpu,
@@ -71,6 +76,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_nvml,
     check_driver_version,
     check_driver_cuda,
+    check_cuda_driver,
     check_device_files,
     check_tf_build,
     check_cuda_libraries,
@@ -111,6 +117,7 @@ __all__ = [
     "Status",
     "capability_support",
     "check_cluster",
+    "check_cuda_driver",
     "check_cuda_libraries",
     "check_cudnn",
     "check_device_files",
