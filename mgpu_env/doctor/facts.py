@@ -50,6 +50,10 @@ REPORTED_VARIABLES = (
     "NCCL_DEBUG",
     "TF_FORCE_GPU_ALLOW_GROWTH",
     LEGACY_VARIABLE,
+    # Where the dynamic loader looks first, and a conda environment that may have set it.
+    "LD_LIBRARY_PATH",
+    "CONDA_PREFIX",
+    "COMPOSE_FILE",  # docker-compose.gpu.yml selected on a host: Docker must have the runtime
 )
 # Distributions whose versions the report lists, by display name.
 DISTRIBUTIONS = {

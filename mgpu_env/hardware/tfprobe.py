@@ -66,6 +66,9 @@ class TfFacts:
     # TensorFlow's own reason, when the probe ran in a child: the relevant lines it wrote on
     # stderr (cuInit, dlopen, "Cannot dlopen" first; `tflog.relevant_lines`).
     log: tuple[str, ...] = ()
+    # The CUDA library files mapped into TensorFlow's process after it listed its GPUs
+    # (/proc/self/maps): the ones it really loaded, wherever the loader found them.
+    loaded: Probed[tuple[str, ...]] = field(default_factory=lambda: Probed(value=()))
 
     @property
     def num_gpus(self) -> int | None:
@@ -136,6 +139,19 @@ def loaded_cudnn() -> CudnnLibrary:
     )
 
 
+# What a CUDA library's file name starts with: libcudnn.so, libcublas.so, ..., libcuda.so.
+CUDA_PREFIXES = (*(cudalibs.soname_prefix(spec.soname) for spec in cudalibs.LIBRARIES),
+                 "libcuda.so")
+
+
+def mapped_cuda_libraries() -> tuple[str, ...]:
+    """Every CUDA library file this process has mapped, in LIBRARIES order."""
+    paths: list[str] = []
+    for prefix in CUDA_PREFIXES:
+        paths += [p for p in _mapped_libraries(prefix) if p not in paths]
+    return tuple(paths)
+
+
 def collect_in_process() -> TfFacts:
     """Import TensorFlow here and ask it. Never raises. The GPU selection must be applied."""
     environment = {k: os.environ[k] for k in VISIBILITY_VARIABLES if k in os.environ}
@@ -151,6 +167,7 @@ def collect_in_process() -> TfFacts:
         ),
         cudnn=probe(loaded_cudnn),
         environment=environment,
+        loaded=probe(mapped_cuda_libraries),
     )
 
 
@@ -167,6 +184,7 @@ def to_json(facts: TfFacts) -> str:
             "build": probed(facts.build),
             "gpus": probed(facts.gpus),
             "cudnn": probed(facts.cudnn),
+            "loaded": probed(facts.loaded),
             "environment": facts.environment,
         }
     )
@@ -194,6 +212,7 @@ def from_json(text: str) -> TfFacts:
         ),
         gpus=probed("gpus", tuple),
         cudnn=probed("cudnn", lambda v: CudnnLibrary(**v)),
+        loaded=probed("loaded", tuple) if "loaded" in data else Probed(value=()),
         environment=dict(data.get("environment", {})),
     )
 

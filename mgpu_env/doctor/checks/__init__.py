@@ -64,6 +64,7 @@ from mgpu_env.doctor.checks.gpus import (
     check_uniform,
     gpu_checks,
 )
+from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import (
     check_request,
@@ -80,6 +81,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_device_files,
     check_tf_build,
     check_cuda_libraries,
+    check_tf_libraries,
     check_cudnn,
     check_nccl,
     check_ptxas,
@@ -137,6 +139,7 @@ __all__ = [
     "check_stack",
     "check_tf_build",
     "check_tf_devices",
+    "check_tf_libraries",
     "check_topology",
     "check_uniform",
     "check_user",

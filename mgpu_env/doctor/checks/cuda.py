@@ -3,6 +3,8 @@ it will really open here (`mgpu_env.hardware.cudalibs`)."""
 
 from __future__ import annotations
 
+import os
+
 from mgpu_env.doctor.checks.common import (
     TF_NOT_PROBED,
     TF_SKIPPED,
@@ -96,6 +98,13 @@ def check_cudnn(facts: Facts) -> Check:
         return Check("tensorflow.cudnn", title, "error", found, expected, fix)
     problem = _cudnn_problem(facts)
     if problem:
+        wheel = facts.cuda.library("cudnn") if facts.cuda is not None else None
+        wheel_path = wheel.value.wheel if wheel is not None and wheel.ok and wheel.value else None
+        if wheel_path and os.path.realpath(wheel_path) != os.path.realpath(tf.cudnn.value.path):
+            from mgpu_env.doctor.checks.libraries import origin_of
+
+            what, fix = origin_of(tf.cudnn.value.path, facts)
+            problem += f", loaded from {what} instead of {wheel_path}"
         return Check("tensorflow.cudnn", title, "error", found + problem, expected, fix)
     return Check("tensorflow.cudnn", title, "ok", found, expected)
 
@@ -186,6 +195,13 @@ def check_cuda_libraries(facts: Facts) -> Check:
         return Check("cuda.libraries", title, "skip",
                      f"{found}; only GPUs need them; to add them: {fix}", expected,
                      skipped_for=no_gpu(facts))
+    from mgpu_env.doctor.checks.libraries import shadowed_libraries
+
+    shadows = shadowed_libraries(facts)
+    if shadows and any("undefined symbol" in (stack.library(n).error or "") for n in missing):
+        # Not a missing install: an older copy found first lacks its partner's symbols.
+        found += "; loaded first: " + ", ".join(f"{s.name} from {s.what}" for s in shadows)
+        fix = "; ".join(dict.fromkeys(s.fix for s in shadows))
     return Check("cuda.libraries", title, "error",
                  f"{found}: TensorFlow will not use the GPUs", expected, fix)
 

@@ -95,6 +95,20 @@ def expected_tf_gpus(facts: Facts) -> tuple[int, str] | None:
     return len(visible_gpus(preset, facts.gpus)), f"GPUS=all, CUDA_VISIBLE_DEVICES={preset!r}"
 
 
+def _root_cause(facts: Facts) -> tuple[str, str] | None:
+    """Why TensorFlow has fewer GPUs, from the probes nearest the cause: CUDA's own
+    initialisation, then the library files, then TensorFlow's log."""
+    from mgpu_env.doctor.checks.driver import driver_failure
+    from mgpu_env.doctor.checks.libraries import library_cause
+
+    api = facts.cuda_driver.value if facts.cuda_driver is not None else None
+    if api is not None and api.init_code not in (None, 0):
+        return driver_failure(facts, api.init_code, api.library)
+    tf = facts.tensorflow
+    return library_cause(facts) or (tflog.explain(tf.log) if tf is not None and tf.log
+                                    else None)
+
+
 def check_tf_devices(facts: Facts) -> Check:
     title = "TensorFlow GPUs"
     tf = facts.tensorflow
@@ -113,7 +127,7 @@ def check_tf_devices(facts: Facts) -> Check:
     if len(tf.gpus.value) == wanted[0]:
         return Check("visible.tensorflow", title, "ok", found, expected)
     info = tf.build.value if tf.build.ok else None
-    reason = tflog.explain(tf.log) if tf.log else None
+    reason = _root_cause(facts)
     if info is not None and not info.is_cuda_build:
         fix = "TensorFlow is a CPU-only build: see the TensorFlow build line"
     elif len(tf.gpus.value) < wanted[0]:
@@ -125,8 +139,9 @@ def check_tf_devices(facts: Facts) -> Check:
         fix = "unset CUDA_VISIBLE_DEVICES and choose the GPUs with GPUS=..."
     found = (f"TensorFlow lists {len(tf.gpus.value)} GPU(s) but {wanted[1]} asks for "
              f"{wanted[0]}; " + found)
-    if len(tf.gpus.value) < wanted[0] and tf.log:
-        found += "\nTensorFlow says: " + "\n  ".join(tf.log)
+    if len(tf.gpus.value) < wanted[0]:
+        if tf.log:
+            found += "\nTensorFlow says: " + "\n  ".join(tf.log)
         if reason:
             found += f"\ncause: {reason[0]}"
     return Check("visible.tensorflow", title, "error", found, expected, fix)
