@@ -134,6 +134,7 @@ def make_facts(
     cuda: CudaStack | None = None,
     xla: bool = False,
     cross_device_ops: str = "auto",
+    settings: Mapping[str, str] | None = None,
 ) -> Facts:
     """Facts from whatever NVML `nvml.load_library` gives (install a fake first)."""
     import pytest
@@ -144,7 +145,8 @@ def make_facts(
         return gather(
             resolve_settings({"GPUS": gpus_setting, "MIXED_PRECISION": mixed_precision,
                               "XLA": "1" if xla else "0",
-                              "CROSS_DEVICE_OPS": cross_device_ops}, {}),
+                              "CROSS_DEVICE_OPS": cross_device_ops, **(settings or {})},
+                             {}),
             dict(environ or {}),
             with_tensorflow=tf is not None,
             collect_tensorflow=(lambda env: tf) if tf is not None else None,  # type: ignore[arg-type,return-value]

@@ -69,3 +69,24 @@ def test_compute_modes(use_fake_nvml: Install, mode: int, processes: int,
     assert check.status == status
     if status == "error":
         assert "nvidia-smi -i 0 -c DEFAULT" in check.fix
+
+
+# ----------------------------------------------------- XLA judged by what the run does
+
+
+@pytest.mark.parametrize(("settings", "matters"), [
+    ({}, False), ({"XLA": "1"}, True), ({"KERAS": "2"}, True)])
+def test_xla_tools_matter_where_the_run_compiles_with_xla(
+    use_fake_nvml: Install, settings: dict[str, str], matters: bool
+) -> None:
+    """keras-team/keras#17422: tf_keras's optimizers need libdevice with XLA never asked."""
+    from tests.fake_doctor import cuda_stack
+
+    use_fake_nvml(fake_gpus([FakeGpu()]))
+    facts = make_facts("all", tf=tf_facts(1), cuda=cuda_stack(libdevice=False, ptxas=None),
+                       settings=settings)
+    checks = by_id(facts)
+    for check_id in ("cuda.libdevice", "cuda.ptxas"):
+        assert checks[check_id].status == ("warn" if matters else "skip"), checks[check_id]
+    if settings.get("KERAS") == "2":
+        assert "keras-team/keras#17422" in checks["cuda.libdevice"].found

@@ -256,16 +256,26 @@ def check_nccl(facts: Facts) -> Check:
                  "all-reduces through host memory instead (slower)", expected, fix)
 
 
-XLA_OFF = Skipped("XLA", "XLA=0: only XLA=1 (and `mgpu doctor --smoke`) needs them")
+XLA_OFF = Skipped("XLA", "XLA=0 with Keras 3: only XLA=1, tf_keras (KERAS=2, a multi-worker "
+                          "script) and `mgpu doctor --smoke` need them")
 
 
 def _xla_matters(facts: Facts) -> tuple[bool, str, Skipped | None]:
     """Whether XLA's GPU tools matter here, why, and the shared reason when they do not."""
     if not facts.selected:
         return False, "only GPUs need it (XLA on the CPU compiles with LLVM alone)", no_gpu(facts)
-    if not facts.xla:
-        return False, "only XLA=1 (and `mgpu doctor --smoke`) needs it", XLA_OFF
-    return True, "XLA=1 compiles every GPU step with it", None
+    if facts.xla:
+        return True, "XLA=1 compiles every GPU step with it", None
+    keras = facts.keras
+    if keras.train is not None and keras.train.version == "2":
+        return True, ("mgpu train's optimizer is tf_keras's, which compiles its update with "
+                      "XLA on GPUs even with XLA=0 (keras-team/keras#17422)"), None
+    if keras.run is not None and keras.run.version == "2":
+        why = ("a multi-worker `mgpu run` script gets tf_keras" if facts.cluster.cluster
+               else "a script under `mgpu run` gets tf_keras (KERAS=2)")
+        return True, (f"{why}, whose optimizers compile their update with XLA on GPUs even "
+                      "with XLA=0 (keras-team/keras#17422)"), None
+    return False, "only XLA=1 (and `mgpu doctor --smoke`) needs it", XLA_OFF
 
 
 def check_ptxas(facts: Facts) -> Check:
