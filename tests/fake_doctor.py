@@ -11,6 +11,7 @@ from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack, CudaTool, LoadedLibrary
+from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.hardware.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
 
@@ -97,6 +98,19 @@ def driver_api(
         device_count=device_count if init_code == 0 and library else None))
 
 
+def p2p_host(*, iommu_groups: int = 0, cmdline: str = "", hypervisor: bool = False,
+             acs: tuple[str, ...] = ()) -> P2pHost:
+    """What the host says about P2P: by default nothing in the way."""
+    return P2pHost(Probed(value=iommu_groups), Probed(value=cmdline), Probed(value=hypervisor),
+                   Probed(value=acs))
+
+
+def docker_gpu(*, runtimes: tuple[str, ...] = ("io.containerd.runc.v2", "nvidia", "runc"),
+               cdi: tuple[str, ...] = (), hook: str | None = None,
+               docker: str = "/usr/bin/docker") -> Probed[DockerGpu]:
+    return Probed(value=DockerGpu(runtimes, cdi, hook, docker))
+
+
 def healthy_host(**changes: object) -> HostFacts:
     values: dict[str, object] = {
         "in_container": Probed(value=True),
@@ -155,5 +169,14 @@ def make_facts(
 
 
 __all__ = [
-    "GIB", "cuda_stack", "driver_api", "healthy_host", "make_facts", "nvml", "tf_facts", "versions",
+    "GIB",
+    "cuda_stack",
+    "docker_gpu",
+    "driver_api",
+    "healthy_host",
+    "make_facts",
+    "nvml",
+    "p2p_host",
+    "tf_facts",
+    "versions",
 ]

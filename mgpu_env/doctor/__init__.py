@@ -232,13 +232,22 @@ def gather(
         tf_facts = (collect_tensorflow or tfprobe.collect)(child_environ)
         cuda = (collect_cuda or cudalibs.collect)(child_environ)
     settings = resolved.settings
+    host = probes.probe_host()
+    docker = None
+    if not host.in_container.value and probes.gpu_compose_selected(
+            environ, resolved.env_file_values):
+        docker = probes.probe_docker()
+    p2p = None
+    if selection is not None and len(selection.gpus) >= 2:
+        p2p = probes.probe_p2p(tuple(g.pci_bus_id.value for g in selection.gpus
+                                     if g.pci_bus_id.ok and g.pci_bus_id.value))
     return Facts(
         request=resolved.settings.gpus,
         nvml=snapshot,
         selection=selection,
         selection_error=selection_error,
         environ=probes.reported_environ(environ),
-        host=probes.probe_host(),
+        host=host,
         versions=probes.probe_versions(),
         tensorflow=tf_facts,
         mixed_precision=settings.mixed_precision,
@@ -250,6 +259,8 @@ def gather(
         keras=probes.probe_keras(settings, environ, resolved.env_file_values,
                                  multi_worker=cluster.cluster is not None),
         cuda_driver=cuda_driver,
+        docker=docker,
+        p2p=p2p,
     )
 
 

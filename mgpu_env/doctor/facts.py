@@ -18,11 +18,12 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import nvml
+from mgpu_env.hardware import hostfacts, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
+from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime.cluster import decide_cluster
@@ -132,6 +133,11 @@ class Facts:
     # CUDA's driver API (cuInit) in a child with the run's environment; None: not probed
     # (no GPU from NVML, GPUS=none, or the pre-flight).
     cuda_driver: Probed[DriverApi] | None = None
+    # Docker's way to give containers GPUs, asked on a host where the GPU compose file is
+    # selected (COMPOSE_FILE); None: not asked.
+    docker: Probed[DockerGpu] | None = None
+    # IOMMU, ACS, hypervisor: what can break P2P between GPUs; None: fewer than 2 GPUs.
+    p2p: P2pHost | None = None
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -197,6 +203,22 @@ def probe_nvidia_modules(path: Path = Path("/proc/modules")) -> Probed[tuple[str
         line.split()[0] for line in path.read_text().splitlines()
         if line.startswith("nvidia")
     )))
+
+
+GPU_COMPOSE_FILE = "docker-compose.gpu.yml"
+
+
+def gpu_compose_selected(environ: Mapping[str, str], env_file: Mapping[str, str]) -> bool:
+    """Whether COMPOSE_FILE (the environment's, else .env's) includes the GPU compose file."""
+    return GPU_COMPOSE_FILE in environ.get("COMPOSE_FILE", env_file.get("COMPOSE_FILE", ""))
+
+
+def probe_docker() -> Probed[DockerGpu]:
+    return hostfacts.docker_gpu_support()
+
+
+def probe_p2p(bus_ids: tuple[str, ...]) -> P2pHost:
+    return hostfacts.p2p_host(bus_ids)
 
 
 def probe_euid() -> Probed[int]:

@@ -64,6 +64,7 @@ from mgpu_env.doctor.checks.gpus import (
     check_uniform,
     gpu_checks,
 )
+from mgpu_env.doctor.checks.host import check_docker, check_p2p
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import (
@@ -92,6 +93,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_mixed_precision,
     check_uniform,
     check_topology,
+    check_p2p,
     check_request,
     check_visibility_env,
     check_tf_devices,
@@ -100,6 +102,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_stack,
     check_user,
     check_run_folder,
+    check_docker,
     check_cluster,
 )
 
@@ -123,6 +126,7 @@ __all__ = [
     "check_cuda_libraries",
     "check_cudnn",
     "check_device_files",
+    "check_docker",
     "check_driver_cuda",
     "check_driver_version",
     "check_gpu",
@@ -132,6 +136,7 @@ __all__ = [
     "check_mixed_precision",
     "check_nccl",
     "check_nvml",
+    "check_p2p",
     "check_ptxas",
     "check_request",
     "check_run_folder",
