@@ -15,6 +15,13 @@ from mgpu_env.doctor.checks.common import (
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat, cudaerrors
 
+FIX_NVML_LOST = (
+    "recreate the container (`docker compose up -d --force-recreate`, or stop and start it); "
+    "to keep it from recurring, on the host: `sudo nvidia-ctk system create-dev-char-symlinks "
+    "--create-all` (or Docker's `\"exec-opts\": [\"native.cgroupdriver=cgroupfs\"]`), as "
+    "NVIDIA/nvidia-container-toolkit#48 describes"
+)
+
 
 def check_nvml(facts: Facts) -> Check:
     snapshot = facts.nvml
@@ -37,9 +44,16 @@ def check_nvml(facts: Facts) -> Check:
                      skipped_for=no_gpu(facts))
     status: Status = "warn" if facts.request.kind == "all" else "error"
     consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
-    return Check(
-        "driver.nvml", title, status, found + consequence, "NVML loads", nvml_fix(facts)
-    )
+    fix = nvml_fix(facts)
+    files = facts.host.device_files.value or ()
+    if ("Unknown Error" in (listing.error or "") and facts.host.in_container.value
+            and "nvidiactl" in files):
+        # The container had its GPUs and lost them: systemd rewrote its cgroup's device
+        # rules (NVIDIA/nvidia-container-toolkit#48).
+        found += " (the container had the GPUs: it lost them, typically after `systemctl " \
+                 "daemon-reload` on the host)"
+        fix = FIX_NVML_LOST
+    return Check("driver.nvml", title, status, found + consequence, "NVML loads", fix)
 
 
 def check_driver_version(facts: Facts) -> Check:
