@@ -140,6 +140,10 @@ def build_site(
         if spec.name not in skip:
             build_cuda_library(site.wheel_lib(spec.name), spec.name,
                                (versions or {}).get(spec.name))
+    for name in skip:  # cuSPARSE's build makes the nvJitLink it links with: take it away
+        library = site.wheel_lib(name) / cudalibs.spec(name).soname
+        if library.exists():
+            library.unlink()
     if nvcc:
         tools = site.wheels / "cuda_nvcc"
         (tools / "bin").mkdir(parents=True)
