@@ -136,6 +136,10 @@ def render_smoke(smoke: SmokeResult, console: Console) -> None:
         table.add_row(Text(LABELS["error"], style=STYLES["error"]), "job",
                       f"{smoke.seconds:.2f} s", Text(smoke.error))
     print_trimmed(console, table)
+    for warning in smoke.warnings:
+        line = Text("WARN: ", style=STYLES["warn"])
+        line.append(warning)
+        console.print(line)
     for fix in smoke.failures:
         line = Text("fix: ", style=STYLES["error"])
         line.append(fix)

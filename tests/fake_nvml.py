@@ -28,6 +28,9 @@ class FakeGpu:
     architecture: int | None = None  # NVML_DEVICE_ARCH_*; None: from the compute capability
     compute_mode: int = 0  # NVML_COMPUTEMODE_DEFAULT
     processes: int = 0  # compute processes running on it
+    pcie: tuple[int, int] = (4, 16)  # max PCIe generation and width
+    nvlinks: int = 0  # active NVLinks
+    nvlink_version: int = 3
 
 
 # Compute capability major -> NVML_DEVICE_ARCH_* (7.5 is Turing, 8.9 Ada).
@@ -128,6 +131,26 @@ class FakeNvml:
         major, minor = gpu.compute_capability
         return 6 if (major, minor) == (7, 5) else 8 if (major, minor) == (8, 9) else \
             _ARCH_OF.get(major, 0xFFFFFFFF)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetMaxPcieLinkGeneration")
+        return gpu.pcie[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetMaxPcieLinkWidth")
+        return gpu.pcie[1]
+
+    def nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:
+        self._check("nvmlDeviceGetNvLinkState")
+        if link >= max(gpu.nvlinks, 1) or not gpu.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 1
+
+    def nvmlDeviceGetNvLinkVersion(self, gpu: FakeGpu, link: int) -> int:
+        self._check("nvmlDeviceGetNvLinkVersion")
+        if not gpu.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.nvlink_version
 
     def nvmlDeviceGetComputeMode(self, gpu: FakeGpu) -> int:
         self._check("nvmlDeviceGetComputeMode")

@@ -296,7 +296,7 @@ def diagnose(
         from mgpu_env.doctor import smoke as smoke_job
 
         runtime = _decide(resolved, environ, facts.nvml)
-        smoke_result = smoke_job.run(runtime, environ, smoke_timeout_s)
+        smoke_result = smoke_job.run(runtime, environ, smoke_timeout_s, p2p=facts.p2p)
     return Report(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)
 
 

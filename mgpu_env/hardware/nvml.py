@@ -74,6 +74,11 @@ class GpuInfo:
     # "exclusive_process"; and how many compute processes run on the GPU now.
     compute_mode: Probed[str] = field(default_factory=Probed)
     processes: Probed[int] = field(default_factory=Probed)
+    # The link class, for what an all-reduce should reach: PCIe (max generation, max width)
+    # and the active NVLinks with their version.
+    pcie_link: Probed[tuple[int, int]] = field(default_factory=Probed)
+    nvlinks: Probed[int] = field(default_factory=Probed)
+    nvlink_version: Probed[int] = field(default_factory=Probed)
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class GpuLink:
     p2p_read: Probed[bool]
     nvlink: Probed[bool]
 
+
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
 
 # nvmlDeviceGetArchitecture's numbers (nvml.h NVML_DEVICE_ARCH_*).
 ARCHITECTURES: dict[int, str] = {
@@ -159,6 +166,19 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         number = int(nvml.nvmlDeviceGetComputeMode(handle))
         return COMPUTE_MODES.get(number, f"mode {number}")
 
+    def pcie_link() -> tuple[int, int]:
+        return (int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
+                int(nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)))
+
+    def nvlinks() -> int:
+        active = 0
+        for link in range(NVLINK_MAX_LINKS):
+            try:
+                active += int(nvml.nvmlDeviceGetNvLinkState(handle, link)) == 1
+            except Exception:  # past the GPU's last link, or no NVLink at all
+                break
+        return active
+
     name = probe(lambda: _text(nvml.nvmlDeviceGetName(handle)))
     uuid = probe(lambda: _text(nvml.nvmlDeviceGetUUID(handle)))
     return GpuInfo(
@@ -173,6 +193,9 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         architecture=probe(architecture),
         compute_mode=probe(compute_mode),
         processes=probe(lambda: len(nvml.nvmlDeviceGetComputeRunningProcesses(handle))),
+        pcie_link=probe(pcie_link),
+        nvlinks=probe(nvlinks),
+        nvlink_version=probe(lambda: int(nvml.nvmlDeviceGetNvLinkVersion(handle, 0))),
     )
 
 
