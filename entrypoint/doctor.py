@@ -104,13 +104,16 @@ def print_wrapped(console: Console, lead: Text, text: str) -> None:
     """`lead` then `text`, wrapped under it without splitting a path or a command."""
     width = max(console.width - len(lead), NARROW_FOUND)
     lines = wrap_whole(text, width)
+    # Every line is a Text, never a str: rich would read `[and-cuda]` in a fix as markup and
+    # drop it, and the fix on screen must be the fix in --json, character for character.
     console.print(lead.copy().append(lines[0]), soft_wrap=True)
     for line in lines[1:]:
-        console.print(" " * len(lead) + line, soft_wrap=True, highlight=False)
+        console.print(Text(" " * len(lead) + line), soft_wrap=True, highlight=False)
 
 
 def exit_code(report: Report, strict: bool) -> int:
-    """2: a setting does not fit the machine; 1: an error (or a warning with --strict), or
+    """2: a setting does not fit the machine (GPUS, an impossible MIXED_PRECISION, KERAS,
+    the cluster); 1: an error (or a warning with --strict), or
     the smoke job failed."""
     if report.bad_settings:
         return EXIT_BAD_CONFIG
@@ -127,12 +130,16 @@ def render_smoke(smoke: SmokeResult, console: Console) -> None:
     table.add_column("Found", overflow="fold")
     for step in smoke.steps:
         status = "ok" if step.ok else "error"
-        table.add_row(Text(LABELS[status], style=STYLES[status]), step.name,
-                      f"{step.seconds:.2f} s", step.detail)
+        table.add_row(Text(LABELS[status], style=STYLES[status]), Text(step.name),
+                      f"{step.seconds:.2f} s", Text(step.detail))
     if smoke.error:
         table.add_row(Text(LABELS["error"], style=STYLES["error"]), "job",
-                      f"{smoke.seconds:.2f} s", smoke.error)
+                      f"{smoke.seconds:.2f} s", Text(smoke.error))
     print_trimmed(console, table)
+    for warning in smoke.warnings:
+        line = Text("WARN: ", style=STYLES["warn"])
+        line.append(warning)
+        console.print(line)
     for fix in smoke.failures:
         line = Text("fix: ", style=STYLES["error"])
         line.append(fix)
@@ -191,7 +198,7 @@ def render(report: Report, console: Console, strict: bool, verbose: bool = False
     if strict and warnings:
         summary += " (--strict: warnings count as errors)"
     if report.bad_settings:
-        summary += "; GPUS does not fit this machine (exit 2)"
+        summary += "; a setting does not fit this machine (exit 2)"
     if folded:
         summary += f"; --verbose lists the {folded} skipped checks one by one"
     print_wrapped(console, Text(""), summary)
@@ -325,7 +332,8 @@ def render_markdown(report: BugReport) -> str:
         lines += ["", "### Environment", "```",
                   *[f"{name}={value}" for name, value in report.environment.items()], "```"]
     if report.problems:
-        lines += ["", "### Findings", *[f"- {status.upper()} {title}: {found}"
+        lines += ["", "### Findings", *[f"- {status.upper()} {title}: "
+                                        + found.replace("\n", " | ")
                                         for status, title, found in report.problems]]
     lines += ["", "</details>"]
     return "\n".join(lines)

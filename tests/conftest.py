@@ -67,6 +67,19 @@ def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     # NCCL loads wherever GPUs are selected, as in the image (tests of the probe itself call
     # cudalibs.nccl_loadable directly).
     monkeypatch.setattr(runtime, "nccl_available", lambda gpus: bool(gpus))
+    # CUDA's driver API initialises wherever NVML lists GPUs (tests of the probe itself, and
+    # the catalogue of real failures, use fake libcuda.so.1 files built with gcc).
+    from mgpu_env.hardware import cudadriver
+    from tests.support.fake_doctor import driver_api
+
+    monkeypatch.setattr(cudadriver, "collect", lambda environ, timeout_s=0: driver_api(environ))
+    # A host that leaves P2P alone (no IOMMU translating, no ACS, no hypervisor), and a Docker
+    # with the NVIDIA runtime: the tests of those probes give them a fake /sys or answers.
+    from mgpu_env.doctor import facts as doctor_facts
+    from tests.support.fake_doctor import docker_gpu, p2p_host
+
+    monkeypatch.setattr(doctor_facts, "probe_p2p", lambda bus_ids: p2p_host())
+    monkeypatch.setattr(doctor_facts, "probe_docker", lambda: docker_gpu())
 
 
 @pytest.fixture

@@ -44,9 +44,11 @@ from mgpu_env.doctor.checks import (
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.doctor.smoke import SmokeResult
-from mgpu_env.hardware import compat, cudalibs, hostgpus, nvml, tfprobe
+from mgpu_env.hardware import compat, cudadriver, cudalibs, hostgpus, nvml, tfprobe
+from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
+from mgpu_env.hardware.nvml import Probed
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime, build_runtime
 from mgpu_env.runtime.cluster import peers
@@ -207,6 +209,7 @@ def gather(
     with_tensorflow: bool = True,
     collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
     collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
+    collect_driver: Callable[[Mapping[str, str]], Probed[DriverApi]] | None = None,
 ) -> Facts:
     """Run every probe once. NVML and the host take milliseconds; TensorFlow seconds.
 
@@ -220,18 +223,31 @@ def gather(
     selection, selection_error = _selection_of(runtime, resolved, snapshot, environ)
     tf_facts = None
     cuda = None
+    child_environ = _environment_for_tensorflow(runtime, environ)
+    cuda_driver = None
+    if resolved.settings.gpus.kind != "none" and snapshot.listing.gpus:
+        # Milliseconds: a child that loads libcuda.so.1 and calls cuInit, also with --no-tf.
+        cuda_driver = (collect_driver or cudadriver.collect)(child_environ)
     if with_tensorflow:
-        child_environ = _environment_for_tensorflow(runtime, environ)
         tf_facts = (collect_tensorflow or tfprobe.collect)(child_environ)
         cuda = (collect_cuda or cudalibs.collect)(child_environ)
     settings = resolved.settings
+    host = probes.probe_host()
+    docker = None
+    if not host.in_container.value and probes.gpu_compose_selected(
+            environ, resolved.env_file_values):
+        docker = probes.probe_docker()
+    p2p = None
+    if selection is not None and len(selection.gpus) >= 2:
+        p2p = probes.probe_p2p(tuple(g.pci_bus_id.value for g in selection.gpus
+                                     if g.pci_bus_id.ok and g.pci_bus_id.value))
     return Facts(
         request=resolved.settings.gpus,
         nvml=snapshot,
         selection=selection,
         selection_error=selection_error,
         environ=probes.reported_environ(environ),
-        host=probes.probe_host(),
+        host=host,
         versions=probes.probe_versions(),
         tensorflow=tf_facts,
         mixed_precision=settings.mixed_precision,
@@ -242,6 +258,9 @@ def gather(
         run_folder=probes.probe_run_folder(settings),
         keras=probes.probe_keras(settings, environ, resolved.env_file_values,
                                  multi_worker=cluster.cluster is not None),
+        cuda_driver=cuda_driver,
+        docker=docker,
+        p2p=p2p,
     )
 
 
@@ -277,7 +296,7 @@ def diagnose(
         from mgpu_env.doctor import smoke as smoke_job
 
         runtime = _decide(resolved, environ, facts.nvml)
-        smoke_result = smoke_job.run(runtime, environ, smoke_timeout_s)
+        smoke_result = smoke_job.run(runtime, environ, smoke_timeout_s, p2p=facts.p2p)
     return Report(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)
 
 

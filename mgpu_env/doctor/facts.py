@@ -18,10 +18,12 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import hostgpus, nvml
+from mgpu_env.hardware import hostfacts, hostgpus, nvml
+from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
+from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime.cluster import decide_cluster
@@ -50,6 +52,10 @@ REPORTED_VARIABLES = (
     "NCCL_DEBUG",
     "TF_FORCE_GPU_ALLOW_GROWTH",
     LEGACY_VARIABLE,
+    # Where the dynamic loader looks first, and a conda environment that may have set it.
+    "LD_LIBRARY_PATH",
+    "CONDA_PREFIX",
+    "COMPOSE_FILE",  # docker-compose.gpu.yml selected on a host: Docker must have the runtime
 )
 # Distributions whose versions the report lists, by display name.
 DISTRIBUTIONS = {
@@ -80,6 +86,8 @@ class HostFacts:
     stack: Probed[tuple[int, int]] = field(default_factory=Probed)
     # /dev/dxg: WSL2's GPU device; there the GPU comes without any /dev/nvidia* file.
     wsl_gpu: Probed[bool] = field(default_factory=lambda: Probed(value=False))
+    # The NVIDIA kernel modules loaded (/proc/modules: the host's, also from a container).
+    nvidia_modules: Probed[tuple[str, ...]] = field(default_factory=Probed)
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,14 @@ class Facts:
     cluster: ClusterFacts = field(default_factory=ClusterFacts)
     run_folder: FolderAccess | None = None  # None: not probed (the pre-flight)
     keras: KerasFacts = field(default_factory=KerasFacts)
+    # CUDA's driver API (cuInit) in a child with the run's environment; None: not probed
+    # (no GPU from NVML, GPUS=none, or the pre-flight).
+    cuda_driver: Probed[DriverApi] | None = None
+    # Docker's way to give containers GPUs, asked on a host where the GPU compose file is
+    # selected (COMPOSE_FILE); None: not asked.
+    docker: Probed[DockerGpu] | None = None
+    # IOMMU, ACS, hypervisor: what can break P2P between GPUs; None: fewer than 2 GPUs.
+    p2p: P2pHost | None = None
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -185,6 +201,30 @@ def probe_wsl_gpu(dev: Path = Path("/dev")) -> Probed[bool]:
     return probe(lambda: (dev / "dxg").exists())
 
 
+def probe_nvidia_modules(path: Path = Path("/proc/modules")) -> Probed[tuple[str, ...]]:
+    """The loaded kernel modules whose name starts with nvidia (nvidia, nvidia_uvm, ...)."""
+    return probe(lambda: tuple(sorted(
+        line.split()[0] for line in path.read_text().splitlines()
+        if line.startswith("nvidia")
+    )))
+
+
+GPU_COMPOSE_FILE = "docker-compose.gpu.yml"
+
+
+def gpu_compose_selected(environ: Mapping[str, str], env_file: Mapping[str, str]) -> bool:
+    """Whether COMPOSE_FILE (the environment's, else .env's) includes the GPU compose file."""
+    return GPU_COMPOSE_FILE in environ.get("COMPOSE_FILE", env_file.get("COMPOSE_FILE", ""))
+
+
+def probe_docker() -> Probed[DockerGpu]:
+    return hostfacts.docker_gpu_support()
+
+
+def probe_p2p(bus_ids: tuple[str, ...]) -> P2pHost:
+    return hostfacts.p2p_host(bus_ids)
+
+
 def probe_euid() -> Probed[int]:
     return probe(os.geteuid)
 
@@ -199,6 +239,7 @@ def probe_host() -> HostFacts:
         euid=probe_euid(),
         stack=probe_stack(),
         wsl_gpu=probe_wsl_gpu(),
+        nvidia_modules=probe_nvidia_modules(),
     )
 
 

@@ -240,6 +240,8 @@ def _tensorflow(report: Report) -> dict[str, str]:
     out["GPUs TensorFlow lists"] = (
         str(len(tf.gpus.value)) if tf.gpus.ok and tf.gpus.value is not None else tf.gpus.text()
     )
+    if tf.log:
+        out["TensorFlow's log"] = " | ".join(tf.log)
     return out
 
 

@@ -15,16 +15,22 @@ child prints one JSON line. `run` never raises: a failure is a `SmokeResult` wit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import mgpu_env.doctor.links as links
+from mgpu_env.doctor.checks.host import FIX_P2P, FIX_P2P_VM
+from mgpu_env.hardware import tflog
+from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.runtime import Execution, Runtime
 
 JSON_MARKER = "MGPU_SMOKE_JSON "
@@ -42,8 +48,8 @@ FIX_HANG = (
     "try NCCL_P2P_DISABLE=1, or CROSS_DEVICE_OPS=hierarchical_copy"
 )
 FIX_SETUP = (
-    "TensorFlow could not set up the selected devices: see the driver and CUDA lines of "
-    "`mgpu doctor`, and `TF_CPP_MIN_LOG_LEVEL=0 mgpu doctor --smoke` for TensorFlow's reason"
+    "TensorFlow could not set up the selected devices: see TensorFlow's own reason above "
+    "and the driver and CUDA lines of `mgpu doctor`"
 )
 FIX_ALL_REDUCE = {
     "nccl": "NCCL_DEBUG=INFO mgpu doctor --smoke shows NCCL's reason; see the NCCL and "
@@ -65,11 +71,13 @@ FIX_MATMUL = "the chosen precision computes wrongly here: see the Mixed precisio
 class SmokeStep:
     """One part of the job: what it did, how long it took (compilation included)."""
 
-    name: str  # setup, all-reduce, xla, matmul
+    name: str  # setup, copies, all-reduce, bandwidth, xla, matmul
     ok: bool
     seconds: float
     detail: str
     fix: str = ""
+    # bandwidth: (bytes per replica, bus bandwidth in GB/s) at each message size
+    values: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,9 @@ class SmokeResult:
     seconds: float = 0.0
     error: str | None = None
     fix: str = ""
+    # What passed but is off: a bus bandwidth far under the link class's, with its cause.
+    warnings: tuple[str, ...] = ()
+    hung_in: str = ""  # the phase that made no progress (a copy, the all-reduce, ...)
 
     @property
     def failures(self) -> list[str]:
@@ -109,12 +120,57 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+def _wait(process: subprocess.Popen[str], timeout: float, phase_timeout: float
+          ) -> tuple[str, str, str | None]:
+    """The child's stdout and stderr; the phase it hung in (None: it finished). A phase
+    between devices (a copy, the all-reduce, a bandwidth size) without progress for
+    `phase_timeout`, or the whole job past `timeout`, is stopped."""
+    out: list[str] = []
+    err: list[str] = []
+    state: dict[str, Any] = {"phase": "", "since": time.monotonic()}
+
+    def read_err() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            err.append(line)
+            if line.startswith(links.PHASE_MARKER):
+                state.update(phase=line[len(links.PHASE_MARKER):].strip(),
+                             since=time.monotonic())
+
+    def read_out() -> None:
+        assert process.stdout is not None
+        out.append(process.stdout.read())
+
+    readers = [threading.Thread(target=read_err, daemon=True),
+               threading.Thread(target=read_out, daemon=True)]
+    for reader in readers:
+        reader.start()
+    start = time.monotonic()
+    hung = None
+    while process.poll() is None:
+        now = time.monotonic()
+        watched = str(state["phase"]).startswith(("copy", "all-reduce", "bandwidth"))
+        if now - start > timeout or (watched and now - float(state["since"]) > phase_timeout):
+            hung = str(state["phase"]) or "start"
+            _kill_group(process)
+            break
+        time.sleep(0.05)
+    process.wait()
+    for reader in readers:
+        reader.join(timeout=5)
+    return "".join(out), "".join(err), hung
+
+
 def run(
-    runtime: Runtime | None, environ: Mapping[str, str], timeout_s: float | None = None
+    runtime: Runtime | None, environ: Mapping[str, str], timeout_s: float | None = None,
+    *, p2p: P2pHost | None = None, phase_timeout_s: float | None = None,
 ) -> SmokeResult:
     """Run the smoke job in a child with the runtime's environment and decisions, and wait
-    at most the timeout. `runtime` None: the settings could not make one. Never raises."""
+    at most the timeout (a phase between devices at most `phase_timeout_s` without
+    progress); `p2p`: the host's P2P facts, for the likely cause of a hang or a slow link.
+    `runtime` None: the settings could not make one. Never raises."""
     timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    phase_timeout = links.PHASE_TIMEOUT_S if phase_timeout_s is None else phase_timeout_s
     if runtime is None:
         return failed(
             "not run: the settings do not fit this machine",
@@ -122,6 +178,9 @@ def run(
         )
     env = dict(environ)
     runtime.apply(env)
+    # TensorFlow's whole log comes back on the child's stderr; `tflog` keeps its reason.
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    env["MGPU_DEBUG"] = "1"
     start = time.perf_counter()
     try:
         process = subprocess.Popen(
@@ -131,26 +190,56 @@ def run(
         )
     except OSError as err:
         return failed(f"could not start Python: {err}", FIX_SETUP)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(process)
-        process.communicate()
-        return failed(
-            f"the smoke job did not finish within {timeout:g} s (stopped)",
-            FIX_HANG.format(timeout=timeout), time.perf_counter() - start,
-        )
+    stdout, stderr, hung = _wait(process, timeout, phase_timeout)
+    if hung is not None:
+        cause = links.hang_cause(hung, p2p)
+        if not cause:
+            return failed(f"the smoke job did not finish within {timeout:g} s (stopped)",
+                          FIX_HANG.format(timeout=timeout), time.perf_counter() - start)
+        vm = p2p is not None and bool(p2p.hypervisor.value)
+        return dataclasses.replace(failed(
+            f"the smoke job hung in {hung} (no progress for {phase_timeout:g} s; stopped): "
+            f"likely {cause}", FIX_P2P_VM if vm else FIX_P2P, time.perf_counter() - start,
+        ), hung_in=hung)
     elapsed = time.perf_counter() - start
+    reason = tflog.relevant_lines(stderr or "")
     for line in reversed(stdout.splitlines()):
         if line.startswith(JSON_MARKER):
             try:
-                return from_json(line.removeprefix(JSON_MARKER))
+                result = _with_reason(from_json(line.removeprefix(JSON_MARKER)), reason)
+                return _judge_bandwidth(result, runtime, p2p)
             except (ValueError, KeyError, TypeError) as err:
                 return failed(f"unreadable answer from the smoke job: {err}", FIX_SETUP, elapsed)
-    tail = " | ".join(stderr.strip().splitlines()[-3:]) or "no output"
+    tail = " | ".join(reason or stderr.strip().splitlines()[-3:]) or "no output"
     return failed(
         f"the smoke job exited with code {process.returncode}: {tail}", FIX_SETUP, elapsed
     )
+
+
+def _judge_bandwidth(result: SmokeResult, runtime: Runtime, p2p: P2pHost | None
+                     ) -> SmokeResult:
+    """A bus bandwidth far under the GPUs' link class becomes a warning with its cause."""
+    step = next((s for s in result.steps if s.name == "bandwidth" and s.ok), None)
+    if step is None or not step.values or result.device_type != "GPU":
+        return result
+    expected = links.expected_bandwidth(runtime.selection.gpus, runtime.nvml.links)
+    if expected is None:
+        return result
+    warning = links.shortfall(step.values[-1][1], expected, p2p)
+    return dataclasses.replace(result, warnings=(warning,)) if warning else result
+
+
+def _with_reason(result: SmokeResult, reason: tuple[str, ...]) -> SmokeResult:
+    """A failed setup step gets TensorFlow's own reason (its relevant log lines)."""
+    if not reason:
+        return result
+    steps = tuple(
+        dataclasses.replace(step, detail=f"{step.detail}; TensorFlow says: "
+                            + " | ".join(reason))
+        if step.name == "setup" and not step.ok else step
+        for step in result.steps
+    )
+    return dataclasses.replace(result, steps=steps)
 
 
 def to_json(result: SmokeResult) -> str:
@@ -159,7 +248,10 @@ def to_json(result: SmokeResult) -> str:
 
 def from_json(text: str) -> SmokeResult:
     data = json.loads(text)
-    data["steps"] = tuple(SmokeStep(**step) for step in data["steps"])
+    data["steps"] = tuple(
+        SmokeStep(**{**step, "values": tuple(tuple(v) for v in step.get("values", ()))})
+        for step in data["steps"])
+    data["warnings"] = tuple(data.get("warnings", ()))
     data["devices"] = tuple(data["devices"])
     return SmokeResult(**data)
 
@@ -227,7 +319,22 @@ def run_in_process(execution: Execution) -> SmokeResult:
         )
 
     fix = FIX_ALL_REDUCE.get(plan.cross_device_ops, FIX_ALL_REDUCE[""])
+    if plan.local_replicas >= 2:
+        job.step("copies", fix, lambda: links.copy_pairs(tf, plan.devices))
+    links.phase("all-reduce")
     job.step("all-reduce", fix, all_reduce)
+    if plan.local_replicas >= 2:
+        measured: dict[str, Any] = {}
+
+        def bandwidth() -> tuple[bool, str]:
+            ok, detail, values = links.bandwidth(tf, strategy, plan.local_replicas,
+                                                 plan.device_type)
+            measured["values"] = values
+            return ok, detail
+
+        if job.step("bandwidth", fix, bandwidth):
+            job.steps[-1] = dataclasses.replace(job.steps[-1], values=measured["values"])
+    links.phase("xla")
 
     def xla() -> tuple[bool, str]:
         import numpy as np
@@ -263,6 +370,7 @@ def run_in_process(execution: Execution) -> SmokeResult:
             f"{error:.1e} (at most {TOLERANCE.get(dtype, 1e-2):g})"
         )
 
+    links.phase("matmul")
     job.step("matmul", FIX_MATMUL, matmul)
     return _result(job, start, setup, execution)
 
@@ -276,7 +384,8 @@ def _result(
 ) -> SmokeResult:
     plan = execution.strategy
     return SmokeResult(
-        ok=bool(job.steps) and all(s.ok for s in job.steps) and len(job.steps) == 4,
+        ok=bool(job.steps) and all(s.ok for s in job.steps)
+        and job.steps[-1].name == "matmul",
         steps=tuple(job.steps),
         devices=tuple(_short(d) for d in plan.devices),
         device_type=plan.device_type,

@@ -88,6 +88,9 @@ class LoadedLibrary:
     path: str
     source: str  # "LD_LIBRARY_PATH", "wheel", "system", "already loaded"
     version: str | None = None  # cudart "12.5", cuDNN "9.3.0", NCCL "2.27.7"
+    # The file of the NVIDIA wheel TensorFlow's RUNPATH points to, when it exists: what
+    # should have loaded (None: no wheel installed).
+    wheel: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ class CudaStack:
     ptxas: Probed[CudaTool] = field(default_factory=Probed)
     libdevice: Probed[str] = field(default_factory=Probed)  # path of libdevice.10.bc
     wheel_root: str = ""  # site-packages/nvidia, where the NVIDIA wheels go
+    # DT_RUNPATH (or DT_RPATH) of TensorFlow's libtensorflow_framework.so.2: where its dlopen
+    # looks after LD_LIBRARY_PATH (tensorflow#63362: 2.16's missed the NVIDIA wheels).
+    tensorflow_runpath: Probed[str] = field(default_factory=Probed)
 
     def library(self, name: str) -> Probed[LoadedLibrary]:
         return self.libraries.get(name, Probed(error="not probed"))
@@ -141,7 +147,7 @@ def mapped_libraries(prefix: str) -> list[str]:
     return paths
 
 
-def _soname_prefix(soname: str) -> str:
+def soname_prefix(soname: str) -> str:
     return soname.split(".so")[0] + ".so"  # libcudnn.so.9 -> libcudnn.so
 
 
@@ -151,6 +157,45 @@ def _soname_prefix(soname: str) -> str:
 def load_library(path: str) -> Any:
     """dlopen `path` globally, as TensorFlow's loader does. Replaced in tests."""
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+TF_FRAMEWORK = "libtensorflow_framework.so.2"
+_DT_RPATH, _DT_RUNPATH, _DT_STRTAB = 15, 29, 5
+
+
+def elf_runpath(path: Path) -> str:
+    """DT_RUNPATH (else DT_RPATH) of a 64-bit little-endian ELF shared object, as
+    `readelf -d` shows it ("" when it has none). Raises OSError/ValueError."""
+    import struct
+
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path} is not a 64-bit little-endian ELF file")
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads, dynamic = [], None
+    for i in range(phnum):
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, phoff + i * phentsize)
+        if p_type == 1:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None:
+        raise ValueError(f"{path} has no dynamic section")
+    entries: dict[int, int] = {}
+    for offset in range(dynamic[0], dynamic[0] + dynamic[1], 16):
+        tag, value = struct.unpack_from("<qQ", data, offset)
+        if tag == 0:
+            break
+        entries.setdefault(tag, value)
+    which = entries.get(_DT_RUNPATH, entries.get(_DT_RPATH))
+    if which is None:
+        return ""
+    strtab = entries[_DT_STRTAB]
+    base = next(o + strtab - v for v, o, size in loads if v <= strtab < v + size)
+    end = data.index(b"\0", base + which)
+    return data[base + which:end].decode()
 
 
 def decode_cudnn_version(encoded: int) -> str:
@@ -203,7 +248,7 @@ def probe_library(
     """Find and load one library where TensorFlow would; never raises."""
     environ = os.environ if environ is None else environ
     root = wheel_root() if root is None else root
-    mapped = mapped_libraries(_soname_prefix(library.soname))
+    mapped = mapped_libraries(soname_prefix(library.soname))
     candidates = [(path, "already loaded") for path in mapped] + library_candidates(
         library, environ, root
     )
@@ -217,8 +262,10 @@ def probe_library(
         version = probe(lambda h=handle: library_version(library.name, h))  # type: ignore[misc]
         path = target
         if source == "system":  # report the file the loader chose, not the bare soname
-            path = next(iter(mapped_libraries(_soname_prefix(library.soname))), target)
-        return Probed(value=LoadedLibrary(path, source, version.value if version.ok else None))
+            path = next(iter(mapped_libraries(soname_prefix(library.soname))), target)
+        wheel = root / library.package / "lib" / library.soname
+        return Probed(value=LoadedLibrary(path, source, version.value if version.ok else None,
+                                          str(wheel) if wheel.exists() else None))
     if len(tried) == 1 and "No such file" in tried[0]:  # no candidate file anywhere
         return Probed(
             error=f"{library.soname} is not in LD_LIBRARY_PATH, "
@@ -254,6 +301,7 @@ def collect_in_process(environ: Mapping[str, str] | None = None) -> CudaStack:
         ptxas=probe(lambda: find_ptxas(environ, tf_dir)),
         libdevice=probe(lambda: find_libdevice(environ, tf_dir)),
         wheel_root=str(root_path),
+        tensorflow_runpath=probe(lambda: elf_runpath(tf_dir / TF_FRAMEWORK)),
     )
 
 
@@ -284,6 +332,7 @@ def to_json(stack: CudaStack) -> str:
             "ptxas": _probed_json(stack.ptxas),
             "libdevice": _probed_json(stack.libdevice),
             "wheel_root": stack.wheel_root,
+            "tensorflow_runpath": _probed_json(stack.tensorflow_runpath),
         }
     )
 
@@ -297,6 +346,9 @@ def from_json(text: str) -> CudaStack:
         ptxas=_probed_from(data["ptxas"], lambda d: CudaTool(**d)),
         libdevice=_probed_from(data["libdevice"], str),
         wheel_root=str(data.get("wheel_root", "")),
+        tensorflow_runpath=_probed_from(data["tensorflow_runpath"],
+                                        lambda v: None if v is None else str(v))
+        if "tensorflow_runpath" in data else Probed(error="not probed"),
     )
 
 

@@ -68,6 +68,17 @@ class GpuInfo:
     memory_free_mib: Probed[int] = field(default_factory=Probed)
     compute_capability: Probed[tuple[int, int]] = field(default_factory=Probed)
     mig_enabled: Probed[bool] = field(default_factory=Probed)
+    # nvmlDeviceGetArchitecture as a name: "Turing", "Ampere", "Blackwell", ...
+    architecture: Probed[str] = field(default_factory=Probed)
+    # nvmlDeviceGetComputeMode: "default", "exclusive_thread", "prohibited",
+    # "exclusive_process"; and how many compute processes run on the GPU now.
+    compute_mode: Probed[str] = field(default_factory=Probed)
+    processes: Probed[int] = field(default_factory=Probed)
+    # The link class, for what an all-reduce should reach: PCIe (max generation, max width)
+    # and the active NVLinks with their version.
+    pcie_link: Probed[tuple[int, int]] = field(default_factory=Probed)
+    nvlinks: Probed[int] = field(default_factory=Probed)
+    nvlink_version: Probed[int] = field(default_factory=Probed)
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,17 @@ class GpuLink:
     p2p_read: Probed[bool]
     nvlink: Probed[bool]
 
+
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+
+# nvmlDeviceGetArchitecture's numbers (nvml.h NVML_DEVICE_ARCH_*).
+ARCHITECTURES: dict[int, str] = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada",
+    9: "Hopper", 10: "Blackwell", 13: "Rubin",
+}
+COMPUTE_MODES: dict[int, str] = {
+    0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process",
+}
 
 # NVML's topology levels, nearest first, with the words nvidia-smi topo -m uses.
 TOPOLOGY_NAMES: dict[int, str] = {
@@ -136,6 +158,27 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         current, _pending = nvml.nvmlDeviceGetMigMode(handle)
         return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
 
+    def architecture() -> str:
+        number = int(nvml.nvmlDeviceGetArchitecture(handle))
+        return ARCHITECTURES.get(number, f"architecture {number}")
+
+    def compute_mode() -> str:
+        number = int(nvml.nvmlDeviceGetComputeMode(handle))
+        return COMPUTE_MODES.get(number, f"mode {number}")
+
+    def pcie_link() -> tuple[int, int]:
+        return (int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
+                int(nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)))
+
+    def nvlinks() -> int:
+        active = 0
+        for link in range(NVLINK_MAX_LINKS):
+            try:
+                active += int(nvml.nvmlDeviceGetNvLinkState(handle, link)) == 1
+            except Exception:  # past the GPU's last link, or no NVLink at all
+                break
+        return active
+
     name = probe(lambda: _text(nvml.nvmlDeviceGetName(handle)))
     uuid = probe(lambda: _text(nvml.nvmlDeviceGetUUID(handle)))
     return GpuInfo(
@@ -147,6 +190,12 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         memory_free_mib=probe(lambda: memory("free")),
         compute_capability=probe(compute_capability),
         mig_enabled=probe(mig_enabled),
+        architecture=probe(architecture),
+        compute_mode=probe(compute_mode),
+        processes=probe(lambda: len(nvml.nvmlDeviceGetComputeRunningProcesses(handle))),
+        pcie_link=probe(pcie_link),
+        nvlinks=probe(nvlinks),
+        nvlink_version=probe(lambda: int(nvml.nvmlDeviceGetNvLinkVersion(handle, 0))),
     )
 
 

@@ -10,6 +10,7 @@ TensorFlow anyway, calls `collect_in_process` directly. Tests replace `collect`.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpu_env.hardware import cudalibs
+from mgpu_env.hardware import cudalibs, tflog
 from mgpu_env.hardware.cudalibs import (  # cudalibs decodes every library's version
     decode_cudnn_version as decode_cudnn_version,
 )
@@ -62,13 +63,21 @@ class TfFacts:
     cudnn: Probed[CudnnLibrary] = field(default_factory=Probed)
     # The visibility variables the probe ran with (absent: not set).
     environment: dict[str, str] = field(default_factory=dict)
+    # TensorFlow's own reason, when the probe ran in a child: the relevant lines it wrote on
+    # stderr (cuInit, dlopen, "Cannot dlopen" first; `tflog.relevant_lines`).
+    log: tuple[str, ...] = ()
+    # The CUDA library files mapped into TensorFlow's process after it listed its GPUs
+    # (/proc/self/maps): the ones it really loaded, wherever the loader found them.
+    loaded: Probed[tuple[str, ...]] = field(default_factory=lambda: Probed(value=()))
 
     @property
     def num_gpus(self) -> int | None:
         return len(self.gpus.value) if self.gpus.ok and self.gpus.value is not None else None
 
 
-def failed(reason: str, environment: Mapping[str, str] | None = None) -> TfFacts:
+def failed(
+    reason: str, environment: Mapping[str, str] | None = None, log: tuple[str, ...] = ()
+) -> TfFacts:
     """Facts that say every TensorFlow probe failed for `reason`."""
     return TfFacts(
         version=Probed(error=reason),
@@ -76,6 +85,7 @@ def failed(reason: str, environment: Mapping[str, str] | None = None) -> TfFacts
         gpus=Probed(error=reason),
         cudnn=Probed(error=reason),
         environment=dict(environment or {}),
+        log=log,
     )
 
 
@@ -129,6 +139,19 @@ def loaded_cudnn() -> CudnnLibrary:
     )
 
 
+# What a CUDA library's file name starts with: libcudnn.so, libcublas.so, ..., libcuda.so.
+CUDA_PREFIXES = (*(cudalibs.soname_prefix(spec.soname) for spec in cudalibs.LIBRARIES),
+                 "libcuda.so")
+
+
+def mapped_cuda_libraries() -> tuple[str, ...]:
+    """Every CUDA library file this process has mapped, in LIBRARIES order."""
+    paths: list[str] = []
+    for prefix in CUDA_PREFIXES:
+        paths += [p for p in _mapped_libraries(prefix) if p not in paths]
+    return tuple(paths)
+
+
 def collect_in_process() -> TfFacts:
     """Import TensorFlow here and ask it. Never raises. The GPU selection must be applied."""
     environment = {k: os.environ[k] for k in VISIBILITY_VARIABLES if k in os.environ}
@@ -144,6 +167,7 @@ def collect_in_process() -> TfFacts:
         ),
         cudnn=probe(loaded_cudnn),
         environment=environment,
+        loaded=probe(mapped_cuda_libraries),
     )
 
 
@@ -160,6 +184,7 @@ def to_json(facts: TfFacts) -> str:
             "build": probed(facts.build),
             "gpus": probed(facts.gpus),
             "cudnn": probed(facts.cudnn),
+            "loaded": probed(facts.loaded),
             "environment": facts.environment,
         }
     )
@@ -187,6 +212,7 @@ def from_json(text: str) -> TfFacts:
         ),
         gpus=probed("gpus", tuple),
         cudnn=probed("cudnn", lambda v: CudnnLibrary(**v)),
+        loaded=probed("loaded", tuple) if "loaded" in data else Probed(value=()),
         environment=dict(data.get("environment", {})),
     )
 
@@ -194,7 +220,10 @@ def from_json(text: str) -> TfFacts:
 def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) -> TfFacts:
     """Run `collect_in_process` in a child Python with `environ`. Never raises."""
     env = dict(environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up log out of it
+    # Every line TensorFlow logs comes back on the child's stderr (its import log too:
+    # MGPU_DEBUG=1), and `tflog` keeps the few that say why a GPU is missing.
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    env["MGPU_DEBUG"] = "1"
     visibility = {k: env[k] for k in VISIBILITY_VARIABLES if k in env}
     try:
         done = subprocess.run(
@@ -209,14 +238,17 @@ def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) ->
         return failed(f"TensorFlow did not answer within {timeout_s:g} s", visibility)
     except OSError as err:
         return failed(f"could not start Python: {err}", visibility)
+    log = tflog.relevant_lines(done.stderr or "")
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(JSON_MARKER):
             try:
-                return from_json(line.removeprefix(JSON_MARKER))
+                return dataclasses.replace(from_json(line.removeprefix(JSON_MARKER)), log=log)
             except (ValueError, KeyError, TypeError) as err:
-                return failed(f"unreadable answer from the TensorFlow probe: {err}", visibility)
+                return failed(f"unreadable answer from the TensorFlow probe: {err}", visibility,
+                              log)
     tail = " | ".join(done.stderr.strip().splitlines()[-3:]) or "no output"
-    return failed(f"the TensorFlow probe exited with code {done.returncode}: {tail}", visibility)
+    return failed(f"the TensorFlow probe exited with code {done.returncode}: {tail}",
+                  visibility, log)
 
 
 def main() -> None:

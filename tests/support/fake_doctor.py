@@ -9,7 +9,9 @@ from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import gather
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware import cudalibs, nvml
+from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack, CudaTool, LoadedLibrary
+from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.hardware.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
 
@@ -79,6 +81,36 @@ def cuda_stack(
     )
 
 
+def driver_api(
+    environ: Mapping[str, str] | None = None, *, init_code: int = 0,
+    library: str | None = "/usr/lib/x86_64-linux-gnu/libcuda.so.555.42.06",
+    driver_version: int = 12050, device_count: int | None = None,
+) -> Probed[DriverApi]:
+    """CUDA's driver API as a healthy driver answers; the GPU count follows
+    CUDA_VISIBLE_DEVICES when it is set (None: not compared)."""
+    if device_count is None and environ and "CUDA_VISIBLE_DEVICES" in environ:
+        visible = environ["CUDA_VISIBLE_DEVICES"].strip()
+        device_count = 0 if visible in ("", "-1") else len(visible.split(","))
+    return Probed(value=DriverApi(
+        library=library, load_error=None if library else "libcuda.so.1: cannot open shared "
+        "object file: No such file or directory", driver_version=driver_version if library
+        else None, init_code=init_code if library else None,
+        device_count=device_count if init_code == 0 and library else None))
+
+
+def p2p_host(*, iommu_groups: int = 0, cmdline: str = "", hypervisor: bool = False,
+             acs: tuple[str, ...] = ()) -> P2pHost:
+    """What the host says about P2P: by default nothing in the way."""
+    return P2pHost(Probed(value=iommu_groups), Probed(value=cmdline), Probed(value=hypervisor),
+                   Probed(value=acs))
+
+
+def docker_gpu(*, runtimes: tuple[str, ...] = ("io.containerd.runc.v2", "nvidia", "runc"),
+               cdi: tuple[str, ...] = (), hook: str | None = None,
+               docker: str = "/usr/bin/docker") -> Probed[DockerGpu]:
+    return Probed(value=DockerGpu(runtimes, cdi, hook, docker))
+
+
 def healthy_host(**changes: object) -> HostFacts:
     values: dict[str, object] = {
         "in_container": Probed(value=True),
@@ -88,6 +120,7 @@ def healthy_host(**changes: object) -> HostFacts:
         "euid": Probed(value=1000),
         "stack": Probed(value=(64 * 1024 * 1024, -1)),
         "wsl_gpu": Probed(value=False),
+        "nvidia_modules": Probed(value=("nvidia", "nvidia_modeset", "nvidia_uvm")),
     }
     values.update(changes)
     return HostFacts(**values)  # type: ignore[arg-type]
@@ -115,6 +148,7 @@ def make_facts(
     cuda: CudaStack | None = None,
     xla: bool = False,
     cross_device_ops: str = "auto",
+    settings: Mapping[str, str] | None = None,
 ) -> Facts:
     """Facts from whatever NVML `nvml.load_library` gives (install a fake first)."""
     import pytest
@@ -125,7 +159,8 @@ def make_facts(
         return gather(
             resolve_settings({"GPUS": gpus_setting, "MIXED_PRECISION": mixed_precision,
                               "XLA": "1" if xla else "0",
-                              "CROSS_DEVICE_OPS": cross_device_ops}, {}),
+                              "CROSS_DEVICE_OPS": cross_device_ops, **(settings or {})},
+                             {}),
             dict(environ or {}),
             with_tensorflow=tf is not None,
             collect_tensorflow=(lambda env: tf) if tf is not None else None,  # type: ignore[arg-type,return-value]
@@ -134,5 +169,14 @@ def make_facts(
 
 
 __all__ = [
-    "GIB", "cuda_stack", "healthy_host", "make_facts", "nvml", "tf_facts", "versions",
+    "GIB",
+    "cuda_stack",
+    "docker_gpu",
+    "driver_api",
+    "healthy_host",
+    "make_facts",
+    "nvml",
+    "p2p_host",
+    "tf_facts",
+    "versions",
 ]

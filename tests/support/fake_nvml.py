@@ -25,6 +25,16 @@ class FakeGpu:
     compute_capability: tuple[int, int] = (8, 0)
     mig: bool = False
     bus_id: str = ""
+    architecture: int | None = None  # NVML_DEVICE_ARCH_*; None: from the compute capability
+    compute_mode: int = 0  # NVML_COMPUTEMODE_DEFAULT
+    processes: int = 0  # compute processes running on it
+    pcie: tuple[int, int] = (4, 16)  # max PCIe generation and width
+    nvlinks: int = 0  # active NVLinks
+    nvlink_version: int = 3
+
+
+# Compute capability major -> NVML_DEVICE_ARCH_* (7.5 is Turing, 8.9 Ada).
+_ARCH_OF = {3: 2, 5: 3, 6: 4, 7: 5, 8: 7, 9: 9, 10: 10, 12: 10}
 
 
 @dataclass
@@ -113,6 +123,42 @@ class FakeNvml:
         self._check("nvmlDeviceGetMigMode")
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE
         return mode, mode
+
+    def nvmlDeviceGetArchitecture(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetArchitecture")
+        if gpu.architecture is not None:
+            return gpu.architecture
+        major, minor = gpu.compute_capability
+        return 6 if (major, minor) == (7, 5) else 8 if (major, minor) == (8, 9) else \
+            _ARCH_OF.get(major, 0xFFFFFFFF)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetMaxPcieLinkGeneration")
+        return gpu.pcie[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetMaxPcieLinkWidth")
+        return gpu.pcie[1]
+
+    def nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:
+        self._check("nvmlDeviceGetNvLinkState")
+        if link >= max(gpu.nvlinks, 1) or not gpu.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 1
+
+    def nvmlDeviceGetNvLinkVersion(self, gpu: FakeGpu, link: int) -> int:
+        self._check("nvmlDeviceGetNvLinkVersion")
+        if not gpu.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.nvlink_version
+
+    def nvmlDeviceGetComputeMode(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetComputeMode")
+        return gpu.compute_mode
+
+    def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu) -> list[Any]:
+        self._check("nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=1000 + i, usedGpuMemory=GIB) for i in range(gpu.processes)]
 
     def _link(self, a: FakeGpu, b: FakeGpu) -> tuple[int, bool, bool]:
         ia = next(i for i, g in enumerate(self.gpus) if g is a)

@@ -50,7 +50,12 @@ from mgpu_env.doctor.checks.cuda import (
     check_ptxas,
     check_tf_build,
 )
-from mgpu_env.doctor.checks.driver import check_driver_cuda, check_driver_version, check_nvml
+from mgpu_env.doctor.checks.driver import (
+    check_cuda_driver,
+    check_driver_cuda,
+    check_driver_version,
+    check_nvml,
+)
 from mgpu_env.doctor.checks.gpus import (
     capability_support,
     check_gpu,
@@ -59,6 +64,8 @@ from mgpu_env.doctor.checks.gpus import (
     check_uniform,
     gpu_checks,
 )
+from mgpu_env.doctor.checks.host import check_docker, check_p2p
+from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import (
     check_request,
@@ -71,9 +78,11 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_nvml,
     check_driver_version,
     check_driver_cuda,
+    check_cuda_driver,
     check_device_files,
     check_tf_build,
     check_cuda_libraries,
+    check_tf_libraries,
     check_cudnn,
     check_nccl,
     check_ptxas,
@@ -84,6 +93,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_mixed_precision,
     check_uniform,
     check_topology,
+    check_p2p,
     check_request,
     check_visibility_env,
     check_tf_devices,
@@ -92,6 +102,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_stack,
     check_user,
     check_run_folder,
+    check_docker,
     check_cluster,
 )
 
@@ -111,9 +122,11 @@ __all__ = [
     "Status",
     "capability_support",
     "check_cluster",
+    "check_cuda_driver",
     "check_cuda_libraries",
     "check_cudnn",
     "check_device_files",
+    "check_docker",
     "check_driver_cuda",
     "check_driver_version",
     "check_gpu",
@@ -123,6 +136,7 @@ __all__ = [
     "check_mixed_precision",
     "check_nccl",
     "check_nvml",
+    "check_p2p",
     "check_ptxas",
     "check_request",
     "check_run_folder",
@@ -130,6 +144,7 @@ __all__ = [
     "check_stack",
     "check_tf_build",
     "check_tf_devices",
+    "check_tf_libraries",
     "check_topology",
     "check_uniform",
     "check_user",

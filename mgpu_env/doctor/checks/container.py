@@ -21,6 +21,7 @@ from mgpu_env.doctor.checks.common import (
     wants_gpus,
 )
 from mgpu_env.doctor.facts import UNLIMITED, Facts
+from mgpu_env.hardware import cudaerrors
 
 DOCKER_DEFAULT_SHM = 64 * MIB
 NVIDIA_STACK_BYTES = 64 * MIB
@@ -49,6 +50,11 @@ def check_device_files(facts: Facts) -> Check:
     has_gpu_file = any(re.fullmatch(r"nvidia\d+", n) for n in names)
     found = ", ".join(f"/dev/{n}" for n in names) or "no /dev/nvidia* files"
     if "nvidiactl" in names and has_gpu_file:
+        if "nvidia-uvm" not in names and wants_gpus(facts):
+            # NVML answers without it, CUDA does not start (cuInit: CUDA_ERROR_UNKNOWN).
+            return Check("driver.device_files", title, "warn", found + "; no /dev/nvidia-uvm",
+                         expected + ", and /dev/nvidia-uvm (CUDA needs it)",
+                         cudaerrors.FIX_UVM_CONTAINER)
         return Check("driver.device_files", title, "ok", found, expected)
     if not wants_gpus(facts):
         return Check("driver.device_files", title, "skip", found, "not needed with GPUS=none",

@@ -3,6 +3,8 @@ it will really open here (`mgpu_env.hardware.cudalibs`)."""
 
 from __future__ import annotations
 
+import os
+
 from mgpu_env.doctor.checks.common import (
     TF_NOT_PROBED,
     TF_SKIPPED,
@@ -96,6 +98,13 @@ def check_cudnn(facts: Facts) -> Check:
         return Check("tensorflow.cudnn", title, "error", found, expected, fix)
     problem = _cudnn_problem(facts)
     if problem:
+        wheel = facts.cuda.library("cudnn") if facts.cuda is not None else None
+        wheel_path = wheel.value.wheel if wheel is not None and wheel.ok and wheel.value else None
+        if wheel_path and os.path.realpath(wheel_path) != os.path.realpath(tf.cudnn.value.path):
+            from mgpu_env.doctor.checks.libraries import origin_of
+
+            what, fix = origin_of(tf.cudnn.value.path, facts)
+            problem += f", loaded from {what} instead of {wheel_path}"
         return Check("tensorflow.cudnn", title, "error", found + problem, expected, fix)
     return Check("tensorflow.cudnn", title, "ok", found, expected)
 
@@ -186,6 +195,13 @@ def check_cuda_libraries(facts: Facts) -> Check:
         return Check("cuda.libraries", title, "skip",
                      f"{found}; only GPUs need them; to add them: {fix}", expected,
                      skipped_for=no_gpu(facts))
+    from mgpu_env.doctor.checks.libraries import shadowed_libraries
+
+    shadows = shadowed_libraries(facts)
+    if shadows and any("undefined symbol" in (stack.library(n).error or "") for n in missing):
+        # Not a missing install: an older copy found first lacks its partner's symbols.
+        found += "; loaded first: " + ", ".join(f"{s.name} from {s.what}" for s in shadows)
+        fix = "; ".join(dict.fromkeys(s.fix for s in shadows))
     return Check("cuda.libraries", title, "error",
                  f"{found}: TensorFlow will not use the GPUs", expected, fix)
 
@@ -240,16 +256,26 @@ def check_nccl(facts: Facts) -> Check:
                  "all-reduces through host memory instead (slower)", expected, fix)
 
 
-XLA_OFF = Skipped("XLA", "XLA=0: only XLA=1 (and `mgpu doctor --smoke`) needs them")
+XLA_OFF = Skipped("XLA", "XLA=0 with Keras 3: only XLA=1, tf_keras (KERAS=2, a multi-worker "
+                          "script) and `mgpu doctor --smoke` need them")
 
 
 def _xla_matters(facts: Facts) -> tuple[bool, str, Skipped | None]:
     """Whether XLA's GPU tools matter here, why, and the shared reason when they do not."""
     if not facts.selected:
         return False, "only GPUs need it (XLA on the CPU compiles with LLVM alone)", no_gpu(facts)
-    if not facts.xla:
-        return False, "only XLA=1 (and `mgpu doctor --smoke`) needs it", XLA_OFF
-    return True, "XLA=1 compiles every GPU step with it", None
+    if facts.xla:
+        return True, "XLA=1 compiles every GPU step with it", None
+    keras = facts.keras
+    if keras.train is not None and keras.train.version == "2":
+        return True, ("mgpu train's optimizer is tf_keras's, which compiles its update with "
+                      "XLA on GPUs even with XLA=0 (keras-team/keras#17422)"), None
+    if keras.run is not None and keras.run.version == "2":
+        why = ("a multi-worker `mgpu run` script gets tf_keras" if facts.cluster.cluster
+               else "a script under `mgpu run` gets tf_keras (KERAS=2)")
+        return True, (f"{why}, whose optimizers compile their update with XLA on GPUs even "
+                      "with XLA=0 (keras-team/keras#17422)"), None
+    return False, "only XLA=1 (and `mgpu doctor --smoke`) needs it", XLA_OFF
 
 
 def check_ptxas(facts: Facts) -> Check:

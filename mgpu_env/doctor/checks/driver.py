@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mgpu_env.doctor.checks.common import (
+    FIX_DRIVER_IN_CONTAINER,
     Check,
     Status,
     gpu_compose_file,
@@ -12,7 +13,14 @@ from mgpu_env.doctor.checks.common import (
     wants_gpus,
 )
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.hardware import compat, hostgpus
+from mgpu_env.hardware import compat, cudaerrors, hostgpus
+
+FIX_NVML_LOST = (
+    "recreate the container (`docker compose up -d --force-recreate`, or stop and start it); "
+    "to keep it from recurring, on the host: `sudo nvidia-ctk system create-dev-char-symlinks "
+    "--create-all` (or Docker's `\"exec-opts\": [\"native.cgroupdriver=cgroupfs\"]`), as "
+    "NVIDIA/nvidia-container-toolkit#48 describes"
+)
 
 
 def check_nvml(facts: Facts) -> Check:
@@ -45,9 +53,16 @@ def check_nvml(facts: Facts) -> Check:
                      skipped_for=no_gpu(facts))
     status: Status = "warn" if facts.request.kind == "all" else "error"
     consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
-    return Check(
-        "driver.nvml", title, status, found + consequence, "NVML loads", nvml_fix(facts)
-    )
+    fix = nvml_fix(facts)
+    files = facts.host.device_files.value or ()
+    if ("Unknown Error" in (listing.error or "") and facts.host.in_container.value
+            and "nvidiactl" in files):
+        # The container had its GPUs and lost them: systemd rewrote its cgroup's device
+        # rules (NVIDIA/nvidia-container-toolkit#48).
+        found += " (the container had the GPUs: it lost them, typically after `systemctl " \
+                 "daemon-reload` on the host)"
+        fix = FIX_NVML_LOST
+    return Check("driver.nvml", title, status, found + consequence, "NVML loads", fix)
 
 
 def check_driver_version(facts: Facts) -> Check:
@@ -116,3 +131,91 @@ def check_driver_cuda(facts: Facts) -> Check:
                      expected)
     return Check("driver.cuda", title, "error",
                  f"{supported}: CUDA {row.cuda} cannot run", expected, fix)
+
+
+# ------------------------------------------------------------- CUDA's own initialisation
+
+
+def _uvm_text(facts: Facts) -> str:
+    """What the host says about the unified-memory module and its device file."""
+    parts = []
+    modules = facts.host.nvidia_modules
+    if modules.ok and modules.value is not None:
+        parts.append("nvidia_uvm loaded" if "nvidia_uvm" in modules.value
+                     else "nvidia_uvm NOT loaded")
+    files = facts.host.device_files
+    if files.ok and files.value is not None:
+        parts.append("/dev/nvidia-uvm present" if "nvidia-uvm" in files.value
+                     else "no /dev/nvidia-uvm")
+    return ", ".join(parts)
+
+
+def _uvm_missing_in_container(facts: Facts) -> bool:
+    files = facts.host.device_files
+    return bool(facts.host.in_container.value and files.ok and files.value is not None
+                and "nvidia-uvm" not in files.value and not facts.host.wsl_gpu.value)
+
+
+def driver_failure(facts: Facts, code: int, library: str | None) -> tuple[str, str]:
+    """(cause, fix) for cuInit's `code` here: the generic cause, refined by the host facts
+    (no /dev/nvidia-uvm in a container, a libcuda.so.1 from a compat or stubs folder)."""
+    known = cudaerrors.describe(code)
+    cause, fix = known.cause, known.fix
+    path = library or ""
+    if code in (999, 303, 304):
+        uvm = _uvm_text(facts)
+        if _uvm_missing_in_container(facts):
+            cause, fix = ("the container has no /dev/nvidia-uvm, which CUDA needs",
+                          cudaerrors.FIX_UVM_CONTAINER)
+        elif uvm:
+            cause += f" ({uvm})"
+    elif code in (803, 804) and "compat" in path.split("/"):
+        cause = (f"{known.cause}: {library} is a forward-compatibility library "
+                 "(a `compat` folder on LD_LIBRARY_PATH)")
+        fix = cudaerrors.FIX_COMPAT
+    elif code == 34 or "stubs" in path.split("/"):
+        cause, fix = cudaerrors.describe(34).cause + f" ({library})", cudaerrors.FIX_STUB
+    return cause, fix
+
+
+def check_cuda_driver(facts: Facts) -> Check:
+    """cuInit in a process with the run's environment: which libcuda.so.1, its result code,
+    and as many GPUs as NVML (and GPUS) say."""
+    from mgpu_env.doctor.checks.visible import expected_tf_gpus
+
+    title = "CUDA (cuInit)"
+    expected = "libcuda.so.1 of the driver loads, cuInit(0) = CUDA_SUCCESS, every GPU asked for"
+    probed = facts.cuda_driver
+    if probed is None:
+        return Check("driver.cuda_init", title, "skip", "not probed (no GPU from NVML)",
+                     expected, skipped_for=no_gpu(facts))
+    if not probed.ok or probed.value is None:
+        return Check("driver.cuda_init", title, "warn", probed.text(), expected,
+                     "run `nvidia-smi` and `dmesg | grep -i nvrm` to see what the driver says")
+    api = probed.value
+    if api.library is None and api.init_code is None:
+        found = f"libcuda.so.1 does not load: {api.load_error}"
+        fix = (FIX_DRIVER_IN_CONTAINER if facts.host.in_container.value else
+               "reinstall the NVIDIA driver (it ships libcuda.so.1); `ldconfig -p | grep "
+               "libcuda` shows what the loader knows")
+        return Check("driver.cuda_init", title, "error", found, expected, fix)
+    where = api.library or "libcuda.so.1 (file not found in /proc/self/maps)"
+    version = f"CUDA {api.cuda_version}" if api.cuda_version else "version unknown"
+    if api.init_code is None:
+        return Check("driver.cuda_init", title, "error", f"{where}: {api.load_error}",
+                     expected, cudaerrors.FIX_STUB if "stubs" in where else
+                     "reinstall the NVIDIA driver")
+    if api.init_code != 0:
+        cause, fix = driver_failure(facts, api.init_code, api.library)
+        found = (f"cuInit(0) = {api.init_code} {cudaerrors.name(api.init_code)} ({where}, "
+                 f"{version})\ncause: {cause}")
+        return Check("driver.cuda_init", title, "error", found, expected, fix)
+    found = f"cuInit ok, {api.device_count} GPU(s) ({where}, {version})"
+    wanted = expected_tf_gpus(facts)
+    if api.device_count is not None and wanted is not None and api.device_count < wanted[0]:
+        return Check(
+            "driver.cuda_init", title, "error",
+            found + f"; {wanted[1]} asks for {wanted[0]} (NVML lists {len(facts.gpus)})",
+            expected, "CUDA sees fewer GPUs than NVML: unset CUDA_VISIBLE_DEVICES (GPUS "
+            "chooses the GPUs); `nvidia-smi -q -d COMPUTE` shows GPUs in a mode CUDA skips")
+    return Check("driver.cuda_init", title, "ok", found, expected)

@@ -29,6 +29,27 @@ def has_fp16_tensor_cores(capability: tuple[int, int] | None) -> bool:
     return choose_precision("1", "GPU", [capability]).policy == MIXED_FLOAT16
 
 
+# Turing boards without tensor cores: the GTX 16 series (TU116/TU117) and the MX 4xx/5xx
+# laptop chips. Their compute capability is 7.5, like an RTX 2080's.
+_NO_TENSOR_CORES = re.compile(r"GTX\s*16\d\d|\bMX\s*[45]\d\d\b", re.I)
+# A Blackwell GPU (compute capability 10.x, 12.x) under TensorFlow 2.21's wheel: no machine
+# code for it, and its PTX does not run there: kernels fail with CUDA_ERROR_INVALID_PTX and
+# then CUDA_ERROR_INVALID_HANDLE (tensorflow#97387, #99592, #89272, #101746); XLA emits PTX
+# 8.5, which cannot target sm_120 (tensorflow#111958). A newer ptxas does not cure either.
+FIX_BLACKWELL = (
+    "TensorFlow 2.21's pip wheel cannot run on Blackwell GPUs (compute capability 10.x/12.x): "
+    "its kernels fail with CUDA_ERROR_INVALID_PTX; use NVIDIA's NGC TensorFlow container "
+    "(nvcr.io/nvidia/tensorflow, a release built with CUDA 12.8 or later), or train on other "
+    "GPUs (GPUS=...) or the CPU (GPUS=none)"
+)
+
+
+def has_tensor_cores(gpu: GpuInfo) -> bool:
+    """FP16 tensor cores by compute capability and board: a GTX 1660 Ti is 7.5 without them."""
+    cc = gpu.compute_capability.value if gpu.compute_capability.ok else None
+    return has_fp16_tensor_cores(cc) and not _NO_TENSOR_CORES.search(gpu.name)
+
+
 def runs_bf16(capability: tuple[int, int] | None) -> bool:
     """Whether training's rule accepts MIXED_PRECISION=bf16 on a GPU of `capability`."""
     try:
@@ -109,10 +130,14 @@ def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
         parts.append("no MIG")
     else:
         parts.append(f"MIG {gpu.mig_enabled.text()}")
+    if gpu.architecture.ok and gpu.architecture.value:
+        parts.append(gpu.architecture.value)
     if cc.ok and cc.value:
-        fp16 = "yes" if has_fp16_tensor_cores(cc.value) else "no"
+        fp16 = "yes" if has_tensor_cores(gpu) else "no"
         bf16 = "yes" if runs_bf16(cc.value) else "no"
         parts.append(f"FP16 tensor cores: {fp16}, bf16: {bf16}")
+    if gpu.compute_mode.ok and gpu.compute_mode.value not in (None, "default"):
+        parts.append(f"compute mode {gpu.compute_mode.value}")
     if not selected:
         parts.append(f"not used (GPUS={facts.request})")
     found = "; ".join(parts)
@@ -135,6 +160,8 @@ def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
                 f"this TensorFlow has no code for compute capability {cc_text(cc.value)}: "
                 "use another GPU (GPUS=...) or a TensorFlow built for it",
             ))
+        elif cc.value[0] >= 10:
+            problems.append(("error", FIX_BLACKWELL))
         elif support == "ptx":
             problems.append((
                 "warn",
@@ -143,6 +170,7 @@ def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
             ))
     elif not cc.ok:
         problems.append(("warn", "compute capability could not be read: run `nvidia-smi -q`"))
+    problems += _compute_mode_problems(gpu)
     if gpu.mig_enabled.ok and gpu.mig_enabled.value:
         problems.append((
             "warn",
@@ -165,6 +193,24 @@ def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
                  "; ".join(text for _, text in problems))
 
 
+def _compute_mode_problems(gpu: GpuInfo) -> list[tuple[Status, str]]:
+    """A compute mode in which TensorFlow cannot open the GPU (CUDA_ERROR_DEVICE_UNAVAILABLE:
+    tensorflow#48558, #526)."""
+    mode = gpu.compute_mode.value if gpu.compute_mode.ok else None
+    busy = gpu.processes.value if gpu.processes.ok and gpu.processes.value else 0
+    reset = f"`sudo nvidia-smi -i {gpu.index} -c DEFAULT`"
+    if mode == "prohibited":
+        return [("error", f"compute is prohibited on this GPU: {reset}")]
+    if mode == "exclusive_thread":
+        return [("error", "exclusive-thread compute mode, which TensorFlow cannot use: "
+                          f"{reset}")]
+    if mode == "exclusive_process" and busy:
+        return [("error", f"exclusive-process mode and {busy} process(es) already use it "
+                          "(all CUDA-capable devices are busy or unavailable): stop them "
+                          f"(`nvidia-smi` lists them), choose other GPUs, or {reset}")]
+    return []
+
+
 def check_mixed_precision(facts: Facts) -> Check:
     """MIXED_PRECISION judged by training's own rule, `choose_precision`: what it refuses is
     an error here too; a request it turns into float32, or fp16 where MIXED_PRECISION=1
@@ -174,7 +220,7 @@ def check_mixed_precision(facts: Facts) -> Check:
     device_type = "GPU" if facts.selected else "CPU"
     capabilities = [g.compute_capability.value for g in facts.selected]
     known = [g for g in facts.selected if g.compute_capability.ok and g.compute_capability.value]
-    fp16 = [g.index for g in known if has_fp16_tensor_cores(g.compute_capability.value)]
+    fp16 = [g.index for g in known if has_tensor_cores(g)]
     bf16 = [g.index for g in known if runs_bf16(g.compute_capability.value)]
     found = (
         f"MIXED_PRECISION={mode}; FP16 tensor cores: {indices_text(fp16)}, "
@@ -185,12 +231,21 @@ def check_mixed_precision(facts: Facts) -> Check:
     try:
         choice = choose_precision(mode, device_type, capabilities)
     except ConfigError as err:
+        # A precision these GPUs cannot run is a bad setting: exit 2, as `mgpu train` exits.
         return Check("gpu.mixed_precision", title, "error", found + f" -> {err}", expected,
-                     str(err).split("Fix: ", 1)[-1].strip())
+                     str(err).split("Fix: ", 1)[-1].strip(), bad_setting=True)
     found += f" -> {choice.policy}: {choice.reason}"
     if mode != "0" and choice.policy == FLOAT32:
         return Check("gpu.mixed_precision", title, "warn", found, expected,
                      "mgpu train will use float32 here: set MIXED_PRECISION=0 to say so")
+    boards = [g for g in facts.selected
+              if has_fp16_tensor_cores(g.compute_capability.value) and not has_tensor_cores(g)]
+    if choice.policy == MIXED_FLOAT16 and boards:
+        names = ", ".join(f"GPU {g.index} ({g.name})" for g in boards)
+        return Check("gpu.mixed_precision", title, "warn",
+                     found + f"; {names} has no tensor cores", expected,
+                     f"{names}: a GeForce GTX 16xx/MX board has no tensor cores, and fp16 is "
+                     "slower than float32 there (tensorflow#44191): set MIXED_PRECISION=0")
     if choice.policy == MIXED_FLOAT16:
         best = _best_policies(device_type, capabilities)
         if not facts.selected and best[0] != MIXED_FLOAT16:
@@ -203,7 +258,7 @@ def check_mixed_precision(facts: Facts) -> Check:
             return Check("gpu.mixed_precision", title, "warn", found, expected,
                          f"{indices_text(slow)}: no FP16 tensor cores (MIXED_PRECISION=1 "
                          "picks float32 there): fp16 will not be faster; MIXED_PRECISION=0")
-    if mode == "0" and facts.selected and all(
+    if mode == "0" and facts.selected and not boards and all(
         p == MIXED_FLOAT16 for p in _best_policies(device_type, capabilities)
     ):
         return Check("gpu.mixed_precision", title, "ok", found, expected,

@@ -14,6 +14,7 @@ from mgpu_env.doctor.checks.common import (
     wants_gpus,
 )
 from mgpu_env.doctor.facts import Facts
+from mgpu_env.hardware import tflog
 from mgpu_env.hardware.devices import visible_gpus
 
 
@@ -94,6 +95,20 @@ def expected_tf_gpus(facts: Facts) -> tuple[int, str] | None:
     return len(visible_gpus(preset, facts.gpus)), f"GPUS=all, CUDA_VISIBLE_DEVICES={preset!r}"
 
 
+def _root_cause(facts: Facts) -> tuple[str, str] | None:
+    """Why TensorFlow has fewer GPUs, from the probes nearest the cause: CUDA's own
+    initialisation, then the library files, then TensorFlow's log."""
+    from mgpu_env.doctor.checks.driver import driver_failure
+    from mgpu_env.doctor.checks.libraries import library_cause
+
+    api = facts.cuda_driver.value if facts.cuda_driver is not None else None
+    if api is not None and api.init_code not in (None, 0):
+        return driver_failure(facts, api.init_code, api.library)
+    tf = facts.tensorflow
+    return library_cause(facts) or (tflog.explain(tf.log) if tf is not None and tf.log
+                                    else None)
+
+
 def check_tf_devices(facts: Facts) -> Check:
     title = "TensorFlow GPUs"
     tf = facts.tensorflow
@@ -112,18 +127,21 @@ def check_tf_devices(facts: Facts) -> Check:
     if len(tf.gpus.value) == wanted[0]:
         return Check("visible.tensorflow", title, "ok", found, expected)
     info = tf.build.value if tf.build.ok else None
+    reason = _root_cause(facts)
     if info is not None and not info.is_cuda_build:
         fix = "TensorFlow is a CPU-only build: see the TensorFlow build line"
     elif len(tf.gpus.value) < wanted[0]:
-        fix = (
-            "TensorFlow could not open every GPU: check the driver and cuDNN lines above, "
-            "then run `TF_CPP_MIN_LOG_LEVEL=0 mgpu doctor` to read TensorFlow's own reason"
+        fix = reason[1] if reason else (
+            "TensorFlow could not open every GPU: check the driver and CUDA lines above"
+            + ("" if tf.log else "; TensorFlow logged no reason")
         )
     else:
         fix = "unset CUDA_VISIBLE_DEVICES and choose the GPUs with GPUS=..."
-    return Check(
-        "visible.tensorflow", title, "error",
-        f"TensorFlow lists {len(tf.gpus.value)} GPU(s) but {wanted[1]} asks for {wanted[0]}; "
-        + found,
-        expected, fix,
-    )
+    found = (f"TensorFlow lists {len(tf.gpus.value)} GPU(s) but {wanted[1]} asks for "
+             f"{wanted[0]}; " + found)
+    if len(tf.gpus.value) < wanted[0]:
+        if tf.log:
+            found += "\nTensorFlow says: " + "\n  ".join(tf.log)
+        if reason:
+            found += f"\ncause: {reason[0]}"
+    return Check("visible.tensorflow", title, "error", found, expected, fix)

@@ -1,0 +1,97 @@
+"""The host around the GPUs: whether Docker can give containers the GPUs (on a host where
+the GPU compose file is selected), and what can break P2P between GPUs."""
+
+from __future__ import annotations
+
+from mgpu_env.doctor.checks.common import Check, fewer_than_two_gpus
+from mgpu_env.doctor.facts import Facts
+
+FIX_CONTAINER_TOOLKIT = (
+    "install the NVIDIA Container Toolkit "
+    "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/"
+    "install-guide.html), then `sudo nvidia-ctk runtime configure --runtime=docker` and "
+    "`sudo systemctl restart docker`; or set `COMPOSE_FILE=docker-compose.yml` in .env to run "
+    "on the CPU"
+)
+FIX_SNAP_DOCKER = (
+    "Docker installed as a snap cannot use the NVIDIA Container Toolkit: remove it (`sudo "
+    "snap remove docker`) and install Docker from Docker's apt repository, then the toolkit"
+)
+FIX_P2P = (
+    "if the all-reduce hangs or its sums are wrong, set NCCL_P2P_DISABLE=1 (NCCL then copies "
+    "through host memory, slower but safe); for P2P at full speed turn the IOMMU to "
+    "pass-through (`iommu=pt` on the kernel command line, or VT-d/AMD-Vi off in the BIOS) "
+    "and ACS off on the PCIe bridges (BIOS, or `pci=noacs`); `mgpu doctor --smoke` tests "
+    "the path"
+)
+FIX_P2P_VM = (
+    "GPUs passed into a virtual machine rarely have working P2P: set NCCL_P2P_DISABLE=1 "
+    "(NCCL then copies through host memory); `mgpu doctor --smoke` tests the path"
+)
+
+
+def check_docker(facts: Facts) -> list[Check]:
+    """Nothing unless the GPU compose file is selected on a host (not in a container)."""
+    probed = facts.docker
+    if probed is None:
+        return []
+    title = "Docker GPUs"
+    expected = ("the NVIDIA runtime (`docker info`), a CDI spec for nvidia.com/gpu "
+                "(/etc/cdi, /var/run/cdi), or nvidia-container-runtime-hook")
+    if not probed.ok or probed.value is None:
+        return [Check("host.docker", title, "warn", probed.text(), expected,
+                      "check that `docker info` answers (the daemon runs, this user may use "
+                      "it); COMPOSE_FILE selects docker-compose.gpu.yml")]
+    docker = probed.value
+    runtimes = ", ".join(docker.runtimes) or "none"
+    found = (f"runtimes: {runtimes}; CDI specs: {', '.join(docker.cdi_specs) or 'none'}; "
+             f"hook: {docker.hook or 'not on PATH'}")
+    if docker.ready:
+        return [Check("host.docker", title, "ok", found, expected)]
+    snap = bool(docker.docker and docker.docker.startswith("/snap/"))
+    found += (" (docker-compose.gpu.yml is selected: Docker will refuse it: could not select "
+              'device driver "" with capabilities: [[gpu]])')
+    return [Check("host.docker", title, "error", found, expected,
+                  FIX_SNAP_DOCKER if snap else FIX_CONTAINER_TOOLKIT)]
+
+
+def check_p2p(facts: Facts) -> Check:
+    """Whether the host can break the PCIe P2P path NVML reports between the GPUs."""
+    title = "P2P path"
+    expected = "no IOMMU translation, no ACS redirect, no hypervisor under PCIe P2P"
+    host = facts.p2p
+    if host is None or len(facts.selected) < 2:
+        return Check("host.p2p", title, "skip", f"{len(facts.selected)} GPU(s) used", expected,
+                     skipped_for=fewer_than_two_gpus(facts))
+    chosen = {g.index for g in facts.selected}
+    pcie_p2p = [lk for lk in facts.nvml.links if lk.a in chosen and lk.b in chosen
+                and lk.p2p_read.ok and lk.p2p_read.value
+                and not (lk.nvlink.ok and lk.nvlink.value)]
+    parts = [
+        f"IOMMU groups: {host.iommu_groups.text()}",
+        f"kernel: {host.cmdline.value or 'no IOMMU/ACS options'}" if host.cmdline.ok
+        else f"kernel: {host.cmdline.text()}",
+        "hypervisor: " + ("yes" if host.hypervisor.value else "no"
+                          if host.hypervisor.ok else host.hypervisor.text()),
+        "ACS redirect on: " + (", ".join(host.acs_bridges.value) or "no bridge"
+                               if host.acs_bridges.ok and host.acs_bridges.value is not None
+                               else host.acs_bridges.text()),
+    ]
+    found = "; ".join(parts)
+    if not pcie_p2p:
+        return Check("host.p2p", title, "ok",
+                     found + "; no PCIe P2P between the GPUs used (NVLink, or host memory)",
+                     expected)
+    pairs = ", ".join(f"{lk.a}-{lk.b}" for lk in pcie_p2p)
+    if host.hypervisor.value:
+        return Check("host.p2p", title, "warn",
+                     f"{found}; NVML reports PCIe P2P between {pairs} inside a virtual "
+                     "machine", expected, FIX_P2P_VM)
+    acs = host.acs_bridges.value if host.acs_bridges.ok else None
+    if host.iommu_translates or acs:
+        why = ("the IOMMU translates PCIe traffic" if host.iommu_translates else "") + (
+            (" and " if host.iommu_translates else "") + "ACS redirects it" if acs else "")
+        return Check("host.p2p", title, "warn",
+                     f"{found}; NVML reports PCIe P2P between {pairs}, but {why}: NCCL can "
+                     "hang there (tensorflow#44976, NVIDIA/nccl#631)", expected, FIX_P2P)
+    return Check("host.p2p", title, "ok", found, expected)

@@ -1,0 +1,206 @@
+"""Simulate one catalogue thread on this machine and judge what `mgpu doctor` says about it.
+
+NVML is the fake (tests/fake_nvml.py); CUDA's driver, the NVIDIA libraries and TensorFlow's
+GPU discovery are real processes meeting gcc-built fakes through the real dynamic loader
+(tests/fakecuda.py); the host facts (/dev, /proc, /sys, docker) are given. The doctor then
+runs as `mgpu doctor` does (`diagnose`, the table as it is printed), and `Outcome` says
+whether it detected the failure, named its cause and printed the thread's fix.
+
+Written against interfaces that older versions of the doctor have too (a probe missing
+there is simply not replaced), so the same catalogue measures them (`measure.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mgpu_env
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.doctor import Report, diagnose
+from mgpu_env.doctor import facts as probes
+from mgpu_env.hardware import cudalibs, nvml, tfprobe
+from mgpu_env.hardware.nvml import Probed
+from tests.catalogue.threads import Thread
+from tests.support.fake_nvml import FakeGpu, FakeNvml
+from tests.support.fakecuda import build_cuda_library, build_libcuda, build_library, build_site
+
+
+def _optional(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+cudadriver = _optional("mgpu_env.hardware.cudadriver")
+hostfacts = _optional("mgpu_env.hardware.hostfacts")
+# The real probes, taken before any test fixture replaces them.
+REAL = {"tf": tfprobe.collect, "cuda": cudalibs.collect,
+        "driver": getattr(cudadriver, "collect", None)}
+GIB = 1024**3
+HEALTHY_HOST: dict[str, Any] = {
+    "in_container": True,
+    "device_files": ("nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"),
+    "shm_bytes": 8 * GIB,
+    "memlock": (-1, -1),
+    "euid": 1000,
+    "stack": (64 * 1024 * 1024, -1),
+    "wsl_gpu": False,
+    "nvidia_modules": ("nvidia", "nvidia_modeset", "nvidia_uvm"),
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    thread: Thread
+    detected: bool  # an error (a warning for a warning-level thread) before training
+    cause_named: bool  # every cause word in a flagged check's finding or fix
+    fix_printed: bool  # the thread's fix, whole, in the printed table
+    status: str  # the named check's status ("missing": no such check)
+    fix: str  # the thread's fix with the simulation's folders
+    table: str
+
+    @property
+    def all(self) -> bool:
+        return self.detected and self.cause_named and self.fix_printed
+
+
+def _host(overrides: dict[str, Any]) -> Any:
+    from mgpu_env.doctor.facts import HostFacts
+
+    known = {f.name for f in dataclasses.fields(HostFacts)}
+    values = {**HEALTHY_HOST, **overrides}
+    return HostFacts(**{k: Probed(value=v) for k, v in values.items() if k in known})
+
+
+def _versions() -> dict[str, Probed[str]]:
+    return {name: Probed(value=value) for name, value in (
+        ("Python", "3.12.3"), ("TensorFlow", "2.21.0"), ("Keras", "3.15.1"),
+        ("tf_keras", "2.21.0"), ("NumPy", "2.4.6"), ("nvidia-ml-py", "13.615.71"),
+        ("OS", "Ubuntu 24.04 LTS"))}
+
+
+def _canned_tf(gpus: int) -> Any:
+    build = tfprobe.TfBuildInfo(True, "12.5.1", "9",
+                                ("sm_60", "sm_70", "sm_80", "sm_89", "compute_90"))
+    return tfprobe.TfFacts(
+        version=Probed(value="2.21.0"), build=Probed(value=build),
+        gpus=Probed(value=tuple(f"/physical_device:GPU:{i}" for i in range(gpus))),
+        cudnn=Probed(value=tfprobe.CudnnLibrary("9.3.0", "/w/nvidia/cudnn/lib/libcudnn.so.9")),
+    )
+
+
+def _canned_stack(**changes: Any) -> Any:
+    from tests.support.fake_doctor import cuda_stack
+
+    return cuda_stack(**changes)
+
+
+def _fill(text: str, tmp: Path) -> str:
+    return text.replace("{site}", str(tmp / "site")).replace("{tmp}", str(tmp))
+
+
+def _unwrapped(text: str) -> str:
+    return " ".join(text.split())
+
+
+def set_up(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Any, dict[str, str]]:
+    """Lay out the machine `thread` describes; returns the settings and the environment."""
+    scenario = thread.scenario
+    gpu_fields = {f.name for f in dataclasses.fields(FakeGpu)}
+    gpus = [FakeGpu(name=name, compute_capability=cc,
+                    **{k: v for k, v in scenario.gpu.items() if k in gpu_fields})
+            for name, cc in scenario.gpus]
+    fake = FakeNvml(gpus=gpus, **{"driver_version": "555.42.06", "cuda_driver_version": 12050,
+                                  **scenario.nvml})
+    patch.setattr(nvml, "load_library", lambda: fake)
+    patch.setattr(probes, "probe_host", lambda: _host(scenario.host))
+    patch.setattr(probes, "probe_versions", _versions)
+    if hostfacts is not None:
+        p2p = {"iommu_groups": 0, "cmdline": "", "hypervisor": False, "acs": (),
+               **scenario.p2p}
+        host_p2p = hostfacts.P2pHost(Probed(value=p2p["iommu_groups"]),
+                                     Probed(value=p2p["cmdline"]),
+                                     Probed(value=p2p["hypervisor"]), Probed(value=p2p["acs"]))
+        docker = {"runtimes": ("io.containerd.runc.v2", "nvidia", "runc"), "cdi": (),
+                  "hook": None, "docker": "/usr/bin/docker", **(scenario.docker or {})}
+        answer = hostfacts.DockerGpu(docker["runtimes"], docker["cdi"], docker["hook"],
+                                     docker["docker"])
+        patch.setattr(probes, "probe_p2p", lambda bus_ids: host_p2p, raising=False)
+        patch.setattr(probes, "probe_docker", lambda: Probed(value=answer), raising=False)
+    folders: list[Path] = []
+    if scenario.libcuda is not None:
+        options = dict(scenario.libcuda)
+        folder = tmp / options.pop("folder", "driver")
+        options.setdefault("device_count", len(gpus))
+        build_libcuda(folder, **options)
+        folders.append(folder)
+    for name, libraries in scenario.ld_path.items():
+        folder = tmp / name
+        for library, version in libraries.items():
+            if library == "nvjitlink-12.1":
+                build_library(folder, "libnvJitLink.so.12")  # without 12.5's symbols
+            else:
+                build_cuda_library(folder, library, version or None)
+        folders.append(folder)
+    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+               "LD_LIBRARY_PATH": ":".join(str(f) for f in folders), **scenario.environ}
+    if cudadriver is not None:
+        patch.setattr(cudadriver, "collect", REAL["driver"])
+    if scenario.site is not None:
+        options = dict(scenario.site)
+        if options.get("missing") == "all":
+            options["missing"] = tuple(spec.name for spec in cudalibs.LIBRARIES)
+        site = build_site(tmp / "site", **options)
+        environ = site.environ(environ)
+        # The children import the doctor this process runs (this checkout's), not another.
+        environ["PYTHONPATH"] += os.pathsep + str(Path(mgpu_env.__file__).parents[1])
+        patch.setattr(tfprobe, "collect", REAL["tf"])
+        patch.setattr(cudalibs, "collect", REAL["cuda"])
+    else:
+        tf = _canned_tf(len(gpus))
+        stack = _canned_stack(**scenario.canned)
+        patch.setattr(tfprobe, "collect", lambda env, timeout_s=0: tf)
+        patch.setattr(cudalibs, "collect", lambda env, timeout_s=0: stack)
+    settings = resolve_settings({"GPUS": "all", **scenario.settings}, environ)
+    return settings, environ
+
+
+def render_table(report: Report) -> str:
+    from rich.console import Console
+
+    from entrypoint.doctor import render
+
+    out = io.StringIO()
+    render(report, Console(file=out, width=100, no_color=True, force_terminal=False),
+           strict=False)
+    return out.getvalue()
+
+
+def judge(thread: Thread, report: Report, table: str, tmp: Path) -> Outcome:
+    flagged = [c for c in report.checks if c.status in ("warn", "error")]
+    detected = bool(report.errors) if thread.status == "error" else bool(flagged)
+    said = " ".join(f"{c.found} {c.fix}" for c in flagged).lower()
+    cause = all(word.lower() in said for word in thread.cause)
+    fix = _fill(thread.fix, tmp)
+    named = [c for c in report.checks if c.id == thread.check
+             or c.id.startswith(thread.check + ".")]
+    return Outcome(
+        thread, detected, cause, _unwrapped(fix) in _unwrapped(table),
+        named[0].status if named else "missing", fix, table,
+    )
+
+
+def simulate(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Outcome, Report]:
+    """Simulate `thread` in `tmp` and run the doctor on it."""
+    settings, environ = set_up(thread, tmp, patch)
+    report = diagnose(settings, environ)
+    return judge(thread, report, render_table(report), tmp), report

@@ -1,0 +1,141 @@
+"""CUDA's driver API probe against real fake libcuda.so.1 files (gcc, the real loader via
+LD_LIBRARY_PATH), and the doctor's verdict on each result code users meet."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mgpu_env.doctor.checks import check_cuda_driver, check_device_files
+from mgpu_env.hardware import cudaerrors
+from mgpu_env.hardware.cudadriver import collect as real_collect
+from mgpu_env.hardware.nvml import Probed
+from tests.support.fake_doctor import healthy_host, make_facts, tf_facts
+from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.fakecuda import build_libcuda, needs_gcc
+
+Install = Callable[[FakeNvml], FakeNvml]
+pytestmark = needs_gcc
+
+
+def environ(*folders: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env["LD_LIBRARY_PATH"] = ":".join(str(f) for f in folders)
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("code", [0, 2, 35, 46, 100, 803, 804, 999])
+def test_the_probe_reports_cuinit_s_code_and_the_file(tmp_path: Path, code: int) -> None:
+    library = build_libcuda(tmp_path / "lib", init_code=code, driver_version=12080,
+                            device_count=2)
+    probed = real_collect(environ(tmp_path / "lib"))
+    assert probed.ok, probed.error
+    api = probed.value
+    assert api is not None and api.library == str(library)
+    assert api.init_code == code and api.driver_version == 12080 and api.cuda_version == "12.8"
+    assert api.device_count == (2 if code == 0 else None)
+
+
+def test_no_libcuda_says_so(tmp_path: Path) -> None:
+    # An empty LD_LIBRARY_PATH folder: on a machine without a driver nothing else has one.
+    probed = real_collect(environ(tmp_path))
+    assert probed.ok and probed.value is not None
+    if probed.value.library is None:
+        assert "libcuda.so.1" in (probed.value.load_error or "")
+
+
+def test_the_loader_takes_ld_library_path_first(tmp_path: Path) -> None:
+    build_libcuda(tmp_path / "cuda-12.8" / "compat", init_code=804)
+    build_libcuda(tmp_path / "driver", init_code=0)
+    first = real_collect(environ(tmp_path / "cuda-12.8" / "compat", tmp_path / "driver"))
+    assert first.value is not None and first.value.init_code == 804
+    assert "/compat/" in (first.value.library or "")
+    second = real_collect(environ(tmp_path / "driver", tmp_path / "cuda-12.8" / "compat"))
+    assert second.value is not None and second.value.init_code == 0
+
+
+def test_a_hung_cuinit_times_out(tmp_path: Path) -> None:
+    build_libcuda(tmp_path / "lib", hang_s=30)
+    start = time.monotonic()
+    probed = real_collect(environ(tmp_path / "lib"), timeout_s=1.0)
+    assert time.monotonic() - start < 10
+    assert not probed.ok and "did not return within 1 s" in (probed.error or "")
+
+
+# ------------------------------------------------------------------------- the verdict
+
+
+def judged(
+    use_fake_nvml: Install, tmp_path: Path, code: int, *, folder: str = "driver",
+    gpus: int = 2, count: int | None = None, **host: object,
+) -> tuple[str, str, str]:
+    use_fake_nvml(fake_with(gpus))
+    build_libcuda(tmp_path / folder, init_code=code, device_count=gpus if count is None
+                  else count)
+    probed = real_collect(environ(tmp_path / folder, CUDA_VISIBLE_DEVICES=",".join(
+        str(i) for i in range(gpus))))
+    facts = make_facts("all", host=healthy_host(**host))  # type: ignore[arg-type]
+    import dataclasses
+
+    facts = dataclasses.replace(facts, cuda_driver=probed)
+    check = check_cuda_driver(facts)
+    return check.status, check.found, check.fix
+
+
+def test_success_is_ok(use_fake_nvml: Install, tmp_path: Path) -> None:
+    status, found, _ = judged(use_fake_nvml, tmp_path, 0)
+    assert status == "ok" and "cuInit ok, 2 GPU(s)" in found
+
+
+def test_unknown_error_on_a_host_without_nvidia_uvm(use_fake_nvml: Install,
+                                                    tmp_path: Path) -> None:
+    status, found, fix = judged(
+        use_fake_nvml, tmp_path, 999, in_container=Probed(value=False),
+        nvidia_modules=Probed(value=("nvidia", "nvidia_modeset")))
+    assert status == "error" and "CUDA_ERROR_UNKNOWN" in found
+    assert "nvidia_uvm NOT loaded" in found
+    assert fix == cudaerrors.FIX_UVM and "nvidia-modprobe -u -c=0" in fix
+
+
+def test_unknown_error_in_a_container_without_dev_nvidia_uvm(use_fake_nvml: Install,
+                                                             tmp_path: Path) -> None:
+    files = Probed(value=("nvidia0", "nvidia1", "nvidiactl"))
+    status, found, fix = judged(use_fake_nvml, tmp_path, 999, device_files=files)
+    assert status == "error" and "no /dev/nvidia-uvm" in found
+    assert fix == cudaerrors.FIX_UVM_CONTAINER
+    facts = make_facts("all", host=healthy_host(device_files=files))
+    assert check_device_files(facts).status == "warn"
+
+
+@pytest.mark.parametrize("code", [803, 804])
+def test_forward_compatibility_from_a_compat_folder(use_fake_nvml: Install, tmp_path: Path,
+                                                    code: int) -> None:
+    status, found, fix = judged(use_fake_nvml, tmp_path, code,
+                                folder="usr/local/cuda-12.8/compat")
+    assert status == "error" and cudaerrors.name(code) in found
+    assert "forward-compatibility library" in found and fix == cudaerrors.FIX_COMPAT
+
+
+@pytest.mark.parametrize(("code", "words"), [
+    (100, "CUDA sees no GPU"), (35, "driver is older"), (2, "another process holds it"),
+    (46, "exclusive-process"), (34, "stub"), (802, "fabric manager")])
+def test_each_code_has_its_cause_and_fix(use_fake_nvml: Install, tmp_path: Path, code: int,
+                                         words: str) -> None:
+    status, found, fix = judged(use_fake_nvml, tmp_path, code)
+    assert status == "error" and words in found and fix == cudaerrors.describe(code).fix
+
+
+def test_fewer_gpus_than_nvml(use_fake_nvml: Install, tmp_path: Path) -> None:
+    status, found, _ = judged(use_fake_nvml, tmp_path, 0, count=1)
+    assert status == "error" and "asks for 2 (NVML lists 2)" in found
+
+
+def test_not_probed_without_gpus(use_fake_nvml: Install) -> None:
+    use_fake_nvml(fake_with(0))
+    facts = make_facts("all", tf=tf_facts(0))
+    assert facts.cuda_driver is None and check_cuda_driver(facts).status == "skip"

@@ -1,0 +1,166 @@
+"""The host around the GPUs: Docker's way to give containers GPUs, and IOMMU, ACS and a
+hypervisor under PCIe P2P; every probe against a fake /sys, /proc or docker command."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mgpu_env.doctor import facts as probes
+from mgpu_env.doctor.checks import check_docker, check_p2p
+from mgpu_env.doctor.checks.host import FIX_CONTAINER_TOOLKIT, FIX_P2P, FIX_P2P_VM, FIX_SNAP_DOCKER
+from mgpu_env.hardware import hostfacts
+from mgpu_env.hardware.nvml import Probed
+from tests.support.fake_doctor import docker_gpu, healthy_host, make_facts, p2p_host, tf_facts
+from tests.support.fake_nvml import FakeNvml, fake_with
+
+Install = Callable[[FakeNvml], FakeNvml]
+REAL_P2P = hostfacts.p2p_host
+
+
+def config_space(control: int | None) -> bytes:
+    """4096 bytes of PCI configuration with an ACS capability at 0x100 (None: without)."""
+    data = bytearray(4096)
+    if control is not None:
+        data[0x100:0x104] = (0x000D | (1 << 16)).to_bytes(4, "little")
+        data[0x106:0x108] = control.to_bytes(2, "little")
+    return bytes(data)
+
+
+def test_acs_control_is_read_from_the_extended_configuration() -> None:
+    assert hostfacts.acs_redirecting(config_space(0x001D)) is True  # SrcValid ReqRedir ...
+    assert hostfacts.acs_redirecting(config_space(0x0001)) is False  # SrcValid only
+    assert hostfacts.acs_redirecting(config_space(None)) is False
+    assert hostfacts.acs_redirecting(bytes(64)) is None  # not root: 64 bytes only
+
+
+def fake_pci(tmp_path: Path, bridge_config: bytes) -> Path:
+    root = tmp_path / "devices" / "pci0000:00"
+    gpu = root / "0000:00:03.1" / "0000:41:00.0"
+    gpu.mkdir(parents=True)
+    (root / "0000:00:03.1" / "config").write_bytes(bridge_config)
+    (gpu / "config").write_bytes(bytes(4096))
+    bus = tmp_path / "bus"
+    bus.mkdir()
+    (bus / "0000:41:00.0").symlink_to(gpu)
+    return bus
+
+
+def test_acs_on_the_bridge_above_a_gpu(tmp_path: Path) -> None:
+    bus = fake_pci(tmp_path, config_space(0x001D))
+    found = hostfacts.acs_bridges(["00000000:41:00.0"], bus)
+    assert found.value == ("0000:00:03.1",)
+
+
+def test_acs_unreadable_without_root_is_could_not_collect(tmp_path: Path) -> None:
+    bus = fake_pci(tmp_path, bytes(64))
+    found = hostfacts.acs_bridges(["00000000:41:00.0"], bus)
+    assert not found.ok and "root only" in (found.error or "")
+
+
+def test_cmdline_hypervisor_and_groups(tmp_path: Path) -> None:
+    (tmp_path / "cmdline").write_text("BOOT_IMAGE=/vmlinuz ro quiet intel_iommu=on iommu=pt\n")
+    (tmp_path / "cpuinfo").write_text("processor: 0\nflags\t\t: fpu vme hypervisor avx\n")
+    (tmp_path / "groups" / "0").mkdir(parents=True)
+    (tmp_path / "groups" / "1").mkdir()
+    assert hostfacts.kernel_cmdline(tmp_path / "cmdline").value == "intel_iommu=on iommu=pt"
+    assert hostfacts.hypervisor(tmp_path / "cpuinfo").value is True
+    assert hostfacts.iommu_groups(tmp_path / "groups").value == 2
+    assert hostfacts.iommu_groups(tmp_path / "none").value == 0
+    assert not hostfacts.kernel_cmdline(tmp_path / "missing").ok
+
+
+def test_the_real_host_never_raises() -> None:
+    host = REAL_P2P(("00000000:17:00.0", "bad"))
+    for probed in (host.iommu_groups, host.cmdline, host.hypervisor, host.acs_bridges):
+        assert probed.ok or probed.error
+
+
+@pytest.mark.parametrize(("host", "status", "fix"), [
+    (p2p_host(), "ok", ""),
+    (p2p_host(iommu_groups=40, cmdline="intel_iommu=on"), "warn", FIX_P2P),
+    (p2p_host(iommu_groups=40, cmdline="intel_iommu=on iommu=pt"), "ok", ""),
+    (p2p_host(acs=("0000:00:03.1",)), "warn", FIX_P2P),
+    (p2p_host(hypervisor=True), "warn", FIX_P2P_VM),
+])
+def test_p2p_verdict(use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch,
+                     host: hostfacts.P2pHost, status: str, fix: str) -> None:
+    use_fake_nvml(fake_with(2))
+    monkeypatch.setattr(probes, "probe_p2p", lambda bus_ids: host)
+    check = check_p2p(make_facts("all", tf=tf_facts(2)))
+    assert (check.status, check.fix) == (status, fix)
+    if status == "warn":
+        assert "NCCL_P2P_DISABLE=1" in check.fix
+
+
+def test_nvlink_is_not_judged_by_the_pcie_path(use_fake_nvml: Install,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    use_fake_nvml(fake_with(2, nvlink=True))
+    monkeypatch.setattr(probes, "probe_p2p", lambda bus_ids: p2p_host(iommu_groups=9))
+    assert check_p2p(make_facts("all", tf=tf_facts(2))).status == "ok"
+
+
+# ---------------------------------------------------------------------------- Docker
+
+
+def fake_docker(tmp_path: Path, runtimes: str) -> str:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "docker"
+    script.write_text(f"#!/bin/sh\necho '{runtimes}'\n")
+    script.chmod(0o755)
+    return str(folder)
+
+
+def test_docker_info_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hostfacts, "CDI_FOLDERS", (tmp_path / "cdi",))
+    path = fake_docker(tmp_path, '{"io.containerd.runc.v2":{},"runc":{}}')
+    got = hostfacts.docker_gpu_support(path)
+    assert got.value is not None and got.value.runtimes == ("io.containerd.runc.v2", "runc")
+    assert not got.value.ready
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "nvidia.yaml").write_text("kind: nvidia.com/gpu\n")
+    assert hostfacts.cdi_specs((tmp_path / "cdi",)) == (str(tmp_path / "cdi" / "nvidia.yaml"),)
+
+
+def test_no_docker_is_could_not_collect(tmp_path: Path) -> None:
+    got = hostfacts.docker_gpu_support(str(tmp_path))
+    assert not got.ok and "no docker command" in (got.error or "")
+
+
+@pytest.mark.parametrize(("answer", "status", "fix"), [
+    (docker_gpu(), "ok", ""),
+    (docker_gpu(runtimes=("runc",), cdi=("/etc/cdi/nvidia.yaml",)), "ok", ""),
+    (docker_gpu(runtimes=("runc",), hook="/usr/bin/nvidia-container-runtime-hook"), "ok", ""),
+    (docker_gpu(runtimes=("io.containerd.runc.v2", "runc")), "error", FIX_CONTAINER_TOOLKIT),
+    (docker_gpu(runtimes=("runc",), docker="/snap/docker/2915/bin/docker"), "error",
+     FIX_SNAP_DOCKER),
+])
+def test_docker_verdict_on_a_host_with_the_gpu_compose_file(
+    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch, answer: Probed[object],
+    status: str, fix: str,
+) -> None:
+    use_fake_nvml(fake_with(1))
+    monkeypatch.setattr(probes, "probe_docker", lambda: answer)
+    host = healthy_host(in_container=Probed(value=False))
+    facts = make_facts("all", host=host, environ={
+        "COMPOSE_FILE": "docker-compose.yml:docker-compose.gpu.yml"})
+    checks = check_docker(facts)
+    assert [(c.status, c.fix) for c in checks] == [(status, fix)]
+
+
+def test_docker_is_not_asked_in_a_container_or_without_the_gpu_file(
+    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_fake_nvml(fake_with(1))
+    asked: list[int] = []
+    monkeypatch.setattr(probes, "probe_docker", lambda: asked.append(1) or docker_gpu())
+    gpu_file = {"COMPOSE_FILE": "docker-compose.yml:docker-compose.gpu.yml"}
+    make_facts("all", host=healthy_host(in_container=Probed(value=True)), environ=gpu_file)
+    make_facts("all", host=healthy_host(in_container=Probed(value=False)),
+               environ={"COMPOSE_FILE": "docker-compose.yml"})
+    assert asked == [] and check_docker(make_facts("all")) == []
+    assert os.environ.get("COMPOSE_FILE") is None
