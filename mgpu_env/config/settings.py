@@ -153,8 +153,8 @@ class Settings:
     )
     keras: KerasRequest = setting(
         "KERAS", "auto",
-        "Which Keras tf.keras is: auto (Keras 2, tf_keras, for a script run between workers "
-        "by mgpu run, where Keras 3 cannot train; else Keras 3), 3, or 2 (needs tf-keras).",
+        "Which Keras tf.keras is: auto (Keras 2, tf_keras, for an mgpu run script that uses "
+        "Keras 2 APIs or runs between workers; else Keras 3), 3, or 2 (needs tf-keras).",
         parse_choice("auto", "3", "2"), "auto, 3, 2", metavar="VERSION",
         roles=(*RUN_SETTING, "agreed"),  # agreed: the Keras it chose (2 or 3)
     )

@@ -1,6 +1,6 @@
 """Your model and your data in the packaged loop: `MODEL=` and `DATASET=package.module:function`.
 
-The contracts (also in the README, "Your own model"):
+The contracts (also in docs/your-code.md, "Hooks"):
 
 - **MODEL** `build(input_shape, num_classes)`: `input_shape` is one sample's shape, a tuple
   such as `(784,)`; returns an **uncompiled** `keras.Model` whose input takes that shape and

@@ -87,8 +87,8 @@ def read_layout(folder: Path) -> Layout:
             raise ValueError("dtype is uint8 or float32; channels 0, 1, 3 or 4")
     except (OSError, ValueError, TypeError) as err:
         raise ConfigError(
-            f"{path} cannot be used ({err}).\n  Valid keys: {', '.join(valid)} (README, "
-            "\"Files as data sets\"). Fix the file or remove it."
+            f"{path} cannot be used ({err}).\n  Valid keys: {', '.join(valid)} (docs/data.md, "
+            "\"Folders of files\"). Fix the file or remove it."
         ) from None
     return layout
 
