@@ -226,7 +226,7 @@ assert nccl == nccl_pin, f"NCCL loaded {nccl}, pinned {nccl_pin}"
 smoke = data["smoke"]
 assert smoke["ok"], smoke
 assert smoke["devices"] == ["CPU:0", "CPU:1"], smoke["devices"]
-assert [s["name"] for s in smoke["steps"]] == ["setup", "all-reduce", "xla", "matmul"]
+assert [s["name"] for s in smoke["steps"]] == ["setup", "copies", "all-reduce", "bandwidth", "xla", "matmul"]
 print(f"cuda checks ok; cuDNN {cudnn}, NCCL {nccl}; smoke ok on {smoke['devices']}")
 PY
     log "doctor --json --smoke exited $code: $(cat "$WORK/doctor-stack.txt")"
