@@ -113,10 +113,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles_function_level_imports_included() -> None:
-    # The doctor's checks package is left out: its modules and its __init__ share helpers
-    # both ways (the doctor's own layout, outside the training core).
-    cycles = [group for group in import_cycles(module_graph())
-              if not all(m.startswith("mgpu_env.doctor.") for m in group)]
+    cycles = import_cycles(module_graph())
     assert not cycles, "\n".join(" <-> ".join(group) for group in cycles)
 
 

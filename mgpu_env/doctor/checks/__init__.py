@@ -11,7 +11,8 @@ it never changes the exit code.
 - `container`: device files, /dev/shm, memlock and stack limits, the user;
 - `cluster`: the engine that described the cluster, and whether each peer answers;
 - `versions`: Python, TensorFlow, Keras against the table and the lock;
-- `common`: `Check`, `Status`, `run_checks` and the helpers they share.
+- `common`: `Check`, `Status` and the helpers the topics share;
+- `run`: `ALL_CHECKS` in report order and `run_checks`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from mgpu_env.doctor.checks.common import (
     Skipped,
     SkippedGroup,
     Status,
+    expected_tf_gpus,
     group_skipped,
-    run_checks,
     target_build,
 )
 from mgpu_env.doctor.checks.container import (
@@ -66,45 +67,9 @@ from mgpu_env.doctor.checks.gpus import (
 )
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
+from mgpu_env.doctor.checks.run import ALL_CHECKS, run_checks
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
-from mgpu_env.doctor.checks.visible import (
-    check_request,
-    check_tf_devices,
-    check_visibility_env,
-    expected_tf_gpus,
-)
-
-ALL_CHECKS: tuple[CheckFunction, ...] = (
-    check_nvml,
-    check_driver_version,
-    check_driver_cuda,
-    check_cuda_driver,
-    check_device_files,
-    check_tf_build,
-    check_cuda_libraries,
-    check_tf_libraries,
-    check_cudnn,
-    check_nccl,
-    check_ptxas,
-    check_libdevice,
-    check_versions,
-    check_keras,
-    gpu_checks,
-    check_mixed_precision,
-    check_uniform,
-    check_topology,
-    check_p2p,
-    check_request,
-    check_visibility_env,
-    check_tf_devices,
-    check_shm,
-    check_memlock,
-    check_stack,
-    check_user,
-    check_run_folder,
-    check_docker,
-    check_cluster,
-)
+from mgpu_env.doctor.checks.visible import check_request, check_tf_devices, check_visibility_env
 
 __all__ = [
     "ALL_CHECKS",

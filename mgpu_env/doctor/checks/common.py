@@ -1,4 +1,4 @@
-"""What every check shares: the `Check` record, its status, `run_checks` and small helpers."""
+"""What every check shares: the `Check` record, its status and small helpers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
+from mgpu_env.hardware.devices import visible_gpus
 from mgpu_env.hardware.nvml import GpuInfo, Probed
 
 Status = Literal["ok", "warn", "error", "skip"]
@@ -164,22 +165,16 @@ def limit_text(value: int) -> str:
     return "unlimited" if value == -1 else f"{value / MIB:g} MiB"
 
 
-def run_checks(
-    facts: Facts, checks: Iterable[CheckFunction] | None = None
-) -> list[Check]:
-    """Every check (default: `ALL_CHECKS`), in report order. A check that raises becomes a
-    warning, not a crash."""
-    if checks is None:
-        from mgpu_env.doctor.checks import ALL_CHECKS
-
-        checks = ALL_CHECKS
-    results: list[Check] = []
-    for check in checks:
-        try:
-            outcome = check(facts)
-        except Exception as err:
-            name = getattr(check, "__name__", "check")
-            results.append(Check(name, name, "warn", f"could not collect ({err!r})"))
-            continue
-        results.extend(outcome if isinstance(outcome, list) else [outcome])
-    return results
+def expected_tf_gpus(facts: Facts) -> tuple[int, str] | None:
+    """How many GPUs TensorFlow should list, and why; None when GPUS did not fit."""
+    selection = facts.selection
+    if selection is None:
+        return None
+    if selection.cuda_visible_devices is not None:
+        return len(selection.gpus), (
+            f"GPUS={facts.request} -> CUDA_VISIBLE_DEVICES={selection.cuda_visible_devices}"
+        )
+    preset = facts.environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is None:
+        return len(selection.gpus), f"GPUS={facts.request}"
+    return len(visible_gpus(preset, facts.gpus)), f"GPUS=all, CUDA_VISIBLE_DEVICES={preset!r}"

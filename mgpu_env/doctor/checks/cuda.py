@@ -16,6 +16,7 @@ from mgpu_env.doctor.checks.common import (
     target_build,
     wants_gpus,
 )
+from mgpu_env.doctor.checks.libraries import origin_of, shadowed_libraries
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
 from mgpu_env.hardware.cudalibs import LIBRARIES, CudaStack, LoadedLibrary
@@ -101,8 +102,6 @@ def check_cudnn(facts: Facts) -> Check:
         wheel = facts.cuda.library("cudnn") if facts.cuda is not None else None
         wheel_path = wheel.value.wheel if wheel is not None and wheel.ok and wheel.value else None
         if wheel_path and os.path.realpath(wheel_path) != os.path.realpath(tf.cudnn.value.path):
-            from mgpu_env.doctor.checks.libraries import origin_of
-
             what, fix = origin_of(tf.cudnn.value.path, facts)
             problem += f", loaded from {what} instead of {wheel_path}"
         return Check("tensorflow.cudnn", title, "error", found + problem, expected, fix)
@@ -195,8 +194,6 @@ def check_cuda_libraries(facts: Facts) -> Check:
         return Check("cuda.libraries", title, "skip",
                      f"{found}; only GPUs need them; to add them: {fix}", expected,
                      skipped_for=no_gpu(facts))
-    from mgpu_env.doctor.checks.libraries import shadowed_libraries
-
     shadows = shadowed_libraries(facts)
     if shadows and any("undefined symbol" in (stack.library(n).error or "") for n in missing):
         # Not a missing install: an older copy found first lacks its partner's symbols.

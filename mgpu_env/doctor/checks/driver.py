@@ -6,6 +6,7 @@ from mgpu_env.doctor.checks.common import (
     FIX_DRIVER_IN_CONTAINER,
     Check,
     Status,
+    expected_tf_gpus,
     gpu_compose_file,
     no_gpu,
     nvml_fix,
@@ -181,8 +182,6 @@ def driver_failure(facts: Facts, code: int, library: str | None) -> tuple[str, s
 def check_cuda_driver(facts: Facts) -> Check:
     """cuInit in a process with the run's environment: which libcuda.so.1, its result code,
     and as many GPUs as NVML (and GPUS) say."""
-    from mgpu_env.doctor.checks.visible import expected_tf_gpus
-
     title = "CUDA (cuInit)"
     expected = "libcuda.so.1 of the driver loads, cuInit(0) = CUDA_SUCCESS, every GPU asked for"
     probed = facts.cuda_driver

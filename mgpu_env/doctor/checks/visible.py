@@ -8,11 +8,14 @@ from mgpu_env.doctor.checks.common import (
     TF_NOT_PROBED,
     TF_SKIPPED,
     Check,
+    expected_tf_gpus,
     gpu_names,
     no_gpu,
     nvml_fix,
     wants_gpus,
 )
+from mgpu_env.doctor.checks.driver import driver_failure
+from mgpu_env.doctor.checks.libraries import library_cause
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import tflog
 from mgpu_env.hardware.devices import visible_gpus
@@ -80,27 +83,9 @@ def check_visibility_env(facts: Facts) -> Check:
     return Check("visible.environment", title, "ok", found, expected)
 
 
-def expected_tf_gpus(facts: Facts) -> tuple[int, str] | None:
-    """How many GPUs TensorFlow should list, and why; None when GPUS did not fit."""
-    selection = facts.selection
-    if selection is None:
-        return None
-    if selection.cuda_visible_devices is not None:
-        return len(selection.gpus), (
-            f"GPUS={facts.request} -> CUDA_VISIBLE_DEVICES={selection.cuda_visible_devices}"
-        )
-    preset = facts.environ.get("CUDA_VISIBLE_DEVICES")
-    if preset is None:
-        return len(selection.gpus), f"GPUS={facts.request}"
-    return len(visible_gpus(preset, facts.gpus)), f"GPUS=all, CUDA_VISIBLE_DEVICES={preset!r}"
-
-
 def _root_cause(facts: Facts) -> tuple[str, str] | None:
     """Why TensorFlow has fewer GPUs, from the probes nearest the cause: CUDA's own
     initialisation, then the library files, then TensorFlow's log."""
-    from mgpu_env.doctor.checks.driver import driver_failure
-    from mgpu_env.doctor.checks.libraries import library_cause
-
     api = facts.cuda_driver.value if facts.cuda_driver is not None else None
     if api is not None and api.init_code not in (None, 0):
         return driver_failure(facts, api.init_code, api.library)
