@@ -32,6 +32,7 @@ from mgpu_env.doctor.checks.host import FIX_P2P, FIX_P2P_VM
 from mgpu_env.hardware import tflog
 from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.runtime import Execution, Runtime
+from mgpu_env.runtime.strategy import StrategyPlan
 
 JSON_MARKER = "MGPU_SMOKE_JSON "
 # TensorFlow's import and the first XLA compilation take most of it; a healthy job is done
@@ -281,98 +282,111 @@ def run_in_process(execution: Execution) -> SmokeResult:
     start = time.perf_counter()
     job = _Job()
     setup: dict[str, Any] = {}
-    plan, split = execution.strategy, execution.split
-
-    def set_up() -> tuple[bool, str]:
-        import tensorflow as tf
-
-        execution.prepare_tensorflow()  # RunFailed when TensorFlow sees other devices
-        setup.update(tf=tf, strategy=execution.make_strategy())
-        return True, (
-            f"{plan.local_replicas} replica(s) on {split.physical} {split.device_type} "
-            f"device(s), {plan.cross_device_ops}: {plan.reason}"
-        )
-
-    if not job.step("setup", FIX_SETUP, set_up):
+    plan = execution.strategy
+    if not job.step("setup", FIX_SETUP, lambda: _set_up(execution, setup)):
         return _result(job, start, setup, execution)
     tf, strategy = setup["tf"], setup["strategy"]
-
-    def all_reduce() -> tuple[bool, str]:
-        @tf.function
-        def reduce() -> Any:
-            def replica_fn() -> Any:
-                context = tf.distribute.get_replica_context()
-                value = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
-                return context.all_reduce(
-                    tf.distribute.ReduceOp.SUM, value * tf.ones([ALL_REDUCE_LENGTH])
-                )
-
-            return strategy.run(replica_fn)
-
-        replicas = plan.local_replicas
-        want = replicas * (replicas + 1) / 2
-        sums = [float(v.numpy()[0]) for v in strategy.experimental_local_results(reduce())]
-        ok = len(sums) == replicas and all(abs(s - want) < 1e-3 for s in sums)
-        return ok, (
-            f"{replicas} replica(s), {plan.cross_device_ops}: sum {sums[0]:g} on every "
-            f"replica (expected {want:g})" if ok else f"sums {sums}, expected {want:g} on each"
-        )
-
     fix = FIX_ALL_REDUCE.get(plan.cross_device_ops, FIX_ALL_REDUCE[""])
     if plan.local_replicas >= 2:
         job.step("copies", fix, lambda: links.copy_pairs(tf, plan.devices))
     links.phase("all-reduce")
-    job.step("all-reduce", fix, all_reduce)
+    job.step("all-reduce", fix, lambda: _all_reduce(tf, strategy, plan))
     if plan.local_replicas >= 2:
-        measured: dict[str, Any] = {}
-
-        def bandwidth() -> tuple[bool, str]:
-            ok, detail, values = links.bandwidth(tf, strategy, plan.local_replicas,
-                                                 plan.device_type)
-            measured["values"] = values
-            return ok, detail
-
-        if job.step("bandwidth", fix, bandwidth):
-            job.steps[-1] = dataclasses.replace(job.steps[-1], values=measured["values"])
+        _bandwidth(job, fix, tf, strategy, plan)
     links.phase("xla")
-
-    def xla() -> tuple[bool, str]:
-        import numpy as np
-
-        points = np.linspace(0.0, 1.0, 4096, dtype=np.float32)
-        with tf.device(plan.devices[0]):
-            compiled = tf.function(
-                lambda x: tf.reduce_sum(tf.sin(x) * tf.exp(x)), jit_compile=True
-            )
-            got = float(compiled(tf.constant(points)))
-        want = float(np.sum(np.sin(points) * np.exp(points)))
-        ok = abs(got - want) <= 1e-3 * abs(want)
-        return ok, f"jit_compile on {_short(plan.devices[0])}: {got:.4f} (expected {want:.4f})"
-
-    job.step("xla", FIX_XLA_GPU if plan.device_type == "GPU" else FIX_XLA_CPU, xla)
-
-    def matmul() -> tuple[bool, str]:
-        from mgpu_env.runtime.keras import tensorflow_keras
-
-        keras = tensorflow_keras()
-        choice = execution.precision
-        setup["policy"] = choice.policy
-        dtype = keras.mixed_precision.Policy(choice.policy).compute_dtype
-        with tf.device(plan.devices[0]):
-            a = tf.random.stateless_uniform([MATMUL_SIZE, MATMUL_SIZE], seed=[1, 2])
-            b = tf.random.stateless_uniform([MATMUL_SIZE, MATMUL_SIZE], seed=[3, 4])
-            got = tf.cast(tf.matmul(tf.cast(a, dtype), tf.cast(b, dtype)), tf.float32)
-            want = tf.matmul(a, b)
-            error = float(tf.reduce_max(tf.abs(got - want)) / tf.reduce_max(tf.abs(want)))
-        ok = error <= TOLERANCE.get(dtype, 1e-2)
-        return ok, (
-            f"{MATMUL_SIZE}x{MATMUL_SIZE} in {dtype} ({choice.policy}): relative error "
-            f"{error:.1e} (at most {TOLERANCE.get(dtype, 1e-2):g})"
-        )
-
+    job.step("xla", FIX_XLA_GPU if plan.device_type == "GPU" else FIX_XLA_CPU,
+             lambda: _xla(tf, plan.devices[0]))
     links.phase("matmul")
-    job.step("matmul", FIX_MATMUL, matmul)
+    job.step("matmul", FIX_MATMUL, lambda: _matmul(tf, execution, setup))
     return _result(job, start, setup, execution)
+
+
+def _set_up(execution: Execution, setup: dict[str, Any]) -> tuple[bool, str]:
+    """Start TensorFlow on the execution's devices and build its strategy (kept in `setup`)."""
+    import tensorflow as tf
+
+    plan, split = execution.strategy, execution.split
+    execution.prepare_tensorflow()  # RunFailed when TensorFlow sees other devices
+    setup.update(tf=tf, strategy=execution.make_strategy())
+    return True, (
+        f"{plan.local_replicas} replica(s) on {split.physical} {split.device_type} "
+        f"device(s), {plan.cross_device_ops}: {plan.reason}"
+    )
+
+
+def _all_reduce(tf: Any, strategy: Any, plan: StrategyPlan) -> tuple[bool, str]:
+    """One SUM all-reduce of (replica id + 1) on every replica: each must get the total."""
+
+    @tf.function
+    def reduce() -> Any:
+        def replica_fn() -> Any:
+            context = tf.distribute.get_replica_context()
+            value = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
+            return context.all_reduce(
+                tf.distribute.ReduceOp.SUM, value * tf.ones([ALL_REDUCE_LENGTH])
+            )
+
+        return strategy.run(replica_fn)
+
+    replicas = plan.local_replicas
+    want = replicas * (replicas + 1) / 2
+    sums = [float(v.numpy()[0]) for v in strategy.experimental_local_results(reduce())]
+    ok = len(sums) == replicas and all(abs(s - want) < 1e-3 for s in sums)
+    return ok, (
+        f"{replicas} replica(s), {plan.cross_device_ops}: sum {sums[0]:g} on every "
+        f"replica (expected {want:g})" if ok else f"sums {sums}, expected {want:g} on each"
+    )
+
+
+def _bandwidth(job: _Job, fix: str, tf: Any, strategy: Any, plan: StrategyPlan) -> None:
+    """The bus bandwidth step; when it passes, its step keeps the measured values."""
+    measured: dict[str, Any] = {}
+
+    def bandwidth() -> tuple[bool, str]:
+        ok, detail, values = links.bandwidth(tf, strategy, plan.local_replicas,
+                                             plan.device_type)
+        measured["values"] = values
+        return ok, detail
+
+    if job.step("bandwidth", fix, bandwidth):
+        job.steps[-1] = dataclasses.replace(job.steps[-1], values=measured["values"])
+
+
+def _xla(tf: Any, device: str) -> tuple[bool, str]:
+    """One `jit_compile` function on `device` (on a GPU: ptxas and libdevice), checked."""
+    import numpy as np
+
+    points = np.linspace(0.0, 1.0, 4096, dtype=np.float32)
+    with tf.device(device):
+        compiled = tf.function(
+            lambda x: tf.reduce_sum(tf.sin(x) * tf.exp(x)), jit_compile=True
+        )
+        got = float(compiled(tf.constant(points)))
+    want = float(np.sum(np.sin(points) * np.exp(points)))
+    ok = abs(got - want) <= 1e-3 * abs(want)
+    return ok, f"jit_compile on {_short(device)}: {got:.4f} (expected {want:.4f})"
+
+
+def _matmul(tf: Any, execution: Execution, setup: dict[str, Any]) -> tuple[bool, str]:
+    """One matmul in the compute dtype of training's precision, against float32."""
+    from mgpu_env.runtime.keras import tensorflow_keras
+
+    keras = tensorflow_keras()
+    choice = execution.precision
+    device = execution.strategy.devices[0]
+    setup["policy"] = choice.policy
+    dtype = keras.mixed_precision.Policy(choice.policy).compute_dtype
+    with tf.device(device):
+        a = tf.random.stateless_uniform([MATMUL_SIZE, MATMUL_SIZE], seed=[1, 2])
+        b = tf.random.stateless_uniform([MATMUL_SIZE, MATMUL_SIZE], seed=[3, 4])
+        got = tf.cast(tf.matmul(tf.cast(a, dtype), tf.cast(b, dtype)), tf.float32)
+        want = tf.matmul(a, b)
+        error = float(tf.reduce_max(tf.abs(got - want)) / tf.reduce_max(tf.abs(want)))
+    ok = error <= TOLERANCE.get(dtype, 1e-2)
+    return ok, (
+        f"{MATMUL_SIZE}x{MATMUL_SIZE} in {dtype} ({choice.policy}): relative error "
+        f"{error:.1e} (at most {TOLERANCE.get(dtype, 1e-2):g})"
+    )
 
 
 def _short(device: str) -> str:
