@@ -113,6 +113,30 @@ def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
     """One GPU: name, UUID, memory, compute capability vs the build, MIG."""
     title = f"GPU {gpu.index}"
     selected = any(g.index == gpu.index for g in facts.selected)
+    found = _describe_gpu(gpu)
+    if not selected:
+        found += f"; not used (GPUS={facts.request})"
+    build = facts.tensorflow.build.value if facts.tensorflow and facts.tensorflow.build.ok else None
+    capabilities = (
+        compat.build_capabilities(_tf_version(facts), build.compute_capabilities)
+        if build and build.is_cuda_build else ()
+    )
+    expected = (
+        "compute capability in the build (" + ", ".join(capabilities) + "), MIG off"
+        if capabilities else "MIG off; compute capability >= 7.0 for mixed precision"
+    )
+    problems = _gpu_problems(gpu, capabilities)
+    if not problems:
+        return Check(f"gpu.{gpu.index}", title, "ok", found, expected)
+    status: Status = "error" if any(s == "error" for s, _ in problems) else "warn"
+    if not selected:
+        status = "ok"  # a GPU this run does not use cannot stop it
+    return Check(f"gpu.{gpu.index}", title, status, found, expected,
+                 "; ".join(text for _, text in problems))
+
+
+def _describe_gpu(gpu: GpuInfo) -> str:
+    """What NVML says of one GPU, on one line: name, UUID, memory, capability, MIG, ..."""
     parts = [gpu.name, gpu.uuid or "no UUID"]
     if gpu.memory_total_mib.ok and gpu.memory_free_mib.ok:
         parts.append(
@@ -138,39 +162,12 @@ def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
         parts.append(f"FP16 tensor cores: {fp16}, bf16: {bf16}")
     if gpu.compute_mode.ok and gpu.compute_mode.value not in (None, "default"):
         parts.append(f"compute mode {gpu.compute_mode.value}")
-    if not selected:
-        parts.append(f"not used (GPUS={facts.request})")
-    found = "; ".join(parts)
+    return "; ".join(parts)
 
-    build = facts.tensorflow.build.value if facts.tensorflow and facts.tensorflow.build.ok else None
-    capabilities = (
-        compat.build_capabilities(_tf_version(facts), build.compute_capabilities)
-        if build and build.is_cuda_build else ()
-    )
-    expected = (
-        "compute capability in the build (" + ", ".join(capabilities) + "), MIG off"
-        if capabilities else "MIG off; compute capability >= 7.0 for mixed precision"
-    )
-    problems: list[tuple[Status, str]] = []
-    if cc.ok and cc.value and capabilities:
-        support = capability_support(cc.value, capabilities)
-        if support == "none":
-            problems.append((
-                "error",
-                f"this TensorFlow has no code for compute capability {cc_text(cc.value)}: "
-                "use another GPU (GPUS=...) or a TensorFlow built for it",
-            ))
-        elif cc.value[0] >= 10:
-            problems.append(("error", FIX_BLACKWELL))
-        elif support == "ptx":
-            problems.append((
-                "warn",
-                "the build has only PTX for this GPU: the first start compiles kernels for "
-                "minutes (keep the cache: CUDA_CACHE_MAXSIZE=4294967296)",
-            ))
-    elif not cc.ok:
-        problems.append(("warn", "compute capability could not be read: run `nvidia-smi -q`"))
-    problems += _compute_mode_problems(gpu)
+
+def _gpu_problems(gpu: GpuInfo, capabilities: Sequence[str]) -> list[tuple[Status, str]]:
+    """What is wrong with one GPU for training, each with its status and fix."""
+    problems = _capability_problems(gpu, capabilities) + _compute_mode_problems(gpu)
     if gpu.mig_enabled.ok and gpu.mig_enabled.value:
         problems.append((
             "warn",
@@ -184,13 +181,32 @@ def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
             "warn",
             "less than 10% of its memory is free: `nvidia-smi` shows which process holds it",
         ))
-    if not problems:
-        return Check(f"gpu.{gpu.index}", title, "ok", found, expected)
-    status: Status = "error" if any(s == "error" for s, _ in problems) else "warn"
-    if not selected:
-        status = "ok"  # a GPU this run does not use cannot stop it
-    return Check(f"gpu.{gpu.index}", title, status, found, expected,
-                 "; ".join(text for _, text in problems))
+    return problems
+
+
+def _capability_problems(gpu: GpuInfo, capabilities: Sequence[str]) -> list[tuple[Status, str]]:
+    """The GPU's compute capability against the ones TensorFlow was built for."""
+    cc = gpu.compute_capability
+    if not cc.ok:
+        return [("warn", "compute capability could not be read: run `nvidia-smi -q`")]
+    if not cc.value or not capabilities:
+        return []
+    support = capability_support(cc.value, capabilities)
+    if support == "none":
+        return [(
+            "error",
+            f"this TensorFlow has no code for compute capability {cc_text(cc.value)}: "
+            "use another GPU (GPUS=...) or a TensorFlow built for it",
+        )]
+    if cc.value[0] >= 10:
+        return [("error", FIX_BLACKWELL)]
+    if support == "ptx":
+        return [(
+            "warn",
+            "the build has only PTX for this GPU: the first start compiles kernels for "
+            "minutes (keep the cache: CUDA_CACHE_MAXSIZE=4294967296)",
+        )]
+    return []
 
 
 def _compute_mode_problems(gpu: GpuInfo) -> list[tuple[Status, str]]:
