@@ -101,23 +101,9 @@ def plan_strategy(
     if not devices:
         raise ConfigError("No device to train on: TensorFlow lists no CPU or GPU.")
     devices = tuple(devices)
-    shared = len(devices) > physical_devices
-    on_gpu = device_type == "GPU"
-
     if role is not None:
-        # Between workers, MultiWorkerMirroredStrategy's collectives use NCCL on GPUs and
-        # ring all-reduce otherwise; CROSS_DEVICE_OPS=nccl forces NCCL.
-        if requested == "nccl" and not (on_gpu and nccl_available):
-            raise _invalid(requested, "NCCL needs GPUs and a Linux CUDA build", ["auto"])
-        ops = "nccl" if on_gpu and nccl_available and not shared else "ring"
-        ignored = requested not in ("auto", ops)
-        return StrategyPlan(
-            "multi_worker", devices, device_type, physical_devices, ops,
-            f"the cluster has {role.num_workers} worker(s); collectives use {ops}", role,
-            note=(f"CROSS_DEVICE_OPS={requested} is not used: between workers the "
-                  f"collectives use {ops}") if ignored else "",
-        )
-
+        return _multi_worker_plan(requested, devices, device_type, physical_devices,
+                                  nccl_available, role)
     if len(devices) == 1:
         return StrategyPlan(
             "mirrored", devices, device_type, physical_devices, "none",
@@ -125,36 +111,73 @@ def plan_strategy(
             note=(f"CROSS_DEVICE_OPS={requested} is not used: with one replica there is "
                   "nothing to all-reduce") if requested != "auto" else "",
         )
-    without_nccl = ["auto", "hierarchical_copy", "reduction_to_one"]
     if requested == "nccl":
-        if not on_gpu:
-            raise _invalid(requested, "NCCL runs between GPUs, and these are CPU devices",
-                           without_nccl)
-        if shared:
-            raise _invalid(
-                requested,
-                f"the {len(devices)} logical GPUs share {physical_devices} physical GPU(s) "
-                "(VIRTUAL_DEVICES), and NCCL needs one GPU per rank",
-                without_nccl,
-            )
-        if not nccl_available:
-            raise _invalid(requested, "this platform's TensorFlow has no NCCL", without_nccl)
+        _check_nccl(len(devices), device_type, physical_devices, nccl_available)
         return StrategyPlan("mirrored", devices, device_type, physical_devices, "nccl",
                             "CROSS_DEVICE_OPS=nccl")
     if requested != "auto":
         return StrategyPlan("mirrored", devices, device_type, physical_devices, requested,
                             f"CROSS_DEVICE_OPS={requested}")
+    chosen, why = _auto_all_reduce(device_type == "GPU", len(devices) > physical_devices,
+                                   nccl_available)
+    return StrategyPlan("mirrored", devices, device_type, physical_devices, chosen, why)
+
+
+def _multi_worker_plan(
+    requested: str,
+    devices: tuple[str, ...],
+    device_type: str,
+    physical_devices: int,
+    nccl_available: bool,
+    role: WorkerRole,
+) -> StrategyPlan:
+    """Between workers, MultiWorkerMirroredStrategy's collectives use NCCL on GPUs and ring
+    all-reduce otherwise; CROSS_DEVICE_OPS=nccl forces NCCL."""
+    on_gpu = device_type == "GPU"
+    if requested == "nccl" and not (on_gpu and nccl_available):
+        raise _invalid(requested, "NCCL needs GPUs and a Linux CUDA build", ["auto"])
+    shared = len(devices) > physical_devices
+    ops = "nccl" if on_gpu and nccl_available and not shared else "ring"
+    ignored = requested not in ("auto", ops)
+    return StrategyPlan(
+        "multi_worker", devices, device_type, physical_devices, ops,
+        f"the cluster has {role.num_workers} worker(s); collectives use {ops}", role,
+        note=(f"CROSS_DEVICE_OPS={requested} is not used: between workers the "
+              f"collectives use {ops}") if ignored else "",
+    )
+
+
+def _check_nccl(
+    replicas: int, device_type: str, physical_devices: int, nccl_available: bool
+) -> None:
+    """CROSS_DEVICE_OPS=nccl between replicas on one machine: a ConfigError when it cannot
+    work here."""
+    without_nccl = ["auto", "hierarchical_copy", "reduction_to_one"]
+    if device_type != "GPU":
+        raise _invalid("nccl", "NCCL runs between GPUs, and these are CPU devices",
+                       without_nccl)
+    if replicas > physical_devices:
+        raise _invalid(
+            "nccl",
+            f"the {replicas} logical GPUs share {physical_devices} physical GPU(s) "
+            "(VIRTUAL_DEVICES), and NCCL needs one GPU per rank",
+            without_nccl,
+        )
+    if not nccl_available:
+        raise _invalid("nccl", "this platform's TensorFlow has no NCCL", without_nccl)
+
+
+def _auto_all_reduce(on_gpu: bool, shared: bool, nccl_available: bool) -> tuple[str, str]:
+    """CROSS_DEVICE_OPS=auto between several replicas: the all-reduce, and why."""
     if not on_gpu:
-        chosen, why = "reduction_to_one", "auto: CPU devices have no NCCL"
-    elif shared:
-        chosen, why = "reduction_to_one", (
+        return "reduction_to_one", "auto: CPU devices have no NCCL"
+    if shared:
+        return "reduction_to_one", (
             "auto: the logical GPUs share a physical GPU, where NCCL cannot work"
         )
-    elif not nccl_available:
-        chosen, why = "hierarchical_copy", "auto: this platform's TensorFlow has no NCCL"
-    else:
-        chosen, why = "nccl", "auto: one physical GPU per replica, NCCL available"
-    return StrategyPlan("mirrored", devices, device_type, physical_devices, chosen, why)
+    if not nccl_available:
+        return "hierarchical_copy", "auto: this platform's TensorFlow has no NCCL"
+    return "nccl", "auto: one physical GPU per replica, NCCL available"
 
 
 def mirrored_devices(plan: StrategyPlan) -> tuple[tuple[str, ...], str | None]:
