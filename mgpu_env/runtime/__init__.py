@@ -287,28 +287,10 @@ def build_runtime(
     cpu_flags = cpu.cpu_flags() if cpu_flags is None else cpu_flags
     nccl = nccl_available(selection.gpus) if nccl is None else nccl
     notes = [*decision.notes, *([selection.note] if selection.note else [])]
-    virtual_devices = settings.virtual_devices
-    if cluster is not None and not selection.gpus and virtual_devices >= 2:
-        # MultiWorkerMirroredStrategy mirrors over every local GPU, or over one CPU device:
-        # it never uses logical CPU devices, so splitting the CPU would only miscount the
-        # replicas (and the global batch).
-        notes.append(
-            f"VIRTUAL_DEVICES={virtual_devices} is not used between workers on the CPU: "
-            "MultiWorkerMirroredStrategy runs one replica per worker there"
-        )
-        virtual_devices = 0
-    environment: dict[str, str] = {}
-    if cluster is not None:
-        # TensorFlow reads only the process environment; TF_CONFIG may have come from the
-        # settings file or a flag, or been built from WORKER_HOSTS.
-        environment["TF_CONFIG"] = cluster.tf_config()
-    # The settings file's other variables (NCCL_*, ...): the process environment wins, as
-    # with docker compose's env_file.
-    for key, value in resolved.env_file_values.items():
-        if key not in BY_ENV and key not in environ:
-            environment[key] = value
-    if "TF_CPP_MIN_LOG_LEVEL" not in environ and "TF_CPP_MIN_LOG_LEVEL" not in environment:
-        environment["TF_CPP_MIN_LOG_LEVEL"] = DEFAULT_TF_LOG_LEVEL
+    virtual_devices, note = _usable_virtual_devices(settings.virtual_devices, cluster,
+                                                    selection)
+    notes.extend(note)
+    environment = _process_environment(resolved, environ, cluster)
     # The user's own TF_USE_LEGACY_KERAS: the process environment, else the settings file.
     user_legacy = environ.get(LEGACY_VARIABLE, resolved.env_file_values.get(LEGACY_VARIABLE))
     keras = choose_keras(
@@ -329,6 +311,40 @@ def build_runtime(
     return Runtime(
         resolved, snapshot, selection, cluster, execution, cpu_flags, nccl, tuple(notes)
     )
+
+
+def _usable_virtual_devices(
+    virtual_devices: int, cluster: Cluster | None, selection: GpuSelection
+) -> tuple[int, list[str]]:
+    """VIRTUAL_DEVICES as the run can use it, with a note when it cannot."""
+    if cluster is not None and not selection.gpus and virtual_devices >= 2:
+        # MultiWorkerMirroredStrategy mirrors over every local GPU, or over one CPU device:
+        # it never uses logical CPU devices, so splitting the CPU would only miscount the
+        # replicas (and the global batch).
+        return 0, [
+            f"VIRTUAL_DEVICES={virtual_devices} is not used between workers on the CPU: "
+            "MultiWorkerMirroredStrategy runs one replica per worker there"
+        ]
+    return virtual_devices, []
+
+
+def _process_environment(
+    resolved: ResolvedSettings, environ: Mapping[str, str], cluster: Cluster | None
+) -> dict[str, str]:
+    """The variables the run's process gets on top of `environ` (Keras' come later)."""
+    environment: dict[str, str] = {}
+    if cluster is not None:
+        # TensorFlow reads only the process environment; TF_CONFIG may have come from the
+        # settings file or a flag, or been built from WORKER_HOSTS.
+        environment["TF_CONFIG"] = cluster.tf_config()
+    # The settings file's other variables (NCCL_*, ...): the process environment wins, as
+    # with docker compose's env_file.
+    for key, value in resolved.env_file_values.items():
+        if key not in BY_ENV and key not in environ:
+            environment[key] = value
+    if "TF_CPP_MIN_LOG_LEVEL" not in environ and "TF_CPP_MIN_LOG_LEVEL" not in environment:
+        environment["TF_CPP_MIN_LOG_LEVEL"] = DEFAULT_TF_LOG_LEVEL
+    return environment
 
 
 def decide_execution(
