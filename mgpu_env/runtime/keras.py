@@ -91,34 +91,63 @@ def choose_keras(
     Raises ConfigError (exit 2) when Keras 2 is asked for and `tf_keras` is not installed.
     """
     multi_worker_script = multi_worker and command == "run"
-    legacy_on = user_legacy in LEGACY_ON
     if request == "2":
-        _require_tf_keras("KERAS=2", "or set KERAS=3", tf_keras_available)
-        overridden = user_legacy is not None and not legacy_on
-        return KerasChoice(
-            "2", "KERAS=2: tf.keras is tf_keras",
-            (f"KERAS=2 overrides {LEGACY_VARIABLE}={user_legacy}",) if overridden else ())
+        return _keras_2_asked(user_legacy, tf_keras_available)
     if request == "3":
-        notes: list[str] = (
-            [f"KERAS=3 overrides {LEGACY_VARIABLE}={user_legacy}"] if legacy_on else [])
-        if keras_2_code is not None and command == "run":
-            notes.append(f"KERAS=3, but the script uses what only Keras 2 has "
-                         f"({keras_2_code}); KERAS=auto would give it tf_keras")
-        if multi_worker_script:
-            notes.append(f"KERAS=3 between workers: {MULTI_WORKER_ISSUE}; "
-                         "KERAS=auto gives the script Keras 2")
-        return KerasChoice("3", "KERAS=3", tuple(notes))
+        return _keras_3_asked(user_legacy, command, multi_worker_script, keras_2_code)
     if user_legacy is not None:
-        if legacy_on:
-            _require_tf_keras(f"{LEGACY_VARIABLE}={user_legacy} (set by you)",
-                              f"or unset {LEGACY_VARIABLE}", tf_keras_available)
-            return KerasChoice(
-                "2", f"KERAS=auto follows your {LEGACY_VARIABLE}={user_legacy}: tf_keras")
-        off_notes = ((f"{LEGACY_VARIABLE}={user_legacy} between workers: {MULTI_WORKER_ISSUE}; "
+        return _follow_user_legacy(user_legacy, multi_worker_script, tf_keras_available)
+    return _auto_keras(command, multi_worker_script, tf_keras_available, keras_2_code)
+
+
+def _keras_2_asked(user_legacy: str | None, tf_keras_available: bool) -> KerasChoice:
+    """KERAS=2: it wins over the user's TF_USE_LEGACY_KERAS, said in a note."""
+    _require_tf_keras("KERAS=2", "or set KERAS=3", tf_keras_available)
+    overridden = user_legacy is not None and user_legacy not in LEGACY_ON
+    return KerasChoice(
+        "2", "KERAS=2: tf.keras is tf_keras",
+        (f"KERAS=2 overrides {LEGACY_VARIABLE}={user_legacy}",) if overridden else ())
+
+
+def _keras_3_asked(
+    user_legacy: str | None, command: Command, multi_worker_script: bool,
+    keras_2_code: str | None,
+) -> KerasChoice:
+    """KERAS=3: it wins, with a note for each reason Keras 2 would have served better."""
+    notes: list[str] = (
+        [f"KERAS=3 overrides {LEGACY_VARIABLE}={user_legacy}"]
+        if user_legacy in LEGACY_ON else [])
+    if keras_2_code is not None and command == "run":
+        notes.append(f"KERAS=3, but the script uses what only Keras 2 has "
+                     f"({keras_2_code}); KERAS=auto would give it tf_keras")
+    if multi_worker_script:
+        notes.append(f"KERAS=3 between workers: {MULTI_WORKER_ISSUE}; "
+                     "KERAS=auto gives the script Keras 2")
+    return KerasChoice("3", "KERAS=3", tuple(notes))
+
+
+def _follow_user_legacy(
+    user_legacy: str, multi_worker_script: bool, tf_keras_available: bool
+) -> KerasChoice:
+    """KERAS=auto with the user's own TF_USE_LEGACY_KERAS: it is respected."""
+    if user_legacy in LEGACY_ON:
+        _require_tf_keras(f"{LEGACY_VARIABLE}={user_legacy} (set by you)",
+                          f"or unset {LEGACY_VARIABLE}", tf_keras_available)
+        return KerasChoice(
+            "2", f"KERAS=auto follows your {LEGACY_VARIABLE}={user_legacy}: tf_keras")
+    off_notes = ((f"{LEGACY_VARIABLE}={user_legacy} between workers: {MULTI_WORKER_ISSUE}; "
                   f"unset it so KERAS=auto gives the script Keras 2",)
                  if multi_worker_script else ())
-        return KerasChoice(
-            "3", f"KERAS=auto follows your {LEGACY_VARIABLE}={user_legacy}: Keras 3", off_notes)
+    return KerasChoice(
+        "3", f"KERAS=auto follows your {LEGACY_VARIABLE}={user_legacy}: Keras 3", off_notes)
+
+
+def _auto_keras(
+    command: Command, multi_worker_script: bool, tf_keras_available: bool,
+    keras_2_code: str | None,
+) -> KerasChoice:
+    """KERAS=auto, TF_USE_LEGACY_KERAS unset: Keras 2 for a script between workers or with
+    Keras 2 code (when tf_keras is installed), else Keras 3."""
     if multi_worker_script:
         if not tf_keras_available:
             return KerasChoice(
