@@ -50,52 +50,71 @@ def choose_precision(
     native_bf16 = cpu.has_native_bf16(cpu_flags)
     known = [cc for cc in compute_capabilities if cc is not None]
     lowest = min(known) if known else None
-    lowest_text = f"{lowest[0]}.{lowest[1]}" if lowest else "unknown"
     if mode == "0":
         return PrecisionChoice(FLOAT32, False, "MIXED_PRECISION=0")
     if mode == "1":
-        if not on_gpu:
-            if native_bf16:
-                return PrecisionChoice(
-                    MIXED_BFLOAT16, False,
-                    "MIXED_PRECISION=1 on a CPU with bf16 instructions: bf16 (no loss scaling)",
-                )
-            return PrecisionChoice(
-                FLOAT32, False,
-                "MIXED_PRECISION=1 but this CPU has no bf16 instructions (avx512_bf16, "
-                "amx_bf16), where bf16 is emulated and slower than float32: float32",
-            )
-        if lowest is not None and lowest < FP16_TENSOR_CORES:
-            return PrecisionChoice(
-                FLOAT32,
-                False,
-                f"MIXED_PRECISION=1 but the slowest GPU has compute capability {lowest_text}, "
-                "without FP16 tensor cores (7.0+): float32 is as fast there",
-            )
-        return PrecisionChoice(
-            MIXED_FLOAT16, True,
-            f"MIXED_PRECISION=1 on GPUs with FP16 tensor cores (compute capability "
-            f"{lowest_text}): fp16 with dynamic loss scaling",
-        )
+        return _fastest_precision(on_gpu, native_bf16, lowest)
     if mode == "fp16":
         reason = "MIXED_PRECISION=fp16 with dynamic loss scaling"
         if not on_gpu:
             reason += " (on the CPU fp16 is emulated and slow; bf16 is the faster choice)"
         return PrecisionChoice(MIXED_FLOAT16, True, reason)
     if mode == "bf16":
-        if on_gpu and lowest is not None and lowest < BF16_NATIVE:
-            raise ConfigError(
-                f"MIXED_PRECISION=bf16 needs GPUs of compute capability 8.0 (Ampere) or newer; "
-                f"the selected GPUs go down to {lowest_text}.\n"
-                "  Valid here: 0, 1 or fp16. Fix: set MIXED_PRECISION=fp16 (or 1)."
-            )
-        reason = "MIXED_PRECISION=bf16 (no loss scaling)"
-        if not on_gpu and not native_bf16:
-            reason += " (this CPU has no bf16 instructions: emulated, slower than float32)"
-        return PrecisionChoice(MIXED_BFLOAT16, False, reason)
+        return _bf16_precision(on_gpu, native_bf16, lowest)
     raise ConfigError(
         f"Bad MIXED_PRECISION={mode!r}. Valid: 0, 1, fp16, bf16."
     )
+
+
+def _capability_text(capability: tuple[int, int] | None) -> str:
+    return f"{capability[0]}.{capability[1]}" if capability else "unknown"
+
+
+def _fastest_precision(
+    on_gpu: bool, native_bf16: bool, lowest: tuple[int, int] | None
+) -> PrecisionChoice:
+    """MIXED_PRECISION=1: the 16-bit type these devices run faster than float32, if any
+    (`lowest`: the slowest GPU's compute capability, None when unknown)."""
+    if not on_gpu:
+        if native_bf16:
+            return PrecisionChoice(
+                MIXED_BFLOAT16, False,
+                "MIXED_PRECISION=1 on a CPU with bf16 instructions: bf16 (no loss scaling)",
+            )
+        return PrecisionChoice(
+            FLOAT32, False,
+            "MIXED_PRECISION=1 but this CPU has no bf16 instructions (avx512_bf16, "
+            "amx_bf16), where bf16 is emulated and slower than float32: float32",
+        )
+    if lowest is not None and lowest < FP16_TENSOR_CORES:
+        return PrecisionChoice(
+            FLOAT32,
+            False,
+            f"MIXED_PRECISION=1 but the slowest GPU has compute capability "
+            f"{_capability_text(lowest)}, without FP16 tensor cores (7.0+): float32 is as "
+            "fast there",
+        )
+    return PrecisionChoice(
+        MIXED_FLOAT16, True,
+        f"MIXED_PRECISION=1 on GPUs with FP16 tensor cores (compute capability "
+        f"{_capability_text(lowest)}): fp16 with dynamic loss scaling",
+    )
+
+
+def _bf16_precision(
+    on_gpu: bool, native_bf16: bool, lowest: tuple[int, int] | None
+) -> PrecisionChoice:
+    """MIXED_PRECISION=bf16: refused on GPUs older than Ampere, which cannot run it."""
+    if on_gpu and lowest is not None and lowest < BF16_NATIVE:
+        raise ConfigError(
+            f"MIXED_PRECISION=bf16 needs GPUs of compute capability 8.0 (Ampere) or newer; "
+            f"the selected GPUs go down to {_capability_text(lowest)}.\n"
+            "  Valid here: 0, 1 or fp16. Fix: set MIXED_PRECISION=fp16 (or 1)."
+        )
+    reason = "MIXED_PRECISION=bf16 (no loss scaling)"
+    if not on_gpu and not native_bf16:
+        reason += " (this CPU has no bf16 instructions: emulated, slower than float32)"
+    return PrecisionChoice(MIXED_BFLOAT16, False, reason)
 
 
 def apply_precision(choice: PrecisionChoice) -> None:
