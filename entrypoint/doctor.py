@@ -23,6 +23,7 @@ from entrypoint.options import (
     resolve,
     with_settings,
 )
+from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import SettingsErrors
 from mgpu_env.doctor import Report, SkippedGroup, SmokeResult, diagnose, unusable_settings
 from mgpu_env.doctor.report import BugReport, build_report
@@ -251,27 +252,39 @@ def command(
     except SettingsErrors as err:
         if not as_json:
             raise
-        # A CI parser reads stdout: it gets JSON that says why nothing was checked.
-        data = unusable_settings(err.errors)
-        data["summary"].update(strict=strict, exit_code=EXIT_BAD_CONFIG)
-        typer.echo(json.dumps(data, indent=2))
-        typer.echo(err.user_message(), err=True)
+        _echo_unusable_settings(err, strict)
         raise typer.Exit(code=EXIT_BAD_CONFIG) from None
     report = diagnose(resolved, os.environ, with_tensorflow=not no_tf, smoke=smoke)
     code = exit_code(report, strict)
     if as_json:
-        data = report.to_dict(strict)
-        data["summary"]["strict"] = strict
-        data["summary"]["exit_code"] = code
-        data["settings_warnings"] = list(resolved.warnings)
-        if bug_report:
-            data["report"] = build_report(report, resolved, os.environ, strict=strict).to_dict()
-        typer.echo(json.dumps(data, indent=2, default=str))
+        _echo_json(report, resolved, strict=strict, code=code, bug_report=bug_report)
     elif bug_report:
         typer.echo(render_markdown(build_report(report, resolved, os.environ, strict=strict)))
     else:
         render(report, Console(), strict, verbose)
     raise typer.Exit(code=code)
+
+
+def _echo_unusable_settings(err: SettingsErrors, strict: bool) -> None:
+    """--json with settings that cannot be used: a CI parser reads stdout, so it gets JSON
+    that says why nothing was checked; the reasons go to stderr too."""
+    data = unusable_settings(err.errors)
+    data["summary"].update(strict=strict, exit_code=EXIT_BAD_CONFIG)
+    typer.echo(json.dumps(data, indent=2))
+    typer.echo(err.user_message(), err=True)
+
+
+def _echo_json(
+    report: Report, resolved: ResolvedSettings, *, strict: bool, code: int, bug_report: bool
+) -> None:
+    """--json: the checks, the raw facts, the exit code and (with --report) the bug report."""
+    data = report.to_dict(strict)
+    data["summary"]["strict"] = strict
+    data["summary"]["exit_code"] = code
+    data["settings_warnings"] = list(resolved.warnings)
+    if bug_report:
+        data["report"] = build_report(report, resolved, os.environ, strict=strict).to_dict()
+    typer.echo(json.dumps(data, indent=2, default=str))
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
