@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 from mgpu_env.config.errors import ConfigError
@@ -195,58 +195,80 @@ def supervise(
 ) -> int:
     """Run `command` (argv) once per worker with its environment, until all have exited;
     return the launcher's exit code (the module's rules)."""
-    stdout = stdout or sys.stdout
-    stderr = stderr or sys.stderr
-    lock = threading.Lock()
-    processes: list[subprocess.Popen[str]] = []
-    pumps: list[threading.Thread] = []
-    received: list[int] = []
-    failed: list[tuple[int, int]] = []  # (worker, code) of the first to fail
-    stopping_since: list[float] = []
+    workers = _Workers(stdout or sys.stdout, stderr or sys.stderr)
+    with _forwarding(workers.on_signal):
+        for index in range(plan.count):
+            workers.start(index, command, {**environ, **plan.environment(index)})
+        while workers.running():
+            workers.check(grace_s)
+            time.sleep(poll_s)
+    return workers.finish()
 
-    def stop_all(sig: int) -> None:
-        for process in processes:
+
+@dataclass
+class _Workers:
+    """The running workers and what happened to them: signals received, the first to fail."""
+
+    stdout: IO[str]
+    stderr: IO[str]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    processes: list[subprocess.Popen[str]] = field(default_factory=list)
+    pumps: list[threading.Thread] = field(default_factory=list)
+    received: list[int] = field(default_factory=list)
+    failed: list[tuple[int, int]] = field(default_factory=list)  # (worker, code) of the first
+    stopping_since: list[float] = field(default_factory=list)
+
+    def start(self, index: int, command: Sequence[str], environment: Mapping[str, str]) -> None:
+        """Start worker `index` in its own session, its output copied with its tag."""
+        process = subprocess.Popen(
+            list(command), env=dict(environment),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+            start_new_session=True,
+        )
+        self.processes.append(process)
+        tag = f"[worker {index}] "
+        for stream, out in ((process.stdout, self.stdout), (process.stderr, self.stderr)):
+            assert stream is not None
+            pump = threading.Thread(target=_pump, args=(stream, tag, out, self.lock),
+                                    daemon=True)
+            pump.start()
+            self.pumps.append(pump)
+
+    def stop_all(self, sig: int) -> None:
+        for process in self.processes:
             if process.poll() is None:
                 _signal_group(process, sig)
 
-    def on_signal(sig: int) -> None:
-        received.append(sig)
-        stop_all(sig)  # a second Ctrl-C is forwarded too: the workers stop at once
+    def on_signal(self, sig: int) -> None:
+        self.received.append(sig)
+        self.stop_all(sig)  # a second Ctrl-C is forwarded too: the workers stop at once
 
-    with _forwarding(on_signal):
-        for index in range(plan.count):
-            process = subprocess.Popen(
-                list(command), env={**environ, **plan.environment(index)},
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                start_new_session=True,
-            )
-            processes.append(process)
-            tag = f"[worker {index}] "
-            for stream, out in ((process.stdout, stdout), (process.stderr, stderr)):
-                assert stream is not None
-                pump = threading.Thread(target=_pump, args=(stream, tag, out, lock),
-                                        daemon=True)
-                pump.start()
-                pumps.append(pump)
-        while any(p.poll() is None for p in processes):
-            for index, process in enumerate(processes):
-                code = process.poll()
-                if code is not None and code != 0 and not failed and not received:
-                    failed.append((index, exit_code_of(code)))
-                    with lock:
-                        stderr.write(f"mgpu: worker {index} exited {exit_code_of(code)}; "
-                                     "stopping the other workers\n")
-                        stderr.flush()
-                    stop_all(signal.SIGTERM)
-                    stopping_since.append(time.monotonic())
-            if stopping_since and time.monotonic() - stopping_since[0] > grace_s:
-                stop_all(signal.SIGKILL)
-            time.sleep(poll_s)
-    for pump in pumps:
-        pump.join(timeout=5)
-    codes = [exit_code_of(p.returncode) for p in processes]
-    if received:
-        return 128 + received[0]
-    if failed:
-        return failed[0][1]
-    return next((code for code in codes if code), 0)
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.processes)
+
+    def check(self, grace_s: float) -> None:
+        """One look at the workers: the first to fail stops the others, and those still
+        running `grace_s` later are killed."""
+        for index, process in enumerate(self.processes):
+            code = process.poll()
+            if code is not None and code != 0 and not self.failed and not self.received:
+                self.failed.append((index, exit_code_of(code)))
+                with self.lock:
+                    self.stderr.write(f"mgpu: worker {index} exited {exit_code_of(code)}; "
+                                      "stopping the other workers\n")
+                    self.stderr.flush()
+                self.stop_all(signal.SIGTERM)
+                self.stopping_since.append(time.monotonic())
+        if self.stopping_since and time.monotonic() - self.stopping_since[0] > grace_s:
+            self.stop_all(signal.SIGKILL)
+
+    def finish(self) -> int:
+        """After every worker exited: their last lines copied, the launcher's exit code."""
+        for pump in self.pumps:
+            pump.join(timeout=5)
+        codes = [exit_code_of(p.returncode) for p in self.processes]
+        if self.received:
+            return 128 + self.received[0]
+        if self.failed:
+            return self.failed[0][1]
+        return next((code for code in codes if code), 0)
