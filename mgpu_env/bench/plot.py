@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from mgpu_env.training.run import rundir
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 
@@ -31,7 +32,6 @@ def draw_bench(report: dict[str, Any]) -> Figure:
     100% as the ideal. Every axis starts at 0, so the heights compare as ratios (an axis
     from 20,000 makes 25,000 look twice 22,500).
     """
-    # Long: matplotlib's calls for two panels that share their series, colours and ticks.
     import matplotlib
 
     matplotlib.use("Agg")  # no display in containers and CI
@@ -45,43 +45,56 @@ def draw_bench(report: dict[str, Any]) -> Figure:
     fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.5))
     all_replicas: set[int] = set()
     for index, (variant, points) in enumerate(sorted(series.items())):
-        points = sorted(points, key=lambda p: p["replicas"])
-        replicas = [p["replicas"] for p in points]
-        all_replicas.update(replicas)
-        medians = [p["samples_per_s"]["median"] for p in points]
-        low = [p["samples_per_s"]["median"] - p["samples_per_s"]["q1"] for p in points]
-        high = [p["samples_per_s"]["q3"] - p["samples_per_s"]["median"] for p in points]
-        color = f"C{index % 10}"
-        ax_tp.errorbar(replicas, medians, yerr=[low, high], marker="o", capsize=3,
-                       color=color, label=variant)
-        base_n, base_tp = replicas[0], medians[0]
-        ax_tp.plot(replicas, [base_tp * n / base_n for n in replicas], linestyle="--",
-                   color=color, alpha=0.5,
-                   label="ideal: n x base (dashed)" if index == 0 else None)
-        ax_eff.plot(replicas, [100.0 * p["efficiency"] for p in points], marker="o",
-                    color=color, label=variant)
+        all_replicas.update(_draw_variant(ax_tp, ax_eff, index, variant, points))
     ax_eff.axhline(100.0, linestyle="--", color="grey", label="ideal")
+    _label_axes(report, (ax_tp, ax_eff), sorted(all_replicas), legend=bool(series))
+    points = report.get("points") or [{}]
+    model = points[0].get("model") or report.get("settings", {}).get("BENCH_MODEL", "")
+    fig.suptitle(f"mgpu bench: {model}, weak scaling (global batch = batch x replicas)")
+    fig.tight_layout()
+    return fig
 
+
+def _draw_variant(
+    ax_tp: Axes, ax_eff: Axes, index: int, variant: str, points: list[dict[str, Any]]
+) -> list[int]:
+    """One variant's series on both panels, in colour `index`; returns its replica counts."""
+    points = sorted(points, key=lambda p: p["replicas"])
+    replicas = [p["replicas"] for p in points]
+    medians = [p["samples_per_s"]["median"] for p in points]
+    low = [p["samples_per_s"]["median"] - p["samples_per_s"]["q1"] for p in points]
+    high = [p["samples_per_s"]["q3"] - p["samples_per_s"]["median"] for p in points]
+    color = f"C{index % 10}"
+    ax_tp.errorbar(replicas, medians, yerr=[low, high], marker="o", capsize=3,
+                   color=color, label=variant)
+    base_n, base_tp = replicas[0], medians[0]
+    ax_tp.plot(replicas, [base_tp * n / base_n for n in replicas], linestyle="--",
+               color=color, alpha=0.5,
+               label="ideal: n x base (dashed)" if index == 0 else None)
+    ax_eff.plot(replicas, [100.0 * p["efficiency"] for p in points], marker="o",
+                color=color, label=variant)
+    return replicas
+
+
+def _label_axes(
+    report: dict[str, Any], axes: tuple[Axes, Axes], ticks: list[int], *, legend: bool
+) -> None:
+    """Both panels' labels, ticks, grid and titles; every axis from 0."""
     devices = report.get("devices", {})
     kind = devices.get("kind", "?")
     if devices.get("logical"):
         kind = f"logical {kind} devices"
-    ticks = sorted(all_replicas)
-    for ax in (ax_tp, ax_eff):
+    for ax in axes:
         ax.set_xlabel(f"replicas ({kind})")
         if ticks:
             ax.set_xticks(ticks)
         ax.grid(True, alpha=0.3)
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
-        if series:
+        if legend:
             ax.legend(fontsize="small")
+    ax_tp, ax_eff = axes
     ax_tp.set_ylabel("samples/s (median, IQR bars)")
     ax_tp.set_title("Throughput")
     ax_eff.set_ylabel("scaling efficiency (%)")
     ax_eff.set_title("Efficiency: throughput(n) / (n x throughput(1))")
-    points = report.get("points") or [{}]
-    model = points[0].get("model") or report.get("settings", {}).get("BENCH_MODEL", "")
-    fig.suptitle(f"mgpu bench: {model}, weak scaling (global batch = batch x replicas)")
-    fig.tight_layout()
-    return fig
