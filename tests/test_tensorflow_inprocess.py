@@ -147,12 +147,26 @@ def test_broadcast_from_chief_gives_every_replica_the_chiefs_values(
 
 
 def test_agreement_passes_when_every_replica_has_the_same_settings(
-    logical_cpus: tuple[str, ...],
+    logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mgpu_env.training.multiworker import check_agreement
 
+    # It passes because the values went through the all-gather and were found equal, not
+    # because nothing was compared: the comparison it makes is recorded and checked.
+    module = sys.modules[check_agreement.__module__]
+    compare, compared = module.find_disagreements, []
+
+    def recorded(keys: Any, rows: Any, names: Any) -> list[str]:
+        compared.append((keys, rows, names, compare(keys, rows, names)))
+        return compared[-1][-1]
+
+    monkeypatch.setattr(module, "find_disagreements", recorded)
+    values = {"batch": "64", "precision": "float32"}
     strategy = mirrored(logical_cpus[:2])
-    check_agreement(strategy, {"batch": "64", "precision": "float32"}, WorkerRole())
+    assert check_agreement(strategy, values, WorkerRole()) is None
+    ((keys, rows, names, problems),) = compared
+    assert problems == [] and names == {0: "chief 0"}
+    assert module.decode_values(keys, rows[0]) == values
 
 
 def test_a_whole_run_in_process_on_four_replicas(
