@@ -181,7 +181,7 @@ class LineTag:
 
     def set_for(self, runtime: Runtime) -> None:
         cluster = runtime.cluster
-        self.text = "" if cluster is None else f"[worker {cluster.index}] "
+        self.text = "" if cluster is None else cluster.line_tag
 
 
 TAG = LineTag()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.runtime.cluster.model import line_tag
 
 LOOPBACK = "127.0.0.1"
 # Seconds the other workers get to stop at a step boundary (their SIGTERM checkpoint)
@@ -226,7 +227,7 @@ class _Workers:
             start_new_session=True,
         )
         self.processes.append(process)
-        tag = f"[worker {index}] "
+        tag = line_tag(index)
         for stream, out in ((process.stdout, self.stdout), (process.stderr, self.stderr)):
             assert stream is not None
             pump = threading.Thread(target=_pump, args=(stream, tag, out, self.lock),

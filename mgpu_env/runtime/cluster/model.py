@@ -27,6 +27,13 @@ class NodeShare:
     tasks_on_node: int
 
 
+def line_tag(index: int) -> str:
+    """What starts every line worker `index` prints ("[worker 1] "): a batch system writes
+    every worker's output into files read side by side, or into one. The CLI's lines, the
+    library's and a `--workers` launcher's relay of them all use it."""
+    return f"[worker {index}] "
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A multi-worker cluster as this process sees it, whichever engine described it."""
@@ -54,6 +61,11 @@ class Cluster:
     def index(self) -> int:
         """This task's position in `workers`."""
         return self.workers.index(self.address)
+
+    @property
+    def line_tag(self) -> str:
+        """What starts every line this worker prints: "[worker 1] "."""
+        return line_tag(self.index)
 
     @property
     def role(self) -> WorkerRole:

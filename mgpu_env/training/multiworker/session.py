@@ -42,7 +42,7 @@ class WorkerSession:
         self.who = cluster.name if cluster is not None else "this process"
         self._cluster = cluster
         # Every line a worker prints starts so (the CLI's `LineTag`), this library's too.
-        self.tag = f"[worker {cluster.index}] " if cluster is not None else ""
+        self.tag = cluster.line_tag if cluster is not None else ""
         if on_expire is abort_process:
             on_expire = functools.partial(abort_process, tag=self.tag)
         self.watchdog = Watchdog(timeout_s, self.who, on_expire, peers=self._peers(),
