@@ -82,10 +82,8 @@ def run_training(
     started = time.time() if started is None else started
     plan = run.plan if isinstance(run, PreparedRun) else run
     # A multi-worker run goes on even when finished: the chief's state decides for all.
-    if plan.strategy.role.num_workers == 1 and plan.folder.finished_metrics is not None and (
-        plan.folder.finished_metrics.get("epochs_completed") == plan.settings.epochs
-    ):
-        return TrainResult(plan.output_dir, plan.folder.finished_metrics, already_finished=True)
+    if plan.strategy.role.num_workers == 1 and (done := plan.finished_before) is not None:
+        return TrainResult(plan.output_dir, done, already_finished=True)
     stop = StopRequest()
     multi_worker = plan.strategy.kind == "multi_worker"
     session = WorkerSession(
@@ -250,11 +248,10 @@ def _finish(run: Run, started: float) -> TrainResult:
         tf.summary.scalar("test_accuracy", test_accuracy)
     run.writer.flush()
     metrics = run.metrics(test_loss, test_accuracy, time.time() - started)
-    finished_before = plan.folder.finished_metrics
-    if run.start_epoch == plan.settings.epochs and finished_before is not None:
+    if run.start_epoch == plan.settings.epochs and (done := plan.finished_before) is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.
-        return TrainResult(plan.output_dir, finished_before, already_finished=True)
+        return TrainResult(plan.output_dir, done, already_finished=True)
     if plan.is_chief:
         rundir.atomic_save(
             plan.output_dir / rundir.MODEL_FILE, lambda path: run.trainer.model.save(path),

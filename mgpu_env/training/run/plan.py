@@ -141,6 +141,14 @@ class TrainPlan:
         return self.strategy.role.is_chief
 
     @property
+    def finished_before(self) -> dict[str, Any] | None:
+        """metrics.json of this run when its folder holds it finished with EPOCHS epochs:
+        nothing to train (one process returns it at once; a cluster's workers still meet,
+        and keep it)."""
+        metrics = self.folder.finished_metrics
+        return metrics if rundir.finished_as_asked(metrics, self.settings.epochs) else None
+
+    @property
     def resume_command(self) -> str:
         """What a user runs to resume this run, for every message that stops it."""
         return f"OUTPUT_DIR={self.output_dir} mgpu train"
@@ -241,8 +249,8 @@ def is_chief(runtime: Runtime) -> bool:
 
 
 def output_dir_of(runtime: Runtime) -> Path:
-    settings = runtime.settings
-    return settings.output_dir or rundir.default_output_dir(settings.run_name)
+    """The run folder, as decided when the command started (`rundir.decide_output_dir`)."""
+    return rundir.run_folder(runtime.settings)
 
 
 def check_output_dir(runtime: Runtime) -> None:
