@@ -3,6 +3,7 @@ decided once (`feedplan.plan_feed`), and the summary shows it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -123,8 +124,6 @@ def test_the_dry_run_shows_the_feed_and_its_json_has_it(tmp_path: Path) -> None:
     assert feed[0].endswith(" GiB on each device)")
     as_json = CliRunner().invoke(app, ["train", "--dry-run", "--json"], env=env)
     assert as_json.exit_code == 0, as_json.output
-    import json
-
     found = json.loads(as_json.stdout)["feed"]
     assert (found["kind"], found["steps_per_epoch"]) == ("resident", 22)
     assert found["why"] in feed[0]
