@@ -127,3 +127,46 @@ def test_the_dry_run_shows_the_feed_and_its_json_has_it(tmp_path: Path) -> None:
     found = json.loads(as_json.stdout)["feed"]
     assert (found["kind"], found["steps_per_epoch"]) == ("resident", 22)
     assert found["why"] in feed[0]
+
+
+COUNTED_LOADER = """
+import numpy as np
+
+CALLS = []
+
+def load():
+    CALLS.append(1)
+    x = np.zeros((300, 6), dtype="float32")
+    y = np.arange(300) % 3
+    return (x[:200], y[:200]), (x[200:], y[200:])
+"""
+
+
+@pytest.mark.slow
+def test_prepare_starts_tensorflow_once_and_loads_the_data_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logical_cpus: tuple[str, ...]
+) -> None:
+    # The loader's contract check imports TensorFlow: its devices are split first
+    # (`logical_cpus`), as for every in-process test that uses it.
+    import importlib
+
+    from mgpu_env.runtime import Execution
+    from mgpu_env.training.run.plan import plan_training
+    from mgpu_env.training.run.prepare import prepare
+    from tests.support.runtimes import runtime_of
+
+    (tmp_path / "counted_loader.py").write_text(COUNTED_LOADER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    started: list[int] = []
+    monkeypatch.setattr(Execution, "prepare_tensorflow", lambda self: started.append(1))
+    plan = plan_training(runtime_of({"GPUS": "none", "DATASET": "counted_loader:load",
+                                     "BATCH_SIZE": "50", "OUTPUT_DIR": str(tmp_path / "run")}),
+                         environ={})
+    loader = importlib.import_module("counted_loader")
+    assert (plan.sizes, plan.feed, loader.CALLS, started) == (None, None, [], [])
+    prepared = prepare(plan)
+    assert (loader.CALLS, started) == ([1], [1])
+    assert (prepared.plan.train_size, prepared.plan.test_size) == (200, 100)
+    assert prepared.plan.input_shape == (6,) and prepared.plan.num_classes == 3
+    assert (prepared.plan.feed_plan.kind, prepared.plan.steps_per_epoch) == ("resident", 4)
+    assert prepared.data.train_size == 200
