@@ -185,7 +185,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import Arrays, load_data, resolve_dataset
-    from mgpu_env.training.input.feed import epoch_steps, make_feed
+    from mgpu_env.training.input.feed import make_feed
+    from mgpu_env.training.input.feedplan import plan_feed
     from mgpu_env.training.input.keep import FALLBACK, KeepLimit
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model, build_optimizer
@@ -220,9 +221,9 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
 
     def library_feed(data: Any, keep: KeepLimit) -> Callable[[Any], Any]:
         def runner(trainer: Any) -> Any:
-            feed = make_feed(strategy, data, batch, SEED, keep=keep)
-            return feed.runner(trainer.steps, 0, -(-steps * rounds // epoch_steps(
-                data, batch, 1, keep)))
+            feed_plan = plan_feed(data, keep, batch)
+            feed = make_feed(strategy, data, feed_plan, batch, SEED)
+            return feed.runner(trainer.steps, 0, -(-steps * rounds // feed_plan.steps_per_epoch))
         return runner
 
     def synthetic_batch(context: Any) -> Any:

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/stream_memory.py [--rows 700000] [--steps 200]
 
 Makes `--rows` random rows of 784 float32 (700,000 rows: 2.2 GB, over the 2 GiB a device
-keeps), lets `make_feed` choose (it must pick the stream), trains the seed's MLP for
+keeps), lets `plan_feed` choose (it must pick the stream), trains the seed's MLP for
 `--steps` steps on one CPU replica and prints the peak resident memory (ru_maxrss) after the
 data is made and after training, with what the stream added in units of the data's size.
 The stream reads batches out of the caller's arrays: it must add no whole copy of them.
@@ -43,6 +43,8 @@ def main() -> None:
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import CLASSES, FEATURES, Arrays
     from mgpu_env.training.input.feed import make_feed
+    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input.keep import FALLBACK
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
 
@@ -58,7 +60,7 @@ def main() -> None:
         jit_compile=False,
     )
     before = peak_mib()
-    feed = make_feed(strategy, arrays, BATCH, SEED)
+    feed = make_feed(strategy, arrays, plan_feed(arrays, FALLBACK, BATCH), BATCH, SEED)
     start = time.perf_counter()
     feed.runner(trainer.steps, 0)(args.steps)
     steps = int(trainer.optimizer.iterations.numpy())

@@ -64,6 +64,7 @@ def plan_lines(plan: TrainPlan, verbose: bool = False) -> list[str]:
         f"  xla            {'on (forward and backward pass)' if plan.xla else 'off'}",
         f"  dataset        {plan.dataset.describe()}: {plan.train_size} train, "
         f"{plan.test_size} test",
+        f"  feed           {plan.feed_plan.kind} ({plan.feed_plan.why})",
         f"  model          {_model_line(plan)}",
         f"  epochs         {plan.settings.epochs}, {resume}",
         f"  output         {output}",
@@ -163,10 +164,19 @@ def command(
     from mgpu_env.doctor import require_ready
     from mgpu_env.training.run.loop import run_training
     from mgpu_env.training.run.plan import check_output_dir, plan_training
+    from mgpu_env.training.run.prepare import PreparedRun, dry_run_plan, prepare
 
     check_output_dir(runtime)  # an unwritable run folder: exit 2 before anything slow
     require_ready(runtime, wait_for_peers=not dry_run)  # the doctor's pre-flight
-    plan = plan_training(runtime, dry_run=dry_run)
+    plan = plan_training(runtime, dry_run=dry_run)  # pure: no TensorFlow, no data read
+    run: PreparedRun | TrainPlan = plan
+    if dry_run:
+        plan = dry_run_plan(plan)  # a loader's or a folder's sizes; a user's model checked
+    elif plan.sizes is None:
+        # Its sizes (for the summary) are known only by loading it: prepared now, once. A
+        # built-in set's run is prepared by the loop, under its signal handling.
+        run = prepare(plan)
+        plan = run.plan
     if dry_run and as_json:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return
@@ -175,7 +185,7 @@ def command(
         say(line)
     if dry_run:
         return
-    _say_result(run_training(plan, _reporter(resolved.settings.quiet, plan), started), plan)
+    _say_result(run_training(run, _reporter(resolved.settings.quiet, plan), started), plan)
 
 
 

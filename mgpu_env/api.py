@@ -68,14 +68,18 @@ def start_process(
     resolved: ResolvedSettings, command: Command, *, keras_2_code: str | None = None
 ) -> Runtime:
     """Make this process's decisions once, where every entry point starts (mgpu train, run
-    and bench, and a script's first `runtime()`): build the runtime from the resolved
-    settings (a GPU the machine lacks: ConfigError), write the environment TensorFlow reads
-    (CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is imported), and keep it as this
-    process's runtime, so code of the user's that calls `runtime()` sees the same one.
+    and bench, and a script's first `runtime()`): decide the run folder (OUTPUT_DIR), build
+    the runtime from the resolved settings (a GPU the machine lacks: ConfigError), write the
+    environment TensorFlow reads (CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is
+    imported), and keep it as this process's runtime, so code of the user's that calls
+    `runtime()` sees the same one.
     `keras_2_code`: what `mgpu run`'s source scan found that only Keras 2 has (KERAS=auto
     then gives the script tf_keras)."""
     from mgpu_env.runtime import build_runtime
+    from mgpu_env.training.run.rundir import decide_output_dir
 
+    if command != "bench":  # bench names its own folder, runs/bench-<...>
+        resolved = decide_output_dir(resolved)  # the run folder: decided once, here
     built = build_runtime(resolved, command=command, keras_2_code=keras_2_code)
     built.apply()
     adopt(built, tensorflow_prepared=False)
@@ -150,10 +154,9 @@ def run_dir() -> Path:
     so a restarted script finds its checkpoints again."""
     with _LOCK:
         if _STATE.run_dir is None:
-            from mgpu_env.training.run.rundir import default_output_dir
+            from mgpu_env.training.run.rundir import run_folder
 
-            settings = runtime().settings
-            folder = settings.output_dir or default_output_dir(settings.run_name)
+            folder = run_folder(runtime().settings)  # decided by `start_process`
             if is_chief():
                 folder.mkdir(parents=True, exist_ok=True)
             _STATE.run_dir = folder

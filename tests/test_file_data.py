@@ -165,6 +165,7 @@ def test_two_workers_read_every_training_record_once_per_epoch(
     import tensorflow as tf
 
     from mgpu_env.training.input import feed
+    from mgpu_env.training.input.feedplan import plan_feed
     from mgpu_env.training.input.keep import KeepLimit
 
     nothing_kept = KeepLimit(0, "test")  # stream, as large data does
@@ -173,7 +174,8 @@ def test_two_workers_read_every_training_record_once_per_epoch(
                              label_is_index=True)
     data = load("tfrecord", folder)
     assert isinstance(data, FileData)
-    stream = feed.make_feed(_Strategy(), data, global_batch=32, seed=3, keep=nothing_kept)
+    feed_plan = plan_feed(data, nothing_kept, 32, workers=2)
+    stream = feed.make_feed(_Strategy(), data, feed_plan, global_batch=32, seed=3)
     assert isinstance(stream, feed.FileStreamFeed)
     assert feed.epoch_steps(data, 32, workers=2, keep=nothing_kept) == 4
     orders = []

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mgpu_env.training.run.resume import recorded_settings, resolve_run_settings, resume_note
 
 
@@ -45,3 +47,35 @@ def test_a_keras_2_run_resumes_with_keras_2(tmp_path: Path) -> None:
     assert recorded_settings(folder) == {"KERAS": "2"}
     resolved = resolve_run_settings({}, {"OUTPUT_DIR": str(folder)})
     assert resolved.settings.keras == "2" and resolved.origin("KERAS") == "run folder"
+
+
+def test_the_run_folder_is_decided_once_and_shown_as_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.training.finished import finished_run
+    from mgpu_env.training.run import rundir
+    from mgpu_env.training.run.plan import output_dir_of, plan_training
+    from tests.support.runtimes import runtime_of
+
+    monkeypatch.chdir(tmp_path)
+    decided: list[str] = []
+    clock = iter(range(1_800_000_000, 1_900_000_000, 7))  # every reading 7 s later
+
+    def from_the_clock(run_name: str, now: float | None = None) -> Path:
+        decided.append(run_name)
+        return real(run_name, next(clock))
+
+    real = rundir.default_output_dir
+    monkeypatch.setattr(rundir, "default_output_dir", from_the_clock)
+    resolved = resolve_run_settings({}, {"GPUS": "none"})
+    folder = resolved.settings.output_dir
+    assert folder is not None and folder.parent == Path("runs") and decided == [""]
+    # What was asked is what the summary, --dry-run --json and settings.json show.
+    assert resolved.provenance(["OUTPUT_DIR"]) == {
+        "OUTPUT_DIR": {"value": "", "source": "default"}}
+    runtime = runtime_of(resolved)
+    assert output_dir_of(runtime) == folder and finished_run(runtime) is None
+    assert plan_training(runtime, environ={}).output_dir == folder
+    assert decided == [""]  # read from the clock once, however late the others ask
+    named = resolve_run_settings({}, {"GPUS": "none", "RUN_NAME": "exp"})
+    assert named.settings.output_dir == Path("runs/exp")

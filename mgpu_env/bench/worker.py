@@ -29,7 +29,7 @@ from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
 from mgpu_env.bench.rounds import warmup_intervals
 from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
-from mgpu_env.training.input.data import Arrays, Data, DatasetChoice, Streamed
+from mgpu_env.training.input.data import Data, DatasetChoice
 
 if TYPE_CHECKING:
     from mgpu_env.training.input.feed import Feed
@@ -102,22 +102,20 @@ def point_data(spec: PointSpec) -> PointData:
 def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str]:
     """The training module's feed over DATASET: the rows kept on every device (`real`), or
     streamed through tf.data (`stream`, the path for data that does not fit)."""
-    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
+    from mgpu_env.training.input.feed import make_feed
+    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input.keep import KeepLimit
 
     assert data.arrays is not None  # point_data loads them for every non-synthetic point
-    if isinstance(data.arrays, Streamed):  # a loader's data too big to read: one path
-        rows = data.arrays.train
-        feed: Any = RowStreamFeed(strategy, rows.rows, rows.size, spec.global_batch,
-                                  spec.seed, spec.deterministic)
-        return feed, f"{data.choice.describe()}, streamed from its pipeline by tf.data"
-    assert isinstance(data.arrays, Arrays)  # point_data reads a folder of files whole
-    if spec.data == "stream":
-        # Chunks that divide the intervals, as they divide training's calls.
-        feed = StreamFeed(strategy, data.arrays, spec.global_batch, spec.seed,
-                          spec.deterministic, steps_per_call=spec.steps_per_interval)
-        return feed, f"{data.choice.describe()}, streamed from host memory by tf.data"
-    feed = ResidentFeed.place(strategy, data.arrays, spec.global_batch, spec.seed)
-    return feed, f"{data.choice.describe()}, kept on each device"
+    # Training's decision, with the limit the variant measures: none kept, or all.
+    keep = KeepLimit(0 if spec.data == "stream" else sys.maxsize, f"BENCH {spec.data}")
+    feed_plan = plan_feed(data.arrays, keep, spec.global_batch)
+    # Streamed chunks that divide the intervals, as they divide training's calls.
+    feed = make_feed(strategy, data.arrays, feed_plan, spec.global_batch, spec.seed,
+                     deterministic=spec.deterministic, steps_per_call=spec.steps_per_interval)
+    how = {"row_stream": "streamed from its pipeline by tf.data", "resident": "kept on each "
+           "device"}.get(feed_plan.kind, "streamed from host memory by tf.data")
+    return feed, f"{data.choice.describe()}, {how}"
 
 
 def image_maker(input_shape: tuple[int, ...]) -> Any:

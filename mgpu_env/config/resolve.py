@@ -9,10 +9,11 @@ names that look like a mistyped setting become warnings, or errors under `strict
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,16 @@ class ResolvedSettings:
     env_file_values: dict[str, str]
     warnings: tuple[str, ...] = ()
     unknown: tuple[UnknownName, ...] = ()
+    # Settings a command filled in once from others when it started (OUTPUT_DIR from
+    # RUN_NAME and the clock: `training.run.rundir.decide_output_dir`), as they were asked:
+    # the run reads the filled value, the provenance shows the asked one.
+    asked: Mapping[str, str] = field(default_factory=dict)
+
+    def filled_in(self, env: str, value: Any) -> ResolvedSettings:
+        """These settings with `env`'s value decided from the others; its source stays."""
+        text = self.settings.as_text()[env]
+        settings = dataclasses.replace(self.settings, **{BY_ENV[env].field_name: value})
+        return dataclasses.replace(self, settings=settings, asked={**self.asked, env: text})
 
     @property
     def defaulted(self) -> list[str]:
@@ -79,7 +90,7 @@ class ResolvedSettings:
     def provenance(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
         """Each setting's value (as text) and origin, in declaration order: what the start
         summary, `--dry-run --json`, settings.json and `mgpu doctor --report` show."""
-        values = self.settings.as_text()
+        values = {**self.settings.as_text(), **self.asked}
         wanted = list(values) if names is None else [n for n in values if n in set(names)]
         return {name: {"value": values[name], "source": self.origin(name)} for name in wanted}
 

@@ -82,7 +82,7 @@ def finished_run(runtime: Runtime) -> FinishedRun | None:
         return None  # a cluster goes on: the chief's state decides for every worker
     output_dir = output_dir_of(runtime)
     finished = read_finished(output_dir)
-    if finished is None or finished.metrics.get("epochs_completed") != settings.epochs:
+    if finished is None or not rundir.finished_as_asked(finished.metrics, settings.epochs):
         return None
     if latest_checkpoint_epoch(output_dir) != settings.epochs:
         return None

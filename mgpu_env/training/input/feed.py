@@ -20,6 +20,9 @@ TFRecord files and image folders (`data.FileData`) are read whole into a `Reside
 when their decoded rows fit, else `FileStreamFeed`: each worker streams its share of the
 files (`data.read.worker_rows`), in an order drawn from (SEED, epoch).
 
+Which of them a run takes is decided once, by `training.input.feedplan.plan_feed`, and
+recorded in the run's plan; `make_feed` builds the feed it names.
+
 The rows' order is `training.input.order`'s. The first three follow one order per epoch (the
 first two the same one) and give global batch b of an epoch the same rows whatever the
 replica or worker count (`FileStreamFeed`'s order is SEED's and the epoch's too, but each
@@ -45,13 +48,14 @@ from mgpu_env.training.input.data import (
     as_float32,
     release_pages,
 )
-from mgpu_env.training.input.keep import FALLBACK, KeepLimit
+from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
+from mgpu_env.training.input.keep import KeepLimit
 from mgpu_env.training.input.order import StepRunner, call_steps, epoch_order
 from mgpu_env.training.input.stream import FileStreamFeed, RowStreamFeed, StreamFeed
 
 __all__ = [
     "Feed", "FileStreamFeed", "ResidentFeed", "RowStreamFeed",
-    "StreamFeed", "epoch_order", "epoch_steps", "fits_on_device", "make_feed",
+    "StreamFeed", "epoch_order", "epoch_steps", "make_feed",
 ]
 
 # The most bytes of rows one `train_indexed` call gathers on each device for its steps (the
@@ -60,19 +64,9 @@ __all__ = [
 CALL_ROWS_BYTES = 64 * 1024**2
 
 
-def fits_on_device(data: Arrays | FileData, keep: KeepLimit) -> bool:
-    """Whether the training rows are kept on every device (else they stream from the host)."""
-    return keep.keeps_rows(data.sample_shape, data.train_size)
-
-
 def epoch_steps(data: Data, global_batch: int, workers: int, keep: KeepLimit) -> int:
-    """Steps per epoch: whole global batches; files streamed by file, the whole global
-    batches every worker's share of the files gives."""
-    if isinstance(data, FileData) and not fits_on_device(data, keep):
-        from mgpu_env.training.input.data.read import steps_per_epoch
-
-        return steps_per_epoch(data.train, global_batch, workers)
-    return data.train_size // global_batch
+    """Steps per epoch, as the run's feed plan counts them (`feedplan.plan_feed`)."""
+    return plan_feed(data, keep, global_batch, workers).steps_per_epoch
 
 
 @dataclass
@@ -154,8 +148,8 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
 @runtime_checkable
 class Feed(Protocol):
     """What the loop and bench take from any feed: the steps of an epoch, and a runner that
-    runs them `count` at a time. A new feed is a class of this shape and a case in
-    `make_feed`; nothing else changes."""
+    runs them `count` at a time. A new feed is a class of this shape, a kind of
+    `feedplan.FeedPlan` and a case in `make_feed`; nothing else changes."""
 
     global_batch: int
 
@@ -166,21 +160,28 @@ class Feed(Protocol):
 
 
 def make_feed(
-    strategy: Any, data: Data, global_batch: int, seed: int, *, deterministic: bool = True,
-    keep: KeepLimit = FALLBACK,
+    strategy: Any, data: Data, feed: FeedPlan, global_batch: int, seed: int, *,
+    deterministic: bool = True, steps_per_call: int | None = None,
 ) -> Feed:
-    """The feed for this data: kept on each device when it is within the run's `keep` limit
-    (`keep.keep_limit`, decided in the plan), else streamed from host memory, or from a
-    loader's pipeline when it was too big to read."""
-    if isinstance(data, Streamed):
+    """The feed the run's feed plan names (`feedplan.plan_feed`, decided from the data and
+    the keep limit): rows kept on each device (files read whole first), streamed from host
+    memory, from a loader's pipeline, or from the files. `steps_per_call`: a stream's calls
+    (default: training's)."""
+    if feed.kind == "row_stream":
+        assert isinstance(data, Streamed)
         return RowStreamFeed(strategy, data.train.rows, data.train.size, global_batch, seed,
                              deterministic)
+    if feed.kind == "file_stream":
+        assert isinstance(data, FileData)
+        return FileStreamFeed(strategy, data, global_batch, seed, deterministic)
     if isinstance(data, FileData):
-        if not fits_on_device(data, keep):
-            return FileStreamFeed(strategy, data, global_batch, seed, deterministic)
         from mgpu_env.training.input.data.read import read_whole
 
         data = read_whole(data)
-    if fits_on_device(data, keep):
+    assert isinstance(data, Arrays)
+    if feed.kind == "resident":
         return ResidentFeed.place(strategy, data, global_batch, seed)
-    return StreamFeed(strategy, data, global_batch, seed, deterministic)
+    if steps_per_call is None:
+        return StreamFeed(strategy, data, global_batch, seed, deterministic)
+    return StreamFeed(strategy, data, global_batch, seed, deterministic,
+                      steps_per_call=steps_per_call)

@@ -1,10 +1,10 @@
 """How much training data stays on each device; the rest streams from the host.
 
 Decided once per run (`plan.plan_training`), from the memory the selected devices have free
-when the run starts, and passed down: the plan's steps per epoch and the feed
-(`feed.make_feed`) both read it. Kept rows cost nothing per step (`feed.ResidentFeed`); the
-stream (`stream.StreamFeed`) costs host work, so data is kept whenever it leaves the model
-room:
+when the run starts, and passed down: the run's feed plan (`feedplan.plan_feed`: kept or
+streamed, and the steps per epoch) is decided from it and the data. Kept rows cost nothing
+per step (`feed.ResidentFeed`); the stream (`stream.StreamFeed`) costs host work, so data
+is kept whenever it leaves the model room:
 
 - on GPUs: KEEP_FRACTION of the smallest selected device's free memory (NVML; a logical
   device's share when GPUs are split), less MODEL_RESERVE_BYTES for the model, its
@@ -44,9 +44,8 @@ class KeepLimit:
 
     def keeps_rows(self, sample_shape: Sequence[int], rows: int) -> bool:
         """Whether `rows` training rows are kept on every device (else they stream from the
-        host), counted as the float32 samples and int32 labels the step takes."""
-        per_row = math.prod(sample_shape) + 1
-        return self.keeps(rows * per_row * 4)
+        host)."""
+        return self.keeps(rows_bytes(sample_shape, rows))
 
     def note(self) -> str:
         return (f"training data of up to {self.bytes / GIB:.1f} GiB is kept on each device, "
@@ -54,6 +53,12 @@ class KeepLimit:
 
 
 FALLBACK = KeepLimit(FALLBACK_BYTES, "the fixed limit")
+
+
+def rows_bytes(sample_shape: Sequence[int], rows: int) -> int:
+    """What `rows` training rows take on a device: the float32 samples and int32 labels the
+    step takes."""
+    return rows * (math.prod(sample_shape) + 1) * 4
 
 
 def keep_limit(

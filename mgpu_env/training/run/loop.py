@@ -1,7 +1,8 @@
 """`mgpu train`'s loop: train as planned, checkpoint every epoch, write the outputs.
 
-`run_training(plan, reporter)` trains and returns a `TrainResult`, or raises ConfigError
-(exit 2), RunFailed (exit 1) or `Interrupted` (exit 128 + signal number).
+`run_training(run, reporter)` trains a prepared run (`prepare.prepare`: TensorFlow started,
+the data loaded; a plan is prepared here, once) and returns a `TrainResult`, or raises
+ConfigError (exit 2), RunFailed (exit 1) or `Interrupted` (exit 128 + signal number).
 
 Faults: a checkpoint is saved after every epoch (tf.train.CheckpointManager writes the
 data files first and the `checkpoint` index file last, by rename, so a kill -9 mid-save
@@ -25,12 +26,13 @@ from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.hardware.tfimport import import_tensorflow
 from mgpu_env.training.input.corrupt import stop_on_bad_records
-from mgpu_env.training.input.data import Data, load_data
+from mgpu_env.training.input.data import Data
 from mgpu_env.training.input.feed import make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.epochs import AFTER_CALL, AFTER_EPOCH, Checkpoints, Run
 from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
+from mgpu_env.training.run.prepare import PreparedRun, prepare
 from mgpu_env.training.run.report import Reporter
 from mgpu_env.training.run.signals import Interrupted, StopRequest, stop_on_signals
 from mgpu_env.training.step.build import Trainer, build_trainer
@@ -66,21 +68,22 @@ class TrainResult:
 
 
 def run_training(
-    plan: TrainPlan, reporter: Reporter | None = None, started: float | None = None
+    run: PreparedRun | TrainPlan, reporter: Reporter | None = None, started: float | None = None
 ) -> TrainResult:
-    """Train as planned; checkpoint every epoch; write the outputs when done. `started`
-    (`time.time()`): when the command started, the start of the wall time (default: now).
+    """Train as planned; checkpoint every epoch; write the outputs when done. `run`: a
+    prepared run, or a plan this prepares (once, under the run's signal handling).
+    `started` (`time.time()`): when the command started, the start of the wall time
+    (default: now).
 
     Raises ConfigError (bad data, an unreadable checkpoint), RunFailed (TensorFlow failed)
     or Interrupted (a signal stopped the run; the command to resume is in the message).
     """
     reporter = reporter or Reporter()
     started = time.time() if started is None else started
+    plan = run.plan if isinstance(run, PreparedRun) else run
     # A multi-worker run goes on even when finished: the chief's state decides for all.
-    if plan.strategy.role.num_workers == 1 and plan.folder.finished_metrics is not None and (
-        plan.folder.finished_metrics.get("epochs_completed") == plan.settings.epochs
-    ):
-        return TrainResult(plan.output_dir, plan.folder.finished_metrics, already_finished=True)
+    if plan.strategy.role.num_workers == 1 and (done := plan.finished_before) is not None:
+        return TrainResult(plan.output_dir, done, already_finished=True)
     stop = StopRequest()
     multi_worker = plan.strategy.kind == "multi_worker"
     session = WorkerSession(
@@ -88,7 +91,7 @@ def run_training(
     )
     with stop_on_signals(stop):
         try:
-            result = _train(plan, _Start(started, reporter, stop, session))
+            result = _train(run, _Start(started, reporter, stop, session))
             session.close(succeeded=True)
             return result
         except (ConfigError, RunFailed):
@@ -117,15 +120,14 @@ def run_training(
 
 
 def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
-    """TensorFlow's devices and precision, the strategy, then model, optimizer and steps."""
+    """The strategy (TensorFlow's devices and precision are prepared), then model,
+    optimizer and steps."""
     from mgpu_env.runtime.keras import tensorflow_keras
     from mgpu_env.training.step.model import model_builder
 
-    execution = plan.runtime.execution
-    execution.prepare_tensorflow()
     tensorflow_keras().utils.set_random_seed(plan.settings.seed)
     session.join()
-    strategy = execution.make_strategy()
+    strategy = plan.runtime.execution.make_strategy()
     session.after_strategy(strategy, agreement_values(
         plan.settings, plan.chosen, local_replicas=plan.strategy.local_replicas,
         train_samples=arrays.train_size, steps_per_epoch=plan.steps_per_epoch,
@@ -183,28 +185,30 @@ class _Start:
     session: WorkerSession
 
 
-def _train(plan: TrainPlan, start: _Start) -> TrainResult:
-    """Prepare the run (data, model, checkpoints, feed), train its epochs, finish it."""
-    run = _prepare(plan, start)
+def _train(prepared: PreparedRun | TrainPlan, start: _Start) -> TrainResult:
+    """Prepare the run (TensorFlow and the data, unless done; model, checkpoints, feed),
+    train its epochs, finish it."""
+    if isinstance(prepared, TrainPlan):
+        prepared = prepare(prepared)
+    run = _start_run(prepared, start)
     run.train()
-    if run.stop.requested and plan.settings.epochs > run.start_epoch:
+    if run.stop.requested and run.plan.settings.epochs > run.start_epoch:
         # The signal came during the last epoch's save: everything is saved, so finish.
         run.reporter.note("Stop requested after the last epoch was saved; finishing the run")
     return _finish(run, start.started)
 
 
-def _prepare(plan: TrainPlan, start: _Start) -> Run:
-    """TensorFlow, the data, the model and its steps, the restored checkpoint and the feed;
+def _start_run(prepared: PreparedRun, start: _Start) -> Run:
+    """The model and its steps, the restored checkpoint and the feed of the prepared data;
     settings.json records this start before any epoch."""
-    tf = import_tensorflow()  # the first import in a fresh run: quiet on a healthy start
+    tf = import_tensorflow()  # imported (quietly) by `prepare`: the module
 
     # Iterating a distributed dataset inside tf.function reads its options in graph mode;
     # TensorFlow warns about that on every run, and it changes nothing here.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
 
+    plan, data = prepared.plan, prepared.data
     settings, session = plan.settings, start.session
-    data = load_data(plan.dataset, settings.seed)
-    _check_sizes(plan, data)
     trainer = _start(plan, session, data)
     saved, start_epoch = _restore_checkpoints(plan, trainer, session)
     if plan.is_chief:
@@ -222,8 +226,8 @@ def _prepare(plan: TrainPlan, start: _Start) -> Run:
         )
     with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
         # Data kept on the devices is read (and checked) here, once.
-        feed = make_feed(trainer.strategy, data, plan.global_batch_size, settings.seed,
-                         deterministic=settings.data_deterministic, keep=plan.keep)
+        feed = make_feed(trainer.strategy, data, plan.feed_plan, plan.global_batch_size,
+                         settings.seed, deterministic=settings.data_deterministic)
     return Run(
         plan, trainer, saved, session, start.reporter, start.stop,
         writer=tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
@@ -244,11 +248,10 @@ def _finish(run: Run, started: float) -> TrainResult:
         tf.summary.scalar("test_accuracy", test_accuracy)
     run.writer.flush()
     metrics = run.metrics(test_loss, test_accuracy, time.time() - started)
-    finished_before = plan.folder.finished_metrics
-    if run.start_epoch == plan.settings.epochs and finished_before is not None:
+    if run.start_epoch == plan.settings.epochs and (done := plan.finished_before) is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.
-        return TrainResult(plan.output_dir, finished_before, already_finished=True)
+        return TrainResult(plan.output_dir, done, already_finished=True)
     if plan.is_chief:
         rundir.atomic_save(
             plan.output_dir / rundir.MODEL_FILE, lambda path: run.trainer.model.save(path),
@@ -273,17 +276,6 @@ def _evaluate(
             test_dataset(arrays, plan.global_batch_size)
         ))
     return float(steps.test_loss.result()), float(steps.test_accuracy.result())
-
-
-def _check_sizes(plan: TrainPlan, arrays: Data) -> None:
-    # The plan (and the run's identity, and the dry run) use the official sizes; a file of
-    # another size is some other data set under a known name, so it is refused.
-    if (arrays.train_size, arrays.test_size) != (plan.train_size, plan.test_size):
-        raise ConfigError(
-            f"{plan.dataset.describe()} has {arrays.train_size} training and "
-            f"{arrays.test_size} test samples; {plan.dataset.name} has {plan.train_size} and "
-            f"{plan.test_size}.\n  Fix: replace the file with the official one."
-        )
 
 
 def _restore(checkpoint: Any, manager: Any, epoch_counter: Any) -> int:

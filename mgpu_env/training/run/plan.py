@@ -1,14 +1,15 @@
 """`mgpu train`'s plan: what a run will do, resolved from the runtime before anything trains.
 
 `plan_training(runtime)` adds to the runtime's decisions (devices, precision, all-reduce,
-cluster) what only training needs: the data set, the batches, the run folder and whether
-it resumes (the doctor's pre-flight has passed before: the command runs it). It writes
-nothing; `--dry-run` prints it and stops.
+cluster) what only training needs: the data set, the batches, the feed, the run folder and
+whether it resumes (the doctor's pre-flight has passed before: the command runs it). It is
+pure: no TensorFlow, no data read, no file written. A built-in data set's sizes are known
+(official); a loader's or a folder's are unknown (`sizes` None) until `prepare.prepare`
+loads the data and records them. `--dry-run` prints the plan and stops.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,14 +26,8 @@ from mgpu_env.runtime.cluster import peers
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training.input import keep
-from mgpu_env.training.input.data import (
-    CLASSES,
-    FEATURES,
-    DatasetChoice,
-    load_data,
-    resolve_dataset,
-)
-from mgpu_env.training.input.feed import epoch_steps
+from mgpu_env.training.input.data import Data, DatasetChoice, DataSizes, resolve_dataset
+from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
 from mgpu_env.training.messages import unwritable_folder
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.resume import resume_note
@@ -44,13 +39,13 @@ SCHEMA_VERSION = 1
 TRAIN_SETTINGS = with_role("shown")
 # What settings.json records: every setting a training run reads, the cluster's included.
 RUN_SETTINGS = with_role("recorded")
-# Known sizes, so a dry run need not read (or download) the data. Digits: 1797 samples,
-# 20% held out by a stratified split.
+# Known sizes, so the plan need not read (or download) the data; `prepare` checks a file's.
+# Digits: 1797 samples, 20% held out by a stratified split.
 KNOWN_SIZES = {
-    "mnist": (60_000, 10_000),
-    "fashion_mnist": (60_000, 10_000),
-    "synthetic": (60_000, 10_000),
-    "digits": (1437, 360),
+    "mnist": DataSizes(60_000, 10_000),
+    "fashion_mnist": DataSizes(60_000, 10_000),
+    "synthetic": DataSizes(60_000, 10_000),
+    "digits": DataSizes(1437, 360),
 }
 
 
@@ -60,17 +55,53 @@ class TrainPlan:
 
     runtime: Runtime
     dataset: DatasetChoice
-    train_size: int
-    test_size: int
     global_batch_size: int
-    steps_per_epoch: int
     output_dir: Path
     folder: rundir.RunFolder
     resume_epoch: int  # epochs already completed in output_dir (0 for a fresh run)
+    # The data's sizes and the feed decided from them: a built-in set's from the start; None
+    # for a loader's or a folder's until `prepare` has loaded it (never guessed).
+    sizes: DataSizes | None
+    feed: FeedPlan | None
     notes: tuple[str, ...] = ()
-    input_shape: tuple[int, ...] = (FEATURES,)  # one sample's shape, as the model sees it
-    num_classes: int = CLASSES
     keep: keep.KeepLimit = keep.FALLBACK  # the most training data kept on each device
+
+    @property
+    def known(self) -> DataSizes:
+        """The data's sizes; only a prepared run's plan (or a built-in set's) knows them."""
+        if self.sizes is None:
+            raise RuntimeError(f"{self.dataset.name}'s sizes are known once it is loaded: "
+                               "use the plan `prepare` returns")
+        return self.sizes
+
+    @property
+    def feed_plan(self) -> FeedPlan:
+        """The feed, decided with the sizes (`feedplan.plan_feed`)."""
+        if self.feed is None:
+            raise RuntimeError(f"{self.dataset.name}'s feed is decided once it is loaded: "
+                               "use the plan `prepare` returns")
+        return self.feed
+
+    @property
+    def train_size(self) -> int:
+        return self.known.train_size
+
+    @property
+    def test_size(self) -> int:
+        return self.known.test_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.feed_plan.steps_per_epoch
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's shape, as the model sees it."""
+        return self.known.sample_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.known.num_classes
 
     @property
     def model(self) -> str:
@@ -108,6 +139,14 @@ class TrainPlan:
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (the other workers write scratch)."""
         return self.strategy.role.is_chief
+
+    @property
+    def finished_before(self) -> dict[str, Any] | None:
+        """metrics.json of this run when its folder holds it finished with EPOCHS epochs:
+        nothing to train (one process returns it at once; a cluster's workers still meet,
+        and keep it)."""
+        metrics = self.folder.finished_metrics
+        return metrics if rundir.finished_as_asked(metrics, self.settings.epochs) else None
 
     @property
     def resume_command(self) -> str:
@@ -179,6 +218,7 @@ class TrainPlan:
             "train_samples": self.train_size,
             "test_samples": self.test_size,
             "steps_per_epoch": self.steps_per_epoch,
+            "feed": self.feed_plan.describe(),
             "epochs": self.settings.epochs,
             "resume_from_epoch": self.resume_epoch,
             "output_dir": str(self.output_dir),
@@ -209,8 +249,8 @@ def is_chief(runtime: Runtime) -> bool:
 
 
 def output_dir_of(runtime: Runtime) -> Path:
-    settings = runtime.settings
-    return settings.output_dir or rundir.default_output_dir(settings.run_name)
+    """The run folder, as decided when the command started (`rundir.decide_output_dir`)."""
+    return rundir.run_folder(runtime.settings)
 
 
 def check_output_dir(runtime: Runtime) -> None:
@@ -227,7 +267,8 @@ def check_output_dir(runtime: Runtime) -> None:
 def plan_training(
     runtime: Runtime, environ: Mapping[str, str] | None = None, *, dry_run: bool = False
 ) -> TrainPlan:
-    """Resolve the whole run on an applied runtime; writes no file.
+    """Resolve the whole run on an applied runtime: pure (no TensorFlow, no data read, no
+    file written; a user's MODEL module is imported, to fail now if it cannot be).
 
     The command runs the doctor's pre-flight (`mgpu_env.doctor.require_ready`) first.
     Raises ConfigError for settings that cannot work together on these devices.
@@ -250,13 +291,9 @@ def plan_training(
     keep_limit = plan_keep(runtime, runtime.strategy_plan.role.num_workers)
     notes.append(keep_limit.note())
     global_batch = settings.batch_size * runtime.replicas
-    dataset, sizes = _data_sizes(runtime, dataset, global_batch, keep_limit)
-    if dry_run and settings.model != "mlp":
-        # The builder is called only in the strategy's scope when training starts; the dry
-        # run builds it on the CPU, so a model that does not fit the data fails here.
-        from mgpu_env.training.step import hooks
-
-        notes.append(hooks.check_on_cpu(settings.model, sizes.input_shape, sizes.num_classes))
+    # A loader's or a folder's sizes are known only by calling or counting it: `prepare`.
+    sizes = None if dataset.origin in ("hook", "files") else KNOWN_SIZES[dataset.name]
+    feed = None if sizes is None else feed_of(runtime, dataset, sizes, global_batch, keep_limit)
     identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
     folder = rundir.inspect_run_folder(output_dir, identity)
     resume_epoch = rundir.completed_epochs(folder)
@@ -267,20 +304,27 @@ def plan_training(
             f"  Fix: set EPOCHS to {resume_epoch} or more, or choose another OUTPUT_DIR."
         )
     return TrainPlan(
-        runtime=runtime,
-        dataset=dataset,
-        train_size=sizes.train_size,
-        test_size=sizes.test_size,
-        global_batch_size=global_batch,
-        steps_per_epoch=sizes.steps_per_epoch,
-        output_dir=output_dir,
-        folder=folder,
-        resume_epoch=resume_epoch,
-        notes=tuple(notes),
-        input_shape=sizes.input_shape,
-        num_classes=sizes.num_classes,
-        keep=keep_limit,
+        runtime=runtime, dataset=dataset, global_batch_size=global_batch,
+        output_dir=output_dir, folder=folder, resume_epoch=resume_epoch,
+        sizes=sizes, feed=feed, notes=tuple(notes), keep=keep_limit,
     )
+
+
+def feed_of(
+    runtime: Runtime, dataset: DatasetChoice, data: Data | DataSizes, global_batch: int,
+    keep_limit: keep.KeepLimit,
+) -> FeedPlan:
+    """The run's feed for this data (`feedplan.plan_feed`). Refuses a global batch larger
+    than the training samples."""
+    feed = plan_feed(data, keep_limit, global_batch, runtime.strategy_plan.role.num_workers)
+    if feed.steps_per_epoch == 0:
+        batch, replicas, rows = runtime.settings.batch_size, runtime.replicas, data.train_size
+        raise ConfigError(
+            f"The global batch ({batch} x {replicas} replicas = {global_batch}) "
+            f"is larger than the {rows} training samples of {dataset.name}.\n"
+            f"  Fix: set BATCH_SIZE to at most {rows // replicas}."
+        )
+    return feed
 
 
 def _start_notes(runtime: Runtime, dry_run: bool) -> list[str]:
@@ -297,50 +341,6 @@ def _start_notes(runtime: Runtime, dry_run: bool) -> list[str]:
     if runtime.strategy_plan.note:
         notes.append(runtime.strategy_plan.note)
     return notes
-
-
-@dataclass(frozen=True)
-class _Sizes:
-    """What the plan knows of the data's size and shape."""
-
-    train_size: int
-    test_size: int
-    steps_per_epoch: int
-    input_shape: tuple[int, ...] = (FEATURES,)
-    num_classes: int = CLASSES
-
-
-def _data_sizes(
-    runtime: Runtime, dataset: DatasetChoice, global_batch: int, keep_limit: keep.KeepLimit
-) -> tuple[DatasetChoice, _Sizes]:
-    """The data's sizes: a built-in set's are known; a loader's or files' are found by
-    loading them (the loaded data goes back with the choice, so the loop reuses it).
-    Refuses a global batch larger than the training samples."""
-    settings, workers = runtime.settings, runtime.strategy_plan.role.num_workers
-    if dataset.origin in ("hook", "files"):
-        # Its size and shape are known only by calling it (a loader) or counting it (files,
-        # cached after the first run), once: the loop reuses the data. A loader may use
-        # TensorFlow, so TensorFlow gets its devices and policy first; files are counted
-        # with TensorFlow after the same preparation, or (multi-worker) in a child process.
-        if dataset.origin == "hook":
-            runtime.execution.prepare_tensorflow()
-        arrays = load_data(dataset, settings.seed, in_process=workers == 1,
-                           prepare=runtime.execution.prepare_tensorflow)
-        dataset = dataclasses.replace(dataset, loaded=arrays)
-        sizes = _Sizes(arrays.train_size, arrays.test_size,
-                       epoch_steps(arrays, global_batch, workers, keep_limit),
-                       arrays.sample_shape, arrays.num_classes)
-    else:
-        train_size, test_size = KNOWN_SIZES[dataset.name]
-        sizes = _Sizes(train_size, test_size, train_size // global_batch)
-    if sizes.steps_per_epoch == 0:
-        replicas = runtime.replicas
-        raise ConfigError(
-            f"The global batch ({settings.batch_size} x {replicas} replicas = {global_batch}) "
-            f"is larger than the {sizes.train_size} training samples of {dataset.name}.\n"
-            f"  Fix: set BATCH_SIZE to at most {sizes.train_size // replicas}."
-        )
-    return dataset, sizes
 
 
 def plan_keep(runtime: Runtime, workers: int) -> keep.KeepLimit:

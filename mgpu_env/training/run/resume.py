@@ -58,16 +58,14 @@ def resolve_run_settings(
     flags: Mapping[str, str | None], environ: Mapping[str, str]
 ) -> ResolvedSettings:
     """`mgpu train`'s settings: the usual precedence, and for a folder that holds a run,
-    that run's recorded settings in place of the defaults."""
+    that run's recorded settings in place of the defaults; the run folder decided
+    (`rundir.decide_output_dir`)."""
     resolved = resolve_settings(flags, environ)
-    settings = resolved.settings
-    output_dir = settings.output_dir or rundir.default_output_dir(settings.run_name)
-    if not output_dir.is_dir():
-        return resolved
-    recorded = recorded_settings(output_dir)
-    if not recorded:
-        return resolved
-    return resolve_settings(flags, environ, recorded, output_dir)
+    output_dir = rundir.run_folder(resolved.settings)  # decided here, once, for the run
+    recorded = recorded_settings(output_dir) if output_dir.is_dir() else {}
+    if recorded:
+        resolved = resolve_settings(flags, environ, recorded, output_dir)
+    return rundir.decide_output_dir(resolved, output_dir)
 
 
 def resume_note(resolved: ResolvedSettings) -> str | None:

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.resolve import ResolvedSettings
+from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.folders import RUNS_ROOT
 
 # The layout of the run folder's JSON files (run.json, history.json, settings.json,
@@ -50,6 +52,32 @@ def default_output_dir(run_name: str, now: float | None = None) -> Path:
         return RUNS_ROOT / run_name
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
     return RUNS_ROOT / stamp
+
+
+def decide_output_dir(resolved: ResolvedSettings, folder: Path | None = None) -> ResolvedSettings:
+    """The settings with the run folder decided, once, when the command starts: OUTPUT_DIR,
+    else `folder` (already decided), else runs/<RUN_NAME>, else runs/<UTC timestamp>. The
+    clock is read here only: every part of the run then reads `settings.output_dir`, so
+    they agree even when a second passes. The provenance keeps OUTPUT_DIR as asked."""
+    settings = resolved.settings
+    if settings.output_dir is not None:
+        return resolved
+    return resolved.filled_in(
+        "OUTPUT_DIR", folder or default_output_dir(settings.run_name)
+    )
+
+
+def run_folder(settings: Settings) -> Path:
+    """The run folder `decide_output_dir` decided (settings a library caller resolved
+    without it: decided now, the same way)."""
+    return settings.output_dir or default_output_dir(settings.run_name)
+
+
+def finished_as_asked(metrics: Mapping[str, Any] | None, epochs: int) -> bool:
+    """Whether a finished run's metrics.json says it trained `epochs` epochs: a start that
+    asks for them has nothing to train. The one test of "already finished", for the answer
+    before TensorFlow (`finished.finished_run`) and the plan's (`TrainPlan.finished_before`)."""
+    return metrics is not None and metrics.get("epochs_completed") == epochs
 
 
 def checkpoint_kept(epoch: int) -> str:

@@ -28,6 +28,7 @@ from mgpu_env.training.input.data.sets import (
     Arrays,
     Data,
     DatasetChoice,
+    DataSizes,
     FileData,
     Streamed,
     as_float32,
@@ -38,7 +39,7 @@ from mgpu_env.training.input.data.sets import (
 
 __all__ = [
     "CLASSES", "DOWNLOAD_TIMEOUT_S", "FEATURES", "IMAGE_SIDE", "MNIST_URL", "Arrays", "Data",
-    "DatasetChoice", "FileData", "Streamed", "as_float32", "check_finite",
+    "DataSizes", "DatasetChoice", "FileData", "Streamed", "as_float32", "check_finite",
     "digits_to_mnist_layout", "keras_cache_dir", "load_arrays", "load_data", "read_idx",
     "release_pages", "resolve_dataset", "synthetic_arrays", "take_rows", "test_dataset",
 ]

@@ -83,8 +83,6 @@ def load_data(choice: DatasetChoice, seed: int, *, in_process: bool = True,
     """The chosen data set: arrays, a loader's data too big to read (streams), or files.
     TFRecords and images not counted yet are counted after `prepare()`, or in a child
     process with `in_process=False` (`files.load_files`)."""
-    if choice.loaded is not None:
-        return choice.loaded
     if choice.origin == "files":
         found = file_dataset(choice.name)
         assert found is not None  # resolve_dataset made it from this name
@@ -109,9 +107,11 @@ def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
     data = load_data(choice, seed)
     if isinstance(data, FileData):
         from mgpu_env.training.input.data.read import read_whole
+        from mgpu_env.training.input.feedplan import plan_feed
         from mgpu_env.training.input.keep import FALLBACK
 
-        if FALLBACK.keeps_rows(data.sample_shape, data.train_size):
+        # The run's decision, under the fixed limit: files kept on a device are read whole.
+        if plan_feed(data, FALLBACK, global_batch=1).kind == "resident":
             return read_whole(data)
         raise ConfigError(
             f"DATASET={choice.name}: its decoded samples are over 2 GiB, so they stream from "

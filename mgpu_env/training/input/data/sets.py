@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,9 +57,6 @@ class DatasetChoice:
     origin: Origin
     location: Path | None = None  # the file or folder read, or where a download goes
     note: str | None = None  # why auto chose this one, for the start summary
-    # A hook's or a folder's data, loaded once when the run is planned (its size is known
-    # only then).
-    loaded: Data | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
         if self.origin == "hook":
@@ -177,6 +174,21 @@ class FileData:
 
 # What a run trains on: arrays in memory, a loader's streams, or files.
 Data = Arrays | Streamed | FileData
+
+
+@dataclass(frozen=True)
+class DataSizes:
+    """What a run knows of its data's size and shape: a built-in set's before it is read
+    (its official sizes), a loader's or a folder's once it is loaded (`DataSizes.of`)."""
+
+    train_size: int
+    test_size: int
+    sample_shape: tuple[int, ...] = (FEATURES,)
+    num_classes: int = CLASSES
+
+    @classmethod
+    def of(cls, data: Data) -> DataSizes:
+        return cls(data.train_size, data.test_size, data.sample_shape, data.num_classes)
 
 
 def as_float32(x: np.ndarray) -> np.ndarray:
