@@ -31,17 +31,23 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> Generator[None, int,
     return count if docker_engine_missing() else count + 1
 
 
+# The modules whose every test takes minutes on 2 idle cores: the corpus runs public scripts
+# to their end (~2 min each, some twice), the tutorials train 2 workers for 3 epochs of 70
+# steps. Among the slow tests they start first.
+LONGEST_MODULES = frozenset({"test_keras2_scripts.py", "test_tutorials.py"})
+
+
 def start_rank(item: pytest.Item) -> int:
-    """When a test starts under `make test`: the Docker build first, then the tests that train
-    or start processes (`slow`), then the rest. pytest-xdist hands tests out in collection
-    order (an `xdist_group` as one unit); the suite ends when its last long test does, so a
-    long test collected late is a tail with the other workers idle, while the many short tests
-    left for the end fill the workers evenly."""
+    """When a test starts under `make test`: the Docker build first, then the longest modules,
+    then the other tests that train or start processes (`slow`), then the rest. pytest-xdist
+    hands tests out in collection order (an `xdist_group` as one unit); the suite ends when
+    its last long test does, so a long test collected late is a tail with the other workers
+    idle, while the many short tests left for the end fill the workers evenly."""
     if item.get_closest_marker("docker") is not None:
         return 0
-    if item.get_closest_marker("slow") is not None:
-        return 1
-    return 2
+    if item.get_closest_marker("slow") is None:
+        return 3
+    return 1 if item.path.name in LONGEST_MODULES else 2
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
