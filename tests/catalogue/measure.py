@@ -2,8 +2,9 @@
 doctor and count how many it detects, names the cause of and prints the fix for.
 
 Each thread runs in a fresh temporary folder (also the working folder, so no .env is read).
-Works on older checkouts too: copy tests/catalogue, tests/support/fakecuda.py, tests/support/fake_nvml.py
-and tests/fixtures/{fakecuda,standin_tensorflow} into one and run it there.
+Works on older checkouts too: copy tests/catalogue, tests/support/fakecuda.py,
+tests/support/fake_nvml.py and tests/fixtures/{fakecuda,standin_tensorflow} into one and run
+it there.
 """
 
 from __future__ import annotations
