@@ -95,7 +95,8 @@ bench: $(STAMP) ## Measure samples/s and scaling efficiency against replica coun
 # The bytecode of .venv's packages, compiled once before the suite: uv does not compile at
 # install (pip does), and where PYTHONDONTWRITEBYTECODE is set no process writes it either, so
 # each of the suite's hundreds of TensorFlow processes compiled TensorFlow again (its import:
-# ~15 s of CPU instead of ~6 on 2 cores). Stale files are harmless: Python checks the source.
+# ~15 s of CPU instead of ~6 on 2 cores). The image compiles at install for the same reason
+# (docker/install-locks.sh). Stale files are harmless: Python checks the source.
 BYTECODE := $(VENV)/.bytecode
 $(BYTECODE): $(STAMP)
 	-$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
