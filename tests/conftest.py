@@ -31,9 +31,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> Generator[None, int,
     return count if docker_engine_missing() else count + 1
 
 
-# The modules whose every test takes minutes on 2 idle cores: the corpus runs public scripts
-# to their end (~2 min each, some twice), the tutorials train 2 workers for 3 epochs of 70
-# steps. Among the slow tests they start first.
+# The modules where every test is long: the corpus runs public scripts to their end (some
+# twice), the tutorials train 2 workers for 3 epochs of 70 steps; 22-78 s each on 2 busy
+# cores with the bytecode compiled (other slow modules mix such tests with short ones).
+# Among the slow tests they start first.
 LONGEST_MODULES = frozenset({"test_keras2_scripts.py", "test_tutorials.py"})
 
 
