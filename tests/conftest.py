@@ -4,7 +4,7 @@ tests marked `gpu` are skipped, with the reason, on a machine whose NVML lists n
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
@@ -15,9 +15,47 @@ from tests.support.fake_nvml import FakeNvml, fake_with
 from tests.support.runtimes import LOGICAL_CPUS
 
 
+@pytest.hookimpl(optionalhook=True, wrapper=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> Generator[None, int, int]:
+    """`-n auto`: one worker per CPU, and one more where Docker answers and the docker tests
+    are not deselected. The container test holds its worker for minutes (~13 cold) while it
+    mostly waits on downloads; the extra worker keeps the CPUs busy with the other tests
+    meanwhile. PYTEST_XDIST_AUTO_NUM_WORKERS, when set, is taken as it is."""
+    count = yield
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return count
+    if "not docker" in (config.option.markexpr or ""):
+        return count
+    from tests.support.docker import docker_engine_missing
+
+    return count if docker_engine_missing() else count + 1
+
+
+# The modules where every test is long: the corpus runs public scripts to their end (some
+# twice), the tutorials train 2 workers for 3 epochs of 70 steps; 22-78 s each on 2 busy
+# cores with the bytecode compiled (other slow modules mix such tests with short ones).
+# Among the slow tests they start first.
+LONGEST_MODULES = frozenset({"test_keras2_scripts.py", "test_tutorials.py"})
+
+
+def start_rank(item: pytest.Item) -> int:
+    """When a test starts under `make test`: the Docker build first, then the longest modules,
+    then the other tests that train or start processes (`slow`), then the rest. pytest-xdist
+    hands tests out in collection order (an `xdist_group` as one unit); the suite ends when
+    its last long test does, so a long test collected late is a tail with the other workers
+    idle, while the many short tests left for the end fill the workers evenly."""
+    if item.get_closest_marker("docker") is not None:
+        return 0
+    if item.get_closest_marker("slow") is None:
+        return 3
+    return 1 if item.path.name in LONGEST_MODULES else 2
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the `gpu` tests where there is no GPU, saying why (NVML is asked once, and only
+    """Order the tests by `start_rank` (a stable sort: files keep their order within a rank).
+    Skip the `gpu` tests where there is no GPU, saying why (NVML is asked once, and only
     when such a test was collected: `pytest -m gpu` on a GPU machine runs them)."""
+    items.sort(key=start_rank)
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
         return
