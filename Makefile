@@ -50,13 +50,17 @@ $(UV): requirements-uv.lock
 	$(TOOLS)/uv-$(UV_VERSION)/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements-uv.lock
 	touch $@
 
-# Every install requires the locks' hashes: a changed or swapped wheel stops it.
+# Every install requires the locks' hashes: a changed or swapped wheel stops it. uv compiles
+# the bytecode at install (--compile-bytecode; pip does by default): uv does not otherwise,
+# and where PYTHONDONTWRITEBYTECODE is set no process writes it either, so every TensorFlow
+# process (the suite starts hundreds, `make train` one) compiled TensorFlow again: its import
+# took ~15 s of CPU instead of ~6 on 2 cores. The image does the same (docker/install-locks.sh).
 $(STAMP): pyproject.toml requirements.lock $(LOCKS) $(if $(filter uv,$(INSTALLER)),$(UV))
 	@echo "make: .venv from $(LOCKS) with $(INSTALLER) (CUDA=$(CUDA): $(CUDA_HOW))" >&2
 	rm -f $(VENV)/.installed-*
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(INSTALLER),uv)
-	$(UV) pip sync --quiet --python $(BIN)/python --require-hashes $(LOCKS)
+	$(UV) pip sync --quiet --compile-bytecode --python $(BIN)/python --require-hashes $(LOCKS)
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps --no-build-isolation -e .
 else
 	$(BIN)/python -m pip install --quiet --require-hashes --no-deps $(addprefix -r ,$(LOCKS))
@@ -92,22 +96,12 @@ doctor: $(STAMP) ## Check driver, CUDA, cuDNN, GPUs and TensorFlow; say how to f
 bench: $(STAMP) ## Measure samples/s and scaling efficiency against replica count
 	$(BIN)/mgpu bench
 
-# The bytecode of .venv's packages, compiled once before the suite: uv does not compile at
-# install (pip does), and where PYTHONDONTWRITEBYTECODE is set no process writes it either, so
-# each of the suite's hundreds of TensorFlow processes compiled TensorFlow again (its import:
-# ~15 s of CPU instead of ~6 on 2 cores). The image compiles at install for the same reason
-# (docker/install-locks.sh). Stale files are harmless: Python checks the source.
-BYTECODE := $(VENV)/.bytecode
-$(BYTECODE): $(STAMP)
-	-$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-	touch $@
-
 .PHONY: test
-test: $(STAMP) $(BYTECODE) ## Run the whole test suite, in parallel (container tests too when Docker is there)
+test: $(STAMP) ## Run the whole test suite, in parallel (container tests too when Docker is there)
 	$(BIN)/pytest -n auto --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: $(STAMP) $(BYTECODE) ## Run the tests that need neither Docker nor long training
+test-fast: $(STAMP) ## Run the tests that need neither Docker nor long training
 	$(BIN)/pytest -n auto --dist loadgroup -m "not slow and not docker" $(PYTEST_ARGS)
 
 .PHONY: lint
