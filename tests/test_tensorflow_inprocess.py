@@ -387,6 +387,28 @@ def test_a_new_feed_needs_only_the_replica_step(
         np.testing.assert_array_equal(weights, reference)
 
 
+def test_each_feed_says_what_it_is(logical_cpus: tuple[str, ...]) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.bench.synthetic import SameBatchFeed
+    from mgpu_env.training.input.data import Arrays
+    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
+
+    x = np.zeros((100, 784), np.float32)
+    arrays = Arrays("test", x, np.zeros(100, np.int32), x[:1], np.zeros(1, np.int32))
+    two, one = mirrored(logical_cpus[:2]), mirrored(logical_cpus[:1])
+    assert (ResidentFeed.place(two, arrays, 8, 1).describe()
+            == "rows kept on each of 2 devices, gathered by index")
+    assert (StreamFeed(one, arrays, 8, 1, steps_per_call=5).describe()
+            == "rows in host memory, streamed to the device by tf.data in chunks of 5 steps")
+    rows = tf.data.Dataset.from_tensor_slices((x, arrays.y_train))
+    assert RowStreamFeed(two, rows, 100, 8, 1).describe() == (
+        "a loader's rows, streamed from its pipeline to each of 2 devices by tf.data, "
+        "shuffled among 10,000")
+    assert (SameBatchFeed.make(two, 4, (784,), 10, 1).describe()
+            == "one synthetic batch on each of 2 devices, reused every step")
+
+
 def test_chunks_divide_the_callers_calls_where_that_costs_little() -> None:
     from mgpu_env.training.input.stream import aligned_chunk
 
