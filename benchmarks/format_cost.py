@@ -14,7 +14,7 @@ rounds in a rotating order, after a warm-up round. Each feed trains a model of i
 tutorial's MLP (a Flatten first for 28x28x1), batch 64 per replica, fp32, Adam, no XLA.
 
 - The training module's step (`build_trainer`) fed by the library's feeds (`make_feed`):
-  synthetic (`mgpu bench`'s `SameBatch`: one batch on each device, reused), kept
+  synthetic (`mgpu bench`'s `SameBatchFeed`: one batch on each device, reused), kept
   (`ResidentFeed`) and streamed (`StreamFeed`) from the rows in memory, and tfrecord,
   images (`FileStreamFeed`) and npy (`StreamFeed`, memory-mapped) streamed, as data over
   the keep limit is (a limit of 0). Timed: `run(steps)` until the step counter reads back.
@@ -180,7 +180,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
                else ("/device:CPU:0",))
     import tensorflow as tf
 
-    from mgpu_env.bench.worker import SameBatch
+    from mgpu_env.bench.synthetic import SameBatchFeed
     from mgpu_env.runtime.keras import tensorflow_keras
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
@@ -226,13 +226,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
             return feed.runner(trainer.steps, 0, -(-steps * rounds // feed_plan.steps_per_epoch))
         return runner
 
-    def synthetic_batch(context: Any) -> Any:
-        generator = tf.random.Generator.from_seed(SEED + context.replica_id_in_sync_group)
-        return (generator.uniform((BATCH, 784)),
-                generator.uniform((BATCH,), maxval=10, dtype=tf.int32))
-
-    same = SameBatch(strategy.experimental_distribute_values_from_function(synthetic_batch))
-    step_feed("synthetic", (784,), lambda t: lambda n: t.steps.train_steps(same, tf.constant(n)))
+    same = SameBatchFeed.make(strategy, BATCH, (784,), 10, SEED)
+    step_feed("synthetic", (784,), lambda t: same.runner(t.steps, 0))
     stream = KeepLimit(0, "benchmark: stream")
     step_feed("kept", (784,), library_feed(flat, FALLBACK))
     step_feed("streamed", (784,), library_feed(flat, stream))

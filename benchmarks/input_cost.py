@@ -12,7 +12,7 @@ three ways in one process, taking turns interval by interval, so a change of loa
 each alike:
 
 - synthetic: one batch already on each device, reused every step (`mgpu bench`'s
-  `SameBatch`): the step with no input at all;
+  `SameBatchFeed`): the step with no input at all;
 - real: the rows kept on each device, batches gathered by index in the step (`ResidentFeed`,
   what `mgpu train` uses for data that fits);
 - stream (with `--stream`): the tf.data path for data that does not fit (`StreamFeed`).
@@ -66,9 +66,7 @@ def main() -> None:
         apply_split(DeviceSplit("CPU", 1, args.replicas)) if args.replicas > 1
         else ("/device:CPU:0",)
     )
-    import tensorflow as tf
-
-    from mgpu_env.bench.worker import SameBatch
+    from mgpu_env.bench.synthetic import SameBatchFeed
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import FEATURES, load_arrays, resolve_dataset
@@ -87,17 +85,12 @@ def main() -> None:
             global_batch_size=global_batch, jit_compile=False,
         )
 
-    def synthetic_batch(context: Any) -> Any:
-        generator = tf.random.Generator.from_seed(SEED + context.replica_id_in_sync_group)
-        return (generator.uniform((BATCH, FEATURES)),
-                generator.uniform((BATCH,), maxval=10, dtype=tf.int32))
-
     lead_in = args.steps if args.lead_in is None else args.lead_in
     total = (lead_in + args.steps) * (args.rounds + 1)
     feeds: dict[str, tuple[Any, Any]] = {}
     synthetic = trainer()
-    batch = SameBatch(strategy.experimental_distribute_values_from_function(synthetic_batch))
-    feeds["synthetic"] = (synthetic, lambda n: synthetic.steps.train_steps(batch, tf.constant(n)))
+    same = SameBatchFeed.make(strategy, BATCH, (FEATURES,), 10, SEED)
+    feeds["synthetic"] = (synthetic, same.runner(synthetic.steps, 0))
     real = trainer()
     resident = ResidentFeed.place(strategy, arrays, global_batch, SEED)
     feeds["real"] = (real, resident.runner(real.steps, 0, -(-total // resident.steps_per_epoch)))

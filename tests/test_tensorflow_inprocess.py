@@ -65,6 +65,7 @@ def _train_a_little(
     import tensorflow as tf
 
     from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.loops import iterator_loop
     from mgpu_env.training.step.model import build_model
 
     keras.mixed_precision.set_global_policy(precision.policy)
@@ -78,10 +79,11 @@ def _train_a_little(
     )
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)
     iterator = iter(strategy.experimental_distribute_dataset(data))
-    trainer.steps.train_steps(iterator, tf.constant(5))
+    train_steps = iterator_loop(strategy, trainer.steps.replica_step)
+    train_steps(iterator, tf.constant(5))
     first = float(trainer.steps.train_loss.result())
     trainer.steps.reset_train_metrics()
-    trainer.steps.train_steps(iterator, tf.constant(steps_to_run))
+    train_steps(iterator, tf.constant(steps_to_run))
     return first, float(trainer.steps.train_loss.result()), trainer
 
 
@@ -192,7 +194,7 @@ def test_a_whole_run_in_process_on_four_replicas(
 
 def _losses_per_call(
     strategy: Any, feed_kind: str, calls: int = 3, steps_per_call: int | None = None,
-    stream_call: int = 5, on_steps: Callable[[Any], Any] | None = None,
+    stream_call: int = 5,
 ) -> list[float]:
     """Train the seed's MLP a few calls of 5 steps from a feed; the mean loss of each call."""
     import tensorflow as tf
@@ -221,8 +223,7 @@ def _losses_per_call(
     )
     if steps_per_call is not None:
         assert feed.steps_per_call == steps_per_call
-    steps = trainer.steps if on_steps is None else on_steps(trainer.steps)
-    run = feed.runner(steps, first_epoch=1, epochs=2)  # calls cross the epochs
+    run = feed.runner(trainer.steps, first_epoch=1, epochs=2)  # calls cross the epochs
     losses = []
     for _ in range(calls):
         trainer.steps.reset_train_metrics()
@@ -287,13 +288,13 @@ def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
     from mgpu_env.training.input import stream
 
     class Counted:
-        """The step functions, counting the calls a runner makes of each."""
+        """The stream's compiled loops, counting the calls a runner makes of each."""
 
-        def __init__(self, steps: Any) -> None:
-            self.steps, self.calls = steps, {"train_chunk": 0, "train_chunks": 0}
+        def __init__(self, loops: Any) -> None:
+            self.loops, self.calls = loops, {"train_chunk": 0, "train_chunks": 0}
 
         def __getattr__(self, name: str) -> Any:
-            function = getattr(self.steps, name)
+            function = getattr(self.loops, name)
             if name not in self.calls:
                 return function
 
@@ -304,18 +305,122 @@ def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
             return counted
 
     counted: list[Counted] = []
+    chunk_loops = stream.chunk_loops
 
-    def count_steps(steps: Any) -> Counted:
-        counted.append(Counted(steps))
+    def count_loops(*args: Any) -> Counted:
+        counted.append(Counted(chunk_loops(*args)))
         return counted[-1]
 
     kept = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
     # Room for 7 steps, calls of 5: chunks of 5 (the largest divisor of 5 that fits).
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 7 * 32 * (784 * 4 + 4) + 1)
-    streamed = _losses_per_call(mirrored(logical_cpus[:2]), "stream", stream_call=5,
-                                on_steps=count_steps)
+    monkeypatch.setattr(stream, "chunk_loops", count_loops)
+    streamed = _losses_per_call(mirrored(logical_cpus[:2]), "stream", stream_call=5)
     np.testing.assert_allclose(streamed, kept, rtol=1e-6)
     assert counted[0].calls == {"train_chunk": 0, "train_chunks": 3}
+
+
+def test_a_new_feed_needs_only_the_replica_step(
+    logical_cpus: tuple[str, ...], float32_policy: None
+) -> None:
+    """A feed written here, touching no other feed and no step: it wraps the real replica
+    step in a compiled loop of its own, and trains as the kept rows do on the same batches."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from mgpu_env.training.input.data import Arrays
+    from mgpu_env.training.input.feed import Feed, ResidentFeed, epoch_order
+    from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepFunctions
+
+    # The steps offer one replica step and one evaluation: no entry per feed.
+    assert [f.name for f in dataclasses.fields(StepFunctions)] == [
+        "replica_step", "evaluate", "weights_finite",
+        "train_loss", "train_accuracy", "test_loss", "test_accuracy",
+    ]
+
+    class HostFeed:
+        """A data set of one global batch: each epoch (one step) its rows in the epoch's
+        order, cut on the host and handed to a one-step loop, half to each replica."""
+
+        def __init__(self, strategy: Any, x: np.ndarray, y: np.ndarray) -> None:
+            self.strategy, self.x, self.y, self.global_batch = strategy, x, y, len(x)
+
+        @property
+        def steps_per_epoch(self) -> int:
+            return 1
+
+        def describe(self) -> str:
+            return "one global batch, cut on the host each step"
+
+        def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> Any:
+            @tf.function
+            def one_step(batch: Any) -> None:
+                self.strategy.run(steps.replica_step, args=batch)
+
+            def batch(epoch: int) -> Any:
+                rows = epoch_order(3, epoch, len(self.x), self.global_batch).reshape(2, -1)
+                return self.strategy.experimental_distribute_values_from_function(
+                    lambda context: (self.x[rows[context.replica_id_in_sync_group]],
+                                     self.y[rows[context.replica_id_in_sync_group]]))
+
+            epoch = first_epoch
+
+            def run(count: int) -> None:
+                nonlocal epoch
+                for _ in range(count):
+                    one_step(batch(epoch))
+                    epoch += 1
+
+            return run
+
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 784), dtype=np.float32)
+    y = (x[:, :10].argmax(axis=1)).astype(np.int32)
+    strategy = mirrored(logical_cpus[:2])
+
+    def trained(make_feed: Callable[[], Any]) -> tuple[list[Any], list[Any]]:
+        trainer = build_trainer(
+            strategy, lambda: build_model(0), learning_rate=0.01,
+            precision=PrecisionChoice(FLOAT32, False, "test"), global_batch_size=64,
+            jit_compile=False,
+        )
+        before = [w.numpy() for w in trainer.model.trainable_variables]
+        feed = make_feed()
+        assert isinstance(feed, Feed)
+        feed.runner(trainer.steps, 0, 6)(6)
+        assert int(trainer.optimizer.iterations.numpy()) == 6
+        return before, [w.numpy() for w in trainer.model.trainable_variables]
+
+    before, new = trained(lambda: HostFeed(strategy, x, y))
+    assert not all(np.array_equal(b, a) for b, a in zip(before, new, strict=True))
+    _, kept = trained(lambda: ResidentFeed.place(strategy, Arrays("test", x, y, x, y), 64, 3))
+    for weights, reference in zip(new, kept, strict=True):
+        np.testing.assert_array_equal(weights, reference)
+
+
+def test_each_feed_says_what_it_is(logical_cpus: tuple[str, ...]) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.bench.synthetic import SameBatchFeed
+    from mgpu_env.training.input.data import Arrays
+    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
+
+    x = np.zeros((100, 784), np.float32)
+    arrays = Arrays("test", x, np.zeros(100, np.int32), x[:1], np.zeros(1, np.int32))
+    two, one = mirrored(logical_cpus[:2]), mirrored(logical_cpus[:1])
+    assert (ResidentFeed.place(two, arrays, 8, 1).describe()
+            == "rows kept on each of 2 devices, gathered by index")
+    assert (StreamFeed(one, arrays, 8, 1, steps_per_call=5).describe()
+            == "rows in host memory, streamed to the device by tf.data in chunks of 5 steps")
+    rows = tf.data.Dataset.from_tensor_slices((x, arrays.y_train))
+    assert RowStreamFeed(two, rows, 100, 8, 1).describe() == (
+        "a loader's rows, streamed from its pipeline to each of 2 devices by tf.data, "
+        "shuffled among 10,000")
+    assert (SameBatchFeed.make(two, 4, (784,), 10, 1).describe()
+            == "one synthetic batch on each of 2 devices, reused every step")
 
 
 def test_chunks_divide_the_callers_calls_where_that_costs_little() -> None:

@@ -35,36 +35,6 @@ if TYPE_CHECKING:
     from mgpu_env.training.input.feed import Feed
 
 
-class SameBatch:
-    """An "iterator" that yields one batch already on the devices, step after step.
-
-    The training step calls `next()` on what it is given while tracing, so the per-replica
-    tensors become inputs of the traced loop: no host-to-device copy and no input pipeline.
-    """
-
-    def __init__(self, batch: Any) -> None:
-        self.batch = batch
-
-    def __iter__(self) -> SameBatch:
-        return self
-
-    def __next__(self) -> Any:
-        return self.batch
-
-
-def _synthetic_batch(spec: PointSpec, strategy: Any, shape: ModelShape) -> Any:
-    """One batch per replica, made on that replica's device, reused every step."""
-    import tensorflow as tf
-
-    def make(context: Any) -> tuple[Any, Any]:
-        generator = tf.random.Generator.from_seed(spec.seed + context.replica_id_in_sync_group)
-        x = generator.uniform((spec.per_replica_batch, *shape.input_shape))
-        y = generator.uniform((spec.per_replica_batch,), maxval=shape.classes, dtype=tf.int32)
-        return x, y
-
-    return strategy.experimental_distribute_values_from_function(make)
-
-
 @dataclass
 class PointData:
     """What a point trains on: the model's sample shape, and DATASET's arrays when the
@@ -137,14 +107,14 @@ def image_maker(input_shape: tuple[int, ...]) -> Any:
 
 @dataclass
 class Variant:
-    """One data variant of a group, ready to run: `run_steps(n)` runs n steps and returns
-    once they are done."""
+    """One data variant of a group, ready to run: `run_steps(n)` runs n steps through its
+    feed's runner and returns once they are done."""
 
     spec: PointSpec
     trainer: Any
     run_steps: Callable[[int], int]
-    feed: Feed | None = None  # the training module's feed (None: synthetic)
-    data_source: str | None = None
+    feed: Feed
+    data_source: str | None = None  # what DATASET feeds it (None: synthetic)
 
 
 def measure_group(specs: Sequence[PointSpec]) -> list[dict[str, Any]]:
@@ -181,7 +151,7 @@ def measure_variants(
         result["measured_with"] = [s.data for s in specs]
         result["cross_device_ops"] = execution.strategy.cross_device_ops
         result["precision_reason"] = execution.precision.reason
-        if variant.feed is not None:
+        if variant.data_source is not None:
             result["data_source"] = variant.data_source
             if isinstance(variant.feed, StreamFeed):
                 result["steps_per_chunk"] = variant.feed.steps_per_chunk
@@ -194,10 +164,10 @@ def measure_variants(
 
 
 def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Execution) -> Variant:
-    """A trainer of its own for one data variant, and how it runs steps."""
-    import tensorflow as tf
-
+    """A trainer of its own for one data variant, and its feed's runner, the loop
+    `mgpu train` runs on that feed."""
     from mgpu_env.bench.models import build_model
+    from mgpu_env.bench.synthetic import SameBatchFeed
     from mgpu_env.training.input.data import FEATURES
     from mgpu_env.training.input.feed import StreamFeed
     from mgpu_env.training.step.build import build_trainer
@@ -213,25 +183,24 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
         prepare_input=image_maker(data.shape.input_shape)
         if rows == (FEATURES,) and data.shape.input_shape != rows else None,
     )
-    feed, data_source = None, None
+    feed: Feed
+    data_source = None
     if spec.data == "synthetic":
-        batches = SameBatch(_synthetic_batch(spec, strategy, data.shape))
-
-        def feed_steps(n: int) -> None:
-            trainer.steps.train_steps(batches, tf.constant(n))
+        feed = SameBatchFeed.make(strategy, spec.per_replica_batch, data.shape.input_shape,
+                                  data.shape.classes, spec.seed)
     else:
         warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
         feed, data_source = real_feed(spec, strategy, data)
-        total = spec.steps_per_interval * (
-            warmup_intervals(spec.warmup_steps, spec.steps_per_interval) + spec.intervals + 1
-        )
-        if isinstance(feed, StreamFeed):
-            # A chunk more: the run's last chunk is shorter, and its one more trace of the
-            # step must not land in a timed interval.
-            total += feed.steps_per_chunk
-        # As many epochs as the warm-up, the untimed round and the intervals take: they
-        # follow one another as in training, each in its own order.
-        feed_steps = feed.runner(trainer.steps, 0, -(-total // feed.steps_per_epoch))
+    total = spec.steps_per_interval * (
+        warmup_intervals(spec.warmup_steps, spec.steps_per_interval) + spec.intervals + 1
+    )
+    if isinstance(feed, StreamFeed):
+        # A chunk more: the run's last chunk is shorter, and its one more trace of the
+        # step must not land in a timed interval.
+        total += feed.steps_per_chunk
+    # As many epochs as the warm-up, the untimed round and the intervals take: they
+    # follow one another as in training, each in its own order.
+    feed_steps = feed.runner(trainer.steps, 0, -(-total // feed.steps_per_epoch))
 
     def run_steps(n: int) -> int:
         feed_steps(n)

@@ -35,7 +35,7 @@ global batch G.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -50,15 +50,17 @@ from mgpu_env.training.input.data import (
 )
 from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
 from mgpu_env.training.input.keep import KeepLimit
-from mgpu_env.training.input.order import StepRunner, call_steps, epoch_order
+from mgpu_env.training.input.order import StepRunner, call_steps, each_device, epoch_order
 from mgpu_env.training.input.stream import FileStreamFeed, RowStreamFeed, StreamFeed
+from mgpu_env.training.step.loops import LoopCache, run_chunk
+from mgpu_env.training.step.steps import StepFunctions
 
 __all__ = [
     "Feed", "FileStreamFeed", "ResidentFeed", "RowStreamFeed",
     "StreamFeed", "epoch_order", "epoch_steps", "make_feed",
 ]
 
-# The most bytes of rows one `train_indexed` call gathers on each device for its steps (the
+# The most bytes of rows one `ResidentFeed` call gathers on each device for its steps (the
 # only memory a resident feed adds beyond the rows): 64 MiB is 320 of the MLP's 64-row
 # batches, more than a training call's 200 steps; rows of large images get fewer per call.
 CALL_ROWS_BYTES = 64 * 1024**2
@@ -72,7 +74,7 @@ def epoch_steps(data: Data, global_batch: int, workers: int, keep: KeepLimit) ->
 @dataclass
 class ResidentFeed:
     """The training rows, once on each local replica's device; batches are gathered by index
-    in the compiled call (`StepFunctions.train_indexed`)."""
+    in the compiled call (`gather_loop`)."""
 
     strategy: Any
     rows: Any  # (x, y), each a PerReplica of the whole training set on that replica's device
@@ -80,6 +82,7 @@ class ResidentFeed:
     global_batch: int
     seed: int
     row_bytes: int  # one training row, x and y
+    loops: LoopCache[Any] = field(default_factory=LoopCache, repr=False, compare=False)
 
     @classmethod
     def place(cls, strategy: Any, arrays: Arrays, global_batch: int, seed: int) -> ResidentFeed:
@@ -111,10 +114,14 @@ class ResidentFeed:
         ])
         return _on_each_device(self.strategy, lambda: host)
 
-    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
+    def describe(self) -> str:
+        return f"rows kept on {each_device(self.strategy)}, gathered by index"
+
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
         import tensorflow as tf
 
+        train_indexed = self.loops.get(steps, self.gather_loop)
         order = self.order(first_epoch, epochs)
         position = 0
 
@@ -122,12 +129,43 @@ class ResidentFeed:
             nonlocal position
             while count > 0:
                 calls = min(count, self.steps_per_call)
-                steps.train_indexed(self.rows, order, tf.constant(position, tf.int64),
-                                    tf.constant(calls, tf.int32))
+                train_indexed(self.rows, order, tf.constant(position, tf.int64),
+                              tf.constant(calls, tf.int32))
                 position += calls
                 count -= calls
 
         return run
+
+    def gather_loop(self, steps: StepFunctions) -> Any:
+        """(rows, order, tf.int64 first step, tf.int32 count) -> None: `count` steps from
+        step `first` of the order, each replica's rows of all of them gathered at once."""
+        import tensorflow as tf
+
+        strategy, global_batch = self.strategy, self.global_batch
+        replicas = strategy.num_replicas_in_sync
+        per_replica = global_batch // replicas
+
+        def replica_rows(x_all: Any, y_all: Any, order: Any, first_step: Any, count: Any
+                         ) -> Any:
+            # This replica's rows of the call's `count` steps, gathered at once: replica r of
+            # R takes rows [s*G + r*G/R, s*G + (r+1)*G/R) of the order for step s, so global
+            # batch s is the same rows whatever R (the id counts every worker's replicas).
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            start = first_step * global_batch
+            call = order[start : start + tf.cast(count, tf.int64) * global_batch]
+            mine = tf.reshape(call, [count, replicas, per_replica])[:, replica]
+            return tf.gather(x_all, mine), tf.gather(y_all, mine)
+
+        # One gather per call, not one per step: a gather and the index arithmetic in every
+        # step cost 11% of the tutorial's MLP step on a CPU (benchmarks/input_cost.py), one
+        # per call ~3%. No AutoGraph: see `run_chunk`.
+        @tf.function(autograph=False)
+        def train_indexed(rows: Any, order: Any, first_step: Any, count: Any) -> None:
+            x_all, y_all = rows
+            chunk = strategy.run(replica_rows, args=(x_all, y_all, order, first_step, count))
+            run_chunk(strategy, steps.replica_step, chunk, tf.constant(0), count)
+
+        return train_indexed
 
 
 def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
@@ -147,16 +185,21 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
 
 @runtime_checkable
 class Feed(Protocol):
-    """What the loop and bench take from any feed: the steps of an epoch, and a runner that
-    runs them `count` at a time. A new feed is a class of this shape, a kind of
-    `feedplan.FeedPlan` and a case in `make_feed`; nothing else changes."""
+    """What the loop and bench take from any feed: the steps of an epoch, a runner that runs
+    them `count` at a time, and what the feed is, in words. Each feed wraps the replica step
+    (`StepFunctions.replica_step`) in a compiled loop of its own (`training.step.loops`), as
+    Keras' DataAdapters feed one step: a new feed is a class of this shape, a kind of
+    `feedplan.FeedPlan` and a case in `make_feed`; no other feed and no step changes."""
 
     global_batch: int
 
     @property
     def steps_per_epoch(self) -> int: ...
 
-    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner: ...
+    def describe(self) -> str: ...
+
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1
+               ) -> StepRunner: ...
 
 
 def make_feed(

@@ -35,3 +35,9 @@ def call_steps(strategy: Any, global_batch: int, row_bytes: int, budget: int) ->
     replica's device: a `ResidentFeed` call's, or a `StreamFeed` chunk's."""
     per_replica = global_batch // strategy.num_replicas_in_sync
     return max(1, budget // max(per_replica * row_bytes, 1))
+
+
+def each_device(strategy: Any) -> str:
+    """This worker's replicas' devices, in words: "the device", "each of 2 devices"."""
+    local = len(strategy.extended.worker_devices)
+    return "the device" if local == 1 else f"each of {local} devices"

@@ -11,13 +11,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mgpu_env.training.input.data import Arrays, FileData, as_float32, take_rows
-from mgpu_env.training.input.order import STEPS_PER_CALL, StepRunner, call_steps, epoch_order
+from mgpu_env.training.input.order import (
+    STEPS_PER_CALL,
+    StepRunner,
+    call_steps,
+    each_device,
+    epoch_order,
+)
+from mgpu_env.training.messages import FILE_KIND_NOUNS
+from mgpu_env.training.step.loops import LoopCache, iterator_loop, run_chunk
+from mgpu_env.training.step.steps import ReplicaStep, StepFunctions
 
 # The most bytes of rows one `StreamFeed` chunk holds: 64 MiB is 334 of the MLP's 64-row
 # batches, so training's calls of 200 steps take one chunk each. Per CPU second the stream
@@ -42,8 +51,8 @@ class StreamFeed:
 
     The stream's elements are chunks: one replica's batches of up to `steps_per_chunk`
     steps at once, cut by index from the caller's arrays (one NumPy call per chunk) and
-    prefetched to the replica's device, where `StepFunctions.train_chunk` slices one batch
-    per step, as `ResidentFeed`'s calls do. They follow the same epoch order as
+    prefetched to the replica's device, where its compiled loop (`chunk_loops`) slices one
+    batch per step, as `ResidentFeed`'s calls do. They follow the same epoch order as
     `ResidentFeed`, so a run's batches (and losses) do not depend on whether its data fits.
 
     Why chunks, and why calls of whole chunks (digits, the tutorial's MLP, 2 cores shared with
@@ -56,7 +65,7 @@ class StreamFeed:
     (`tf.gather` in the map) measured the same as the NumPy cut, and needs the whole data set
     as one tensor: another whole copy of data too big for a device, and a graph constant
     over protobuf's 2 GB limit. Chunks that divide the caller's calls, taken from the
-    stream inside the call (`StepFunctions.train_chunks`), so a call of 200 steps is one
+    stream inside the call (`ChunkLoops.train_chunks`), so a call of 200 steps is one
     call as a kept feed's is: see STREAM_CHUNK_BYTES.
     """
 
@@ -70,10 +79,15 @@ class StreamFeed:
     # The steps the caller's runs ask for at once (training's calls; `mgpu bench`'s
     # intervals): chunks are cut to divide it, so a call takes whole chunks.
     steps_per_call: int = STEPS_PER_CALL
+    loops: LoopCache[ChunkLoops] = field(default_factory=LoopCache, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         return self.arrays.train_size
+
+    def describe(self) -> str:
+        return (f"rows in host memory, streamed to {each_device(self.strategy)} by tf.data "
+                f"in chunks of {self.steps_per_chunk} steps")
 
     @property
     def steps_per_epoch(self) -> int:
@@ -154,7 +168,7 @@ class StreamFeed:
 
         return _distribute(self.strategy, per_worker)
 
-    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call.
 
         Whole chunks run in one call that takes them from the stream itself
@@ -164,6 +178,8 @@ class StreamFeed:
         """
         import tensorflow as tf
 
+        strategy = self.strategy
+        loops = self.loops.get(steps, lambda s: chunk_loops(strategy, s.replica_step))
         iterator = iter(self.dataset(first_epoch, epochs))
         lengths = self.chunk_lengths(epochs)
         taken = 0  # chunks taken from the stream
@@ -175,7 +191,7 @@ class StreamFeed:
             while count > 0:
                 if held_left:
                     calls = min(count, held_left)
-                    steps.train_chunk(held, tf.constant(held_done), tf.constant(calls))
+                    loops.train_chunk(held, tf.constant(held_done), tf.constant(calls))
                     held_done, held_left = held_done + calls, held_left - calls
                     count -= calls
                     continue
@@ -184,13 +200,50 @@ class StreamFeed:
                     covered += lengths[taken + whole]
                     whole += 1
                 if whole:
-                    steps.train_chunks(iterator, tf.constant(whole))
+                    loops.train_chunks(iterator, tf.constant(whole))
                     taken, count = taken + whole, count - covered
                     continue
                 held, held_done, held_left = next(iterator), 0, lengths[taken]
                 taken += 1
 
         return run
+
+
+@dataclass
+class ChunkLoops:
+    """`StreamFeed`'s compiled loops around the replica step."""
+
+    train_chunk: Any  # ((x, y) of [steps, batch, ...] per replica, tf.int32 first, count) -> None
+    train_chunks: Any  # (distributed iterator of such chunks, tf.int32 chunk count) -> None
+
+
+def chunk_loops(strategy: Any, replica_step: ReplicaStep) -> ChunkLoops:
+    """`train_chunk(chunk, first, count)` runs steps first..first+count-1 of a chunk the host
+    holds; `train_chunks(iterator, k)` runs k whole chunks taken from the stream in the call."""
+    import tensorflow as tf
+
+    # A streamed chunk's last one may hold fewer steps: one more trace, then a shape that
+    # takes any step count.
+    @tf.function(autograph=False, reduce_retracing=True)
+    def train_chunk(chunk: Any, first: Any, count: Any) -> None:
+        run_chunk(strategy, replica_step, chunk, first, first + count)
+
+    # Whole chunks taken from the stream inside the call: a call of many chunks' steps is one
+    # call, as a kept feed's is. Each call from Python costs about as much as a few steps of
+    # the MLP, so a call per chunk kept the stream near 83-86% of synthetic where aligned
+    # whole-chunk calls reach 93-98% (`benchmarks/input_cost.py --stream`).
+    @tf.function(autograph=False)
+    def train_chunks(iterator: Any, chunks: Any) -> None:
+        def body(c: Any) -> Any:
+            chunk = next(iterator)
+            # Every replica's chunk holds the same steps; the last one of a run fewer.
+            length = tf.shape(strategy.experimental_local_results(chunk[0])[0])[0]
+            run_chunk(strategy, replica_step, chunk, tf.constant(0), length)
+            return (c + 1,)
+
+        tf.while_loop(lambda c: c < chunks, body, (tf.constant(0),))
+
+    return ChunkLoops(train_chunk, train_chunks)
 
 
 @dataclass
@@ -210,10 +263,15 @@ class RowStreamFeed:
     global_batch: int
     seed: int
     deterministic: bool = True
+    loops: LoopCache[Any] = field(default_factory=LoopCache, repr=False, compare=False)
 
     @property
     def steps_per_epoch(self) -> int:
         return self.size // self.global_batch
+
+    def describe(self) -> str:
+        return (f"a loader's rows, streamed from its pipeline to {each_device(self.strategy)} "
+                f"by tf.data, shuffled among {STREAM_SHUFFLE_BUFFER:,}")
 
     def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
         """`epochs` epochs from `first_epoch`, one after the other, distributed."""
@@ -247,9 +305,10 @@ class RowStreamFeed:
 
         return _distribute(self.strategy, per_worker)
 
-    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
-        return _iterator_runner(steps, self.dataset(first_epoch, epochs))
+        loop = self.loops.get(steps, lambda s: iterator_loop(self.strategy, s.replica_step))
+        return iterator_runner(loop, self.dataset(first_epoch, epochs))
 
 
 @dataclass
@@ -263,6 +322,11 @@ class FileStreamFeed:
     global_batch: int
     seed: int
     deterministic: bool = True
+    loops: LoopCache[Any] = field(default_factory=LoopCache, repr=False, compare=False)
+
+    def describe(self) -> str:
+        return (f"{FILE_KIND_NOUNS[self.data.kind]} in {self.data.folder}, streamed to "
+                f"{each_device(self.strategy)} by tf.data, each worker its share")
 
     def worker_dataset(self, context: Any, first_epoch: int, epochs: int = 1) -> Any:
         """The per-replica batches of the worker `context` (a tf.distribute.InputContext)
@@ -300,9 +364,10 @@ class FileStreamFeed:
         workers = self.strategy.num_replicas_in_sync // local
         return steps_per_epoch(self.data.train, self.global_batch, workers)
 
-    def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> StepRunner:
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
         """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
-        return _iterator_runner(steps, self.dataset(first_epoch, epochs))
+        loop = self.loops.get(steps, lambda s: iterator_loop(self.strategy, s.replica_step))
+        return iterator_runner(loop, self.dataset(first_epoch, epochs))
 
 
 def aligned_chunk(most: int, steps_per_call: int) -> int:
@@ -330,7 +395,8 @@ def _distribute(strategy: Any, per_worker: Callable[[Any], Any]) -> Any:
     )
 
 
-def _iterator_runner(steps: Any, dataset: Any) -> StepRunner:
+def iterator_runner(loop: Any, dataset: Any) -> StepRunner:
+    """Run `count` steps per call of an `iterator_loop`, over one iterator of `dataset`."""
     import tensorflow as tf
 
     # One iterator serves every epoch: making a distributed iterator costs far more than a
@@ -338,7 +404,7 @@ def _iterator_runner(steps: Any, dataset: Any) -> StepRunner:
     iterator = iter(dataset)
 
     def run(count: int) -> None:
-        steps.train_steps(iterator, tf.constant(count, tf.int32))
+        loop(iterator, tf.constant(count, tf.int32))
 
     return run
 

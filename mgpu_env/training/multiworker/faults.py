@@ -103,7 +103,7 @@ class Watchdog:
     """Ends the run when no progress is reported for `timeout_s` seconds.
 
     `start(phase)` arms it; `progress(phase)` pushes the deadline back (call it after every
-    completed `train_steps` call, save and evaluation); `stop()` disarms it. On expiry a
+    completed call of the feed's runner, save and evaluation); `stop()` disarms it. On expiry a
     Python thread calls `on_expire` with a message naming the phase, once.
 
     That thread needs the GIL, and one wait holds it: MultiWorkerMirroredStrategy's
