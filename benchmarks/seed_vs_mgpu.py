@@ -8,7 +8,7 @@ values, 10 classes) with batch 64 on one replica of the same device, each in its
 process, in turn (seed, Keras, mgpu, seed, ...) so a machine shared with other work slows
 each alike; the figures are medians over the repeats, with their range. The baselines:
 
-- seed: the seed's `train` as written (`mgpu_env.training.seed`): numpy arrays into
+- seed: the seed's `train` as written (`mgpu_env.training.tutorial`): numpy arrays into
   `model.fit`, `steps_per_execution` 1.
 - keras: the seed's model compiled with `steps_per_execution=STEPS_PER_EXECUTION` and fed
   by tf.data the way the tf.data guide advises for data in memory (from_tensor_slices,
@@ -78,11 +78,11 @@ def _epoch_timer() -> Any:
 
 def seed_child(epochs: int) -> None:
     """The seed's `train` on synthetic data; prints per-epoch seconds as JSON."""
-    from mgpu_env.training import seed
+    from mgpu_env.training import tutorial
 
     x_train, y_train = _data()
     timer = _epoch_timer()
-    seed.train(x_train, y_train, epochs=epochs, batch_size=BATCH, callbacks=[timer])
+    tutorial.train(x_train, y_train, epochs=epochs, batch_size=BATCH, callbacks=[timer])
     print(RESULT + json.dumps({"seconds": timer.seconds, "samples": TRAIN_SAMPLES}))
 
 
@@ -90,7 +90,7 @@ def keras_child(epochs: int) -> None:
     """A tuned `model.fit`: tf.data input, `steps_per_execution`; per-epoch seconds as JSON."""
     import tensorflow as tf
 
-    from mgpu_env.training import seed
+    from mgpu_env.training import tutorial
 
     x_train, y_train = _data()
     x_train = x_train.astype("float32")  # what a tuned pipeline feeds the float32 model
@@ -103,7 +103,7 @@ def keras_child(epochs: int) -> None:
     )
     strategy = tf.distribute.MirroredStrategy()
     with strategy.scope():
-        model = seed.seed_model()
+        model = tutorial.seed_model()
         model.compile(loss="sparse_categorical_crossentropy", optimizer=model.optimizer,
                       metrics=["accuracy"], steps_per_execution=STEPS_PER_EXECUTION)
     timer = _epoch_timer()

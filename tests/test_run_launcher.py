@@ -174,10 +174,10 @@ SEED_ON_DIGITS = """\
 # The seed's own code, unmodified (its MirroredStrategy(), compile and model.fit), on the
 # built-in digits because the seed's MNIST download is not available offline.
 from mgpu_env.training.input.data import load_arrays, resolve_dataset
-from mgpu_env.training import seed
+from mgpu_env.training import tutorial
 
 arrays = load_arrays(resolve_dataset("digits", None), 42)
-seed.train(arrays.x_train, arrays.y_train, epochs=1)
+tutorial.train(arrays.x_train, arrays.y_train, epochs=1)
 """
 
 

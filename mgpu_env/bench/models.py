@@ -50,10 +50,10 @@ def build_model(name: str, seed: int, shape: ModelShape) -> Any:
     from mgpu_env.runtime.keras import tensorflow_keras
 
     if ":" in name:
-        from mgpu_env.training.step import hooks
+        from mgpu_env.training.step import user_code
 
         tensorflow_keras().utils.set_random_seed(seed)
-        return hooks.build_model(name, shape.input_shape, shape.classes)
+        return user_code.build_model(name, shape.input_shape, shape.classes)
     if name == "mlp":
         from mgpu_env.training.step.model import build_model as build_seed_mlp
 

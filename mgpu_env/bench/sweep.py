@@ -183,9 +183,9 @@ def run_bench(
     if ":" in settings.model:
         # A builder that cannot be imported is a bad setting (exit 2), found before any
         # child starts rather than as a failure of every point.
-        from mgpu_env.training.step import hooks
+        from mgpu_env.training.step import user_code
 
-        hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
+        user_code.import_hook(settings.model, "MODEL", user_code.MODEL_CONTRACT)
     if runner is None:
         def runner(group: Group) -> list[dict[str, Any]]:
             # BENCH_TIMEOUT is each point's: a child measuring three variants gets three.

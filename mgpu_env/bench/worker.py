@@ -218,14 +218,14 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
     this process sees, with the same per-replica batch. The clock is read at the start of
     the batches that bound each interval, after reading a weight to the host (which waits
     for the steps before it); `on_train_batch_begin` keeps Keras' asynchronous dispatch on.
-    The model is the seed's own (`mgpu_env.training.seed.seed_model`); `verbose=0` drops
+    The model is the seed's own (`mgpu_env.training.tutorial.seed_model`); `verbose=0` drops
     the seed's progress bar, which gives the seed its best case.
     """
     import numpy as np
     import tensorflow as tf
 
     from mgpu_env.runtime.keras import tensorflow_keras
-    from mgpu_env.training import seed
+    from mgpu_env.training import tutorial
 
     execution = Execution.from_json(spec.execution)
     execution.prepare_tensorflow()
@@ -240,7 +240,7 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
 
     strategy = tf.distribute.MirroredStrategy()
     with strategy.scope():
-        model = seed.seed_model(spec.learning_rate)
+        model = tutorial.seed_model(spec.learning_rate)
 
     clock: list[float] = []
     wanted = set(boundaries)

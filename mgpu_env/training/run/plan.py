@@ -285,9 +285,9 @@ def plan_training(
     if settings.model != "mlp":
         # A builder that cannot be imported fails now, in the plan (and the dry run), not
         # after the data has loaded; it is called later, in the strategy's scope.
-        from mgpu_env.training.step import hooks
+        from mgpu_env.training.step import user_code
 
-        hooks.import_hook(settings.model, "MODEL", hooks.MODEL_CONTRACT)
+        user_code.import_hook(settings.model, "MODEL", user_code.MODEL_CONTRACT)
     keep_limit = plan_keep(runtime, runtime.strategy_plan.role.num_workers)
     notes.append(keep_limit.note())
     global_batch = settings.batch_size * runtime.replicas

@@ -50,9 +50,9 @@ def dry_run_plan(plan: TrainPlan) -> TrainPlan:
         return plan
     # The builder is called only in the strategy's scope when training starts; the dry
     # run builds it on the CPU.
-    from mgpu_env.training.step import hooks
+    from mgpu_env.training.step import user_code
 
-    note = hooks.check_on_cpu(plan.model, plan.input_shape, plan.num_classes)
+    note = user_code.check_on_cpu(plan.model, plan.input_shape, plan.num_classes)
     return dataclasses.replace(plan, notes=(*plan.notes, note))
 
 

@@ -51,9 +51,9 @@ def model_builder(
     else the user's `package.module:function`, checked against the data (ConfigError)."""
     if model == "mlp":
         return lambda: build_model(seed, input_shape, classes)
-    from mgpu_env.training.step import hooks
+    from mgpu_env.training.step import user_code
 
-    return lambda: hooks.build_model(model, input_shape, classes)
+    return lambda: user_code.build_model(model, input_shape, classes)
 
 
 def build_optimizer(learning_rate: float, loss_scaling: bool) -> Any:

@@ -28,7 +28,7 @@ FINITE_CHUNK_ROWS = 65_536
 Origin = Literal["file", "download", "built-in", "generated", "hook", "files"]
 
 
-# A DATASET loader's parts (`training.step.hooks`): arrays, or a stream of rows too big to read.
+# A DATASET loader's parts (`training.step.user_code`): arrays, or a stream of rows too big to read.
 @dataclass(frozen=True)
 class RowStream:
     """A loader's tf.data.Dataset too big to read into memory: its rows as (float32 x,

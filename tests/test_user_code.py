@@ -26,7 +26,7 @@ from mgpu_env.config.settings import SettingsErrors
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.training.input.data import load_arrays, resolve_dataset
 from mgpu_env.training.run.plan import run_identity
-from mgpu_env.training.step import hooks
+from mgpu_env.training.step import user_code
 from tests.support.runtimes import runtime_of
 
 Write = Callable[[str, str], str]
@@ -96,7 +96,7 @@ def test_the_run_identity_names_the_model_only_when_it_is_a_builder() -> None:
 
 def test_a_missing_module_says_where_it_looked_and_the_fix() -> None:
     with pytest.raises(ConfigError) as caught:
-        hooks.import_hook("no_such_module_xyz:build", "MODEL", hooks.MODEL_CONTRACT)
+        user_code.import_hook("no_such_module_xyz:build", "MODEL", user_code.MODEL_CONTRACT)
     message = str(caught.value)
     assert "MODEL=no_such_module_xyz:build" in message and "no module" in message
     assert "PYTHONPATH" in message and "working folder" in message
@@ -105,13 +105,13 @@ def test_a_missing_module_says_where_it_looked_and_the_fix() -> None:
 def test_a_missing_dependency_of_the_module_is_named(user_module: Write) -> None:
     name = user_module("needs_dep", "import not_installed_dep_xyz\n")
     with pytest.raises(ConfigError, match="imports 'not_installed_dep_xyz'"):
-        hooks.import_hook(f"{name}:build", "MODEL", hooks.MODEL_CONTRACT)
+        user_code.import_hook(f"{name}:build", "MODEL", user_code.MODEL_CONTRACT)
 
 
 def test_an_error_while_importing_the_module_is_shown(user_module: Write) -> None:
     name = user_module("broken_mod", "x = 1 / 0\n")
     with pytest.raises(ConfigError, match="ZeroDivisionError"):
-        hooks.import_hook(f"{name}:build", "MODEL", hooks.MODEL_CONTRACT)
+        user_code.import_hook(f"{name}:build", "MODEL", user_code.MODEL_CONTRACT)
 
 
 def test_a_missing_or_uncallable_function_lists_what_there_is(user_module: Write) -> None:
@@ -121,12 +121,12 @@ def test_a_missing_or_uncallable_function_lists_what_there_is(user_module: Write
         def other(): ...
     """)
     with pytest.raises(ConfigError) as caught:
-        hooks.import_hook(f"{name}:build", "MODEL", hooks.MODEL_CONTRACT)
+        user_code.import_hook(f"{name}:build", "MODEL", user_code.MODEL_CONTRACT)
     assert "has no 'build'" in str(caught.value)
     assert "build_model, other" in str(caught.value)
     assert "build(input_shape, num_classes)" in str(caught.value)
     with pytest.raises(ConfigError, match="SIZE is a int, not a function"):
-        hooks.import_hook(f"{name}:SIZE", "MODEL", hooks.MODEL_CONTRACT)
+        user_code.import_hook(f"{name}:SIZE", "MODEL", user_code.MODEL_CONTRACT)
 
 
 def test_the_working_folder_is_searched_like_python_dash_m(
@@ -136,7 +136,7 @@ def test_the_working_folder_is_searched_like_python_dash_m(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     try:
-        assert hooks.import_hook("cwd_hook_mod:load", "DATASET", hooks.DATA_CONTRACT)() == 1
+        assert user_code.import_hook("cwd_hook_mod:load", "DATASET", user_code.DATA_CONTRACT)() == 1
     finally:
         sys.modules.pop("cwd_hook_mod", None)
 
@@ -276,10 +276,10 @@ def test_a_good_builder_is_called_with_the_data_shape(
     user_module: Write, logical_cpus: tuple[str, ...]
 ) -> None:
     name = user_module("builders_ok", BUILDERS)
-    model = hooks.build_model(f"{name}:good", (28, 28), 7)
+    model = user_code.build_model(f"{name}:good", (28, 28), 7)
     assert tuple(model.input_shape) == (None, 28, 28) and model.output_shape == (None, 7)
     # Subclassed models are built here, on one zero sample.
-    assert hooks.build_model(f"{name}:subclassed", (4,), 2).built
+    assert user_code.build_model(f"{name}:subclassed", (4,), 2).built
 
 
 @pytest.mark.parametrize(
@@ -296,7 +296,7 @@ def test_a_builder_that_breaks_the_contract_is_a_config_error(
 ) -> None:
     name = user_module("builders_bad", BUILDERS)
     with pytest.raises(ConfigError) as caught:
-        hooks.build_model(f"{name}:{function}", (784,), 10)
+        user_code.build_model(f"{name}:{function}", (784,), 10)
     assert expected in str(caught.value) and f"MODEL={name}:{function}" in str(caught.value)
 
 

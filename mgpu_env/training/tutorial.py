@@ -5,7 +5,7 @@ flattened (`reshape(-1, 784)`). Everything else is the tutorial's code. It is th
 that `benchmarks/seed_vs_mgpu.py` and `mgpu bench` (BENCH_COMPARE=1) measure against, kept
 in the package so the image, which ships only the packages, has it too.
 
-    python -m mgpu_env.training.seed     # the tutorial's run on MNIST (downloads it)
+    python -m mgpu_env.training.tutorial     # the tutorial's run on MNIST (downloads it)
 """
 
 from __future__ import annotations
