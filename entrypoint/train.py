@@ -24,8 +24,8 @@ from entrypoint.options import (
     with_settings,
 )
 from mgpu_env.api import start_process
-from mgpu_env.training.finished import finished_run, read_finished
-from mgpu_env.training.messages import plural
+from mgpu_env.training.run.finished import finished_run, read_finished
+from mgpu_env.training.run.messages import plural
 from mgpu_env.training.run.resume import resolve_run_settings
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.runtime import Runtime, build_runtime
-from mgpu_env.training.finished import finished_run, latest_checkpoint_epoch
+from mgpu_env.training.run.finished import finished_run, latest_checkpoint_epoch
 from mgpu_env.training.run.resume import resolve_run_settings
 
 REPO = Path(__file__).resolve().parent.parent

@@ -52,8 +52,8 @@ def test_a_keras_2_run_resumes_with_keras_2(tmp_path: Path) -> None:
 def test_the_run_folder_is_decided_once_and_shown_as_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training.finished import finished_run
     from mgpu_env.training.run import rundir
+    from mgpu_env.training.run.finished import finished_run
     from mgpu_env.training.run.plan import output_dir_of, plan_training
     from tests.support.runtimes import runtime_of
 

@@ -28,8 +28,8 @@ from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training.input import keep
 from mgpu_env.training.input.data import Data, DatasetChoice, DataSizes, resolve_dataset
 from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
-from mgpu_env.training.messages import unwritable_folder
 from mgpu_env.training.run import rundir
+from mgpu_env.training.run.messages import unwritable_folder
 from mgpu_env.training.run.resume import resume_note
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.

@@ -54,7 +54,7 @@ from mgpu_env.training.input.data.sets import (
     check_finite,
     release_pages,
 )
-from mgpu_env.training.messages import npy_problem
+from mgpu_env.training.run.messages import npy_problem
 
 LAYOUT_FILE = "dataset.json"
 CACHE_FILE = ".mgpu-dataset.json"

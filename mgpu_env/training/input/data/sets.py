@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.messages import FILE_KIND_NOUNS
+from mgpu_env.training.run.messages import FILE_KIND_NOUNS
 
 IMAGE_SIDE = 28
 FEATURES = IMAGE_SIDE * IMAGE_SIDE
