@@ -161,10 +161,10 @@ def read_whole(data: FileData) -> Arrays:
 def count_part(where: str, kind: FileKind, part: FilePart, layout: Layout) -> dict[str, Any]:
     """Read and decode every record of a split: records per file, label range, sample
     shape. A corrupt file or image, mixed sizes, NaN: ConfigError naming the file."""
-    # Long: one tf.data reduction whose state and steps are closures over the layout (its
-    # reader, decoder and rank); the per-file errors need that reduction's results.
     import tensorflow as tf
 
+    # One tf.data reduction whose state and steps are closures over the layout (its reader,
+    # decoder and rank); each file's or folder's errors are judged on its results.
     read, decode = _image_bytes(kind, layout), _decode(layout)
     floating = layout.shape is not None and layout.dtype == "float32"
 
@@ -194,35 +194,41 @@ def count_part(where: str, kind: FileKind, part: FilePart, layout: Layout) -> di
             rows = rows.ignore_errors()
         return [np.asarray(v) for v in rows.reduce(start, add)]
 
-    results, counts = [], []
     if kind == "images":
-        results.append(_reduce_images(where, part, reduce, decode))
-        counts = list(part.counts)
+        results, counts = [_reduce_images(where, part, reduce, decode)], list(part.counts)
     else:
-        for path in part.files:
-            try:
-                result = reduce(tf.data.TFRecordDataset(path))
-            except tf.errors.OpError:
-                raise ConfigError(
-                    f"{where}: {path} cannot be read: {_bad_record(path, meta)}.\n"
-                    "  Fix: replace the file with a good copy, or remove it."
-                ) from None
-            if result[5]:
-                raise ConfigError(
-                    f"{where}: {plural(int(result[5]), 'record')} of {path} "
-                    f"{'holds' if result[5] == 1 else 'hold'} NaN or infinite values "
-                    f"(the first is record {result[6]}); training on them gives NaN "
-                    "weights.\n  Fix: repair or drop those records."
-                )
-            if result[0] == 0:
-                raise ConfigError(f"{where}: {path} holds no records. Fix: remove it.")
-            results.append(result)
-            counts.append(int(result[0]))
+        results = [_reduce_records(where, path, reduce, meta) for path in part.files]
+        counts = [int(result[0]) for result in results]
     smin = np.min([r[3] for r in results], axis=0)
     smax = np.max([r[4] for r in results], axis=0)
     return {"counts": counts, "min_label": int(min(r[1] for r in results)),
             "max_label": int(max(r[2] for r in results)),
             "sample_shape": _sample_shape(where, layout, smin, smax)}
+
+
+def _reduce_records(where: str, path: str, reduce: Callable[..., list[Any]],
+                    meta: Callable[..., Any]) -> list[Any]:
+    """One TFRecord file's reduction (`count_part`'s); a file that cannot be read, holds
+    non-finite values or no records: ConfigError naming it."""
+    import tensorflow as tf
+
+    try:
+        result = reduce(tf.data.TFRecordDataset(path))
+    except tf.errors.OpError:
+        raise ConfigError(
+            f"{where}: {path} cannot be read: {_bad_record(path, meta)}.\n"
+            "  Fix: replace the file with a good copy, or remove it."
+        ) from None
+    if result[5]:
+        raise ConfigError(
+            f"{where}: {plural(int(result[5]), 'record')} of {path} "
+            f"{'holds' if result[5] == 1 else 'hold'} NaN or infinite values "
+            f"(the first is record {result[6]}); training on them gives NaN "
+            "weights.\n  Fix: repair or drop those records."
+        )
+    if result[0] == 0:
+        raise ConfigError(f"{where}: {path} holds no records. Fix: remove it.")
+    return result
 
 
 def _reduce_images(where: str, part: FilePart, reduce: Callable[..., list[Any]],
