@@ -4,6 +4,7 @@ tests marked `gpu` are skipped, with the reason, on a machine whose NVML lists n
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Generator, Iterator
 
 import pytest
@@ -51,11 +52,33 @@ def start_rank(item: pytest.Item) -> int:
     return 1 if item.path.name in LONGEST_MODULES else 2
 
 
+def keep_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Make `--dist loadgroup` send an `xdist_group`'s tests to one worker again.
+
+    pytest-xdist 3.8 marks a grouped test by appending "@group" to `item._nodeid`, which
+    pytest 9 no longer reads (its node ids are structured, `item._id`): the groups were
+    silently ignored, so two workers each built the Docker image, and one worker's session
+    end stopped the Slurm the other's tests were using (pytest-dev/pytest-xdist#1386, open;
+    its fix, #1388, sets the structured id the same way). Runs in the workers only, where
+    xdist sets `loadgroup`; a test already suffixed is left alone."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                        for mark in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):
+            item._id = coerce_node_id(item.nodeid + suffix)  # type: ignore[attr-defined]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the tests by `start_rank` (a stable sort: files keep their order within a rank).
     Skip the `gpu` tests where there is no GPU, saying why (NVML is asked once, and only
     when such a test was collected: `pytest -m gpu` on a GPU machine runs them)."""
     items.sort(key=start_rank)
+    keep_xdist_groups(config, items)
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
         return
@@ -136,9 +159,33 @@ def two_gpus(use_fake_nvml: Callable[[FakeNvml], FakeNvml]) -> FakeNvml:
     return use_fake_nvml(fake_with(2))
 
 
+# Whether this process's TensorFlow got `logical_cpus`' split (set by the fixture).
+_SPLIT = {"applied": False}
+
+
 @pytest.fixture(scope="session")
 def logical_cpus() -> tuple[str, ...]:
     pytest.importorskip("tensorflow")
     from mgpu_env.hardware.devices import DeviceSplit, apply_split
 
-    return apply_split(DeviceSplit("CPU", 1, LOGICAL_CPUS))
+    devices = apply_split(DeviceSplit("CPU", 1, LOGICAL_CPUS))
+    _SPLIT["applied"] = True
+    return devices
+
+
+@pytest.fixture(autouse=True)
+def tensorflow_devices_split_first(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test that starts TensorFlow's devices in this process without taking
+    `logical_cpus` first: TensorFlow splits a device only before its devices start, so every
+    in-process test that the same xdist worker runs after it, in whatever order the suite
+    hands them out, would fail to split ("Virtual devices cannot be modified after being
+    initialized")."""
+    yield
+    context = sys.modules.get("tensorflow.python.eager.context")
+    started = context is not None and getattr(context, "_context", None) is not None and (
+        getattr(context._context, "_physical_devices", None) is not None
+    )
+    if started and not _SPLIT["applied"]:
+        _SPLIT["applied"] = True  # reported once, by the test that did it
+        pytest.fail("this test started TensorFlow's devices in the test process without "
+                    "the `logical_cpus` fixture: take it (or run TensorFlow in a child)")

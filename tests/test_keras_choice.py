@@ -125,7 +125,8 @@ def note(err: BaseException, keras: KerasChoice, *, cluster: bool = True,
                                keras, TARGET, cluster=cluster)
 
 
-def test_a_keras_3_error_between_workers_gets_the_note() -> None:
+def test_a_keras_3_error_between_workers_gets_the_note(logical_cpus: tuple[str, ...]) -> None:
+    # A Keras metric starts TensorFlow's devices in this process: split them first.
     import keras
 
     err = _raise_in_keras_3()
@@ -146,7 +147,9 @@ def test_a_keras_3_error_between_workers_gets_the_note() -> None:
     assert rerun.endswith("KERAS=2 mgpu run train.py --epochs 2")
 
 
-def test_keras_2_code_failing_in_keras_3_on_one_machine_ends_with_the_rerun_command() -> None:
+def test_keras_2_code_failing_in_keras_3_on_one_machine_ends_with_the_rerun_command(
+    logical_cpus: tuple[str, ...],
+) -> None:
     import keras
 
     one_machine = choose(multi_worker=False)
