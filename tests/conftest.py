@@ -13,7 +13,7 @@ from mgpu_env import api, runtime
 from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import cudalibs, nvml
 from tests.support.fake_nvml import FakeNvml, fake_with
-from tests.support.runtimes import LOGICAL_CPUS
+from tests.support.runtimes import logical_cpu_devices, logical_cpus_applied
 
 
 @pytest.hookimpl(optionalhook=True, wrapper=True)
@@ -159,18 +159,13 @@ def two_gpus(use_fake_nvml: Callable[[FakeNvml], FakeNvml]) -> FakeNvml:
     return use_fake_nvml(fake_with(2))
 
 
-# Whether this process's TensorFlow got `logical_cpus`' split (set by the fixture).
-_SPLIT = {"applied": False}
-
-
 @pytest.fixture(scope="session")
 def logical_cpus() -> tuple[str, ...]:
     pytest.importorskip("tensorflow")
-    from mgpu_env.hardware.devices import DeviceSplit, apply_split
+    return logical_cpu_devices()
 
-    devices = apply_split(DeviceSplit("CPU", 1, LOGICAL_CPUS))
-    _SPLIT["applied"] = True
-    return devices
+
+_REPORTED = {"unsplit": False}  # the guard below names one test per process
 
 
 @pytest.fixture(autouse=True)
@@ -185,7 +180,8 @@ def tensorflow_devices_split_first(request: pytest.FixtureRequest) -> Iterator[N
     started = context is not None and getattr(context, "_context", None) is not None and (
         getattr(context._context, "_physical_devices", None) is not None
     )
-    if started and not _SPLIT["applied"]:
-        _SPLIT["applied"] = True  # reported once, by the test that did it
+    if started and not logical_cpus_applied() and not _REPORTED["unsplit"]:
+        _REPORTED["unsplit"] = True  # reported once, by the test that did it
         pytest.fail("this test started TensorFlow's devices in the test process without "
-                    "the `logical_cpus` fixture: take it (or run TensorFlow in a child)")
+                    "the `logical_cpus` fixture: take it (or `tests.support.runtimes."
+                    "split_tensorflow()` in a helper, or run TensorFlow in a child)")

@@ -130,8 +130,10 @@ EOF
 }
 
 start_daemons() {
+    # -c: no jobs from an earlier session (a requeued job left by a stopped run would take
+    # the node and keep the tests' jobs pending).
     pid_alive "$STATE_DIR/slurmctld.pid" \
-        || SLURM_CONF=$CONF slurmctld -f "$CONF" \
+        || SLURM_CONF=$CONF slurmctld -c -f "$CONF" \
         || cannot "slurmctld did not start; see $STATE_DIR/log/slurmctld.log"
     pid_alive "$STATE_DIR/slurmd.pid" \
         || SLURM_CONF=$CONF slurmd -f "$CONF" \

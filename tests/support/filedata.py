@@ -7,16 +7,18 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.support.runtimes import split_tensorflow
+
 
 def image_bytes(image: np.ndarray, fmt: str = "png") -> bytes:
-    import tensorflow as tf
+    tf = split_tensorflow()
 
     encode = tf.io.encode_png if fmt == "png" else tf.io.encode_jpeg
     return bytes(encode(image).numpy())
 
 
 def example(image: bytes, label: int) -> bytes:
-    import tensorflow as tf
+    tf = split_tensorflow()
 
     feature = {
         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
@@ -29,7 +31,7 @@ def write_tfrecords(folder: Path, files: int = 4, per_file: int = 32, test_files
                     side: int = 8, classes: int = 4, label_is_index: bool = False) -> Path:
     """TFDS-style `data-train.tfrecord-0000i-of-0000n` files of PNGs whose first pixel and
     label say which record they are (record i of the split has pixel i % 256)."""
-    import tensorflow as tf
+    tf = split_tensorflow()
 
     folder.mkdir(parents=True, exist_ok=True)
     for split, count in (("train", files), ("test", test_files)):
