@@ -348,6 +348,13 @@ class Settings:
         metavar="SECONDS", scope=TRAIN,
         roles=("recorded", "script"),
     )
+    max_restarts: int = setting(
+        "MAX_RESTARTS", "0",
+        "With --workers: when a worker dies, stop all and start them again from the last "
+        "checkpoint, at most N times (as torchrun --max-restarts); 0 stops at the first.",
+        parse_int(0, 1000), "a whole number from 0 to 1000", metavar="N",
+        scope=("train", "run"),
+    )
     quiet: bool = setting(
         "QUIET", "0", "Print no per-epoch progress, only the start and end summaries.",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", short="-q",
