@@ -331,6 +331,22 @@ def test_without_restarts_the_log_is_as_before(tmp_path: Path) -> None:
     assert err.splitlines() == ["mgpu: worker 1 exited 3; stopping the other workers"]
 
 
+def test_the_cause_is_the_worker_that_failed_first_even_when_seen_together() -> None:
+    # Worker 1 fails, worker 0 follows it (as a worker whose peer died does); the launcher
+    # looks only once both have ended, and still names worker 1.
+    body = """
+        import os, sys, time
+        i = int(os.environ["WORKER_INDEX"])
+        time.sleep(1.2 if i == 0 else 0.3)
+        sys.exit(1 if i == 0 else 5)
+    """
+    err = io.StringIO()
+    code = supervise(fixed_plan(2), python_workers(body), dict(os.environ),
+                     stdout=io.StringIO(), stderr=err, poll_s=3.0)
+    assert code == 5
+    assert err.getvalue().splitlines() == ["mgpu: worker 1 exited 5; stopping the other workers"]
+
+
 @pytest.mark.parametrize(("returncode", "said"), [
     (0, "exited 0"), (3, "exited 3"), (-9, "exited 137 (killed by SIGKILL)"),
     (-15, "exited 143 (killed by SIGTERM)"), (-6, "exited 134 (killed by SIGABRT)"),
@@ -408,3 +424,96 @@ def test_a_worker_whose_launcher_died_before_it_was_tied_kills_itself(
     done = subprocess.run(python_workers(body), cwd=REPO, env={**os.environ,
                           "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=30)
     assert done.returncode == returncode, done.stderr
+
+
+def workers_of(launcher_pid: int) -> dict[int, int]:
+    """The launcher's children that are workers, as /proc lists them: WORKER_INDEX -> pid."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
+            continue
+        for item in environ:
+            if item.startswith(b"WORKER_INDEX="):
+                found[int(item.split(b"=", 1)[1])] = int(entry.name)
+    return found
+
+
+def launcher_env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "MGPU_DEBUG", "WORKER_HOSTS", "WORKER_INDEX")}
+    env.update({"PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "GPUS": "none",
+                "DATASET": "digits", "BATCH_SIZE": "16", "QUIET": "1",
+                "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path), **settings})
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="requires Linux (/proc)")
+def test_a_worker_killed_mid_run_is_restarted_and_the_run_resumes(tmp_path: Path) -> None:
+    from tests.support.runfolders import completed_epochs
+
+    out = tmp_path / "out"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "train", "--workers", "2", "--max-restarts", "1"],
+        cwd=tmp_path, env=launcher_env(tmp_path, EPOCHS="8", OUTPUT_DIR=str(out), QUIET="0"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while completed_epochs(out) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        victim = workers_of(launcher.pid)[1]
+        os.kill(victim, signal.SIGKILL)
+        kept = completed_epochs(out)
+        stdout, stderr = launcher.communicate(timeout=400)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "up to 1 restart(s) if one dies" in stderr
+    assert ("mgpu: restart 1 of 1 (worker 1 exited 137 (killed by SIGKILL)): starting all 2 "
+            "workers again from the last checkpoint") in stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    # The restart resumed from the chief's last checkpoint: no completed epoch was lost.
+    assert metrics["resumed_from_epoch"] >= kept and metrics["epochs_completed"] == 8
+    assert [e["epoch"] for e in metrics["history"]] == list(range(1, 9))
+    print(stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="requires Linux (prctl)")
+def test_mgpu_run_workers_die_with_their_launcher(tmp_path: Path) -> None:
+    script = tmp_path / "linger.py"
+    script.write_text(textwrap.dedent(LINGERING))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "run", "--workers", "2", "--max-restarts", "3",
+         str(script)],
+        cwd=tmp_path, env=launcher_env(tmp_path), stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )
+    pids: list[int] = []
+    try:
+        assert launcher.stdout is not None
+        for _ in range(2):  # each worker's "pid N" line, once TensorFlow has started
+            pids.append(int(launcher.stdout.readline().split()[-1]))
+        assert sorted(workers_of(launcher.pid).values()) == sorted(pids)
+        launcher.kill()
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in pids if alive(pid)] == []
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()

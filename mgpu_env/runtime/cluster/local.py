@@ -257,6 +257,7 @@ def supervise(
             while workers.running():
                 workers.check(grace_s)
                 time.sleep(poll_s)
+            workers.check(grace_s)  # the look at the end: all may have ended since the last
             code = workers.finish()
             if not workers.restart(attempt, max_restarts, plan.count):
                 return code
@@ -275,6 +276,10 @@ class _Workers:
     received: list[int] = field(default_factory=list)  # kept across restarts
     failed: list[tuple[int, int]] = field(default_factory=list)  # (worker, returncode)
     stopping_since: list[float] = field(default_factory=list)
+    # When each worker exited (monotonic clock), read by a thread blocked on its wait:
+    # of two failed workers, the one that failed first is the cause, even when both are
+    # seen in one look (a worker whose peer dies follows it within milliseconds).
+    ended: dict[int, float] = field(default_factory=dict)
 
     def say(self, line: str) -> None:
         with self.lock:
@@ -285,6 +290,7 @@ class _Workers:
                   environ: Mapping[str, str]) -> None:
         """Start every worker of `plan`, a new attempt: the last one's record cleared."""
         self.processes, self.pumps, self.failed, self.stopping_since = [], [], [], []
+        self.ended = {}
         preexec = die_with_launcher(os.getpid())
         for index in range(plan.count):
             if self.received:  # a signal came while they started: start no more
@@ -307,6 +313,11 @@ class _Workers:
                                     daemon=True)
             pump.start()
             self.pumps.append(pump)
+        threading.Thread(target=self._wait, args=(index, process), daemon=True).start()
+
+    def _wait(self, index: int, process: subprocess.Popen[str]) -> None:
+        process.wait()
+        self.ended[index] = time.monotonic()
 
     def stop_all(self, sig: int) -> None:
         for process in self.processes:
@@ -318,18 +329,20 @@ class _Workers:
         self.stop_all(sig)  # a second Ctrl-C is forwarded too: the workers stop at once
 
     def running(self) -> bool:
-        return any(p.poll() is None for p in self.processes)
+        return len(self.ended) < len(self.processes)
 
     def check(self, grace_s: float) -> None:
         """One look at the workers: the first to fail stops the others, and those still
         running `grace_s` later are killed."""
-        for index, process in enumerate(self.processes):
-            code = process.poll()
-            if code is not None and code != 0 and not self.failed and not self.received:
-                self.failed.append((index, code))
-                self.say(f"worker {index} {describe_exit(code)}; stopping the other workers")
-                self.stop_all(signal.SIGTERM)
-                self.stopping_since.append(time.monotonic())
+        failures = sorted((at, index) for index, at in dict(self.ended).items()
+                          if self.processes[index].returncode)
+        if failures and not self.failed and not self.received:
+            index = failures[0][1]
+            code = self.processes[index].returncode
+            self.failed.append((index, code))
+            self.say(f"worker {index} {describe_exit(code)}; stopping the other workers")
+            self.stop_all(signal.SIGTERM)
+            self.stopping_since.append(time.monotonic())
         if self.stopping_since and time.monotonic() - self.stopping_since[0] > grace_s:
             self.stop_all(signal.SIGKILL)
 

@@ -1,0 +1,173 @@
+"""Training steps a stop throws away: `kill -9` and SIGTERM at a random moment of `mgpu train`.
+
+    .venv/bin/python benchmarks/steps_lost.py [--trials 5] [--seed 0] [--epochs 6]
+        [--dataset synthetic] [--batch-size 32] [--window-epochs 3] [--signals kill,term]
+
+Each trial starts `mgpu train` in a fresh run folder, waits for its first epoch to end (the
+steady state: TensorFlow started, the step traced), then waits a random time, uniform over
+the next `--window-epochs` first-epoch durations (seeded: `--seed` gives the same moments),
+and sends the signal. What is lost is the training done since the run folder's last
+checkpoint, the one a resume starts from:
+
+- seconds lost: from the newest file under `checkpoints/` (its mtime, read once the
+  process has exited) to the signal; 0 when a checkpoint was written after the signal
+  (SIGTERM with a save on stop);
+- steps lost: those seconds x the run's steady step rate (steps_per_epoch / the median
+  epoch time of the epochs it completed; the first, with the tracing, left out when there
+  are others). For SIGTERM it is a lower bound: the run goes on to its next step boundary
+  after the signal, and those steps are lost too.
+
+Prints one line per trial and, per signal, the mean, median and max of steps and seconds
+lost and the mean as a fraction of an epoch. Settings: GPUS=none, QUIET=1; the checkpoint
+interval is whatever mgpu train does by default (today: one checkpoint per epoch), so the
+same script measures the "before" and the "after" of mid-epoch checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
+
+
+@dataclass(frozen=True)
+class Trial:
+    signal_name: str
+    delay_s: float  # after the first epoch's end
+    epochs_done: int  # completed epochs in history.json at the end
+    seconds_lost: float
+    steps_lost: float
+    steps_per_epoch: int
+    exit_code: int
+
+
+def train_command() -> list[str]:
+    return [sys.executable, "-m", "entrypoint", "train"]
+
+
+def environment(args: argparse.Namespace, output_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "WORKER_HOSTS", "WORKER_INDEX", "MGPU_DEBUG")}
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none", QUIET="1",
+               DATASET=args.dataset, BATCH_SIZE=str(args.batch_size),
+               EPOCHS=str(args.epochs), OUTPUT_DIR=str(output_dir))
+    return env
+
+
+def steps_per_epoch(args: argparse.Namespace, work: Path) -> int:
+    """From the plan mgpu train would run (`--dry-run --json`: no TensorFlow, no training)."""
+    planned = subprocess.run([*train_command(), "--dry-run", "--json"], cwd=work,
+                             env=environment(args, work / "plan"), capture_output=True,
+                             text=True, check=True, timeout=300)
+    return int(json.loads(planned.stdout)["steps_per_epoch"])
+
+
+def history(output_dir: Path) -> list[dict[str, float]]:
+    try:
+        return list(json.loads((output_dir / "history.json").read_text()))
+    except (OSError, ValueError):
+        return []  # not written yet, or being replaced
+
+
+def last_checkpoint_time(output_dir: Path) -> float | None:
+    files = [p for p in (output_dir / "checkpoints").rglob("*") if p.is_file()]
+    return max((p.stat().st_mtime for p in files), default=None)
+
+
+def trial(args: argparse.Namespace, work: Path, index: int, name: str, rng: random.Random,
+          per_epoch: int) -> Trial | None:
+    """One run, stopped by signal `name` at a random moment; None when it ended first."""
+    output_dir = work / f"run{index}-{name}"
+    log = (work / f"run{index}-{name}.log").open("w")
+    process = subprocess.Popen(train_command(), cwd=work, env=environment(args, output_dir),
+                               stdout=log, stderr=subprocess.STDOUT)
+    try:
+        while not (first := history(output_dir)):
+            if process.poll() is not None:
+                raise SystemExit(f"mgpu train exited {process.returncode} before its first "
+                                 f"epoch ended; see {log.name}")
+            time.sleep(0.01)
+        delay = rng.uniform(0.0, args.window_epochs * float(first[0]["seconds"]))
+        time.sleep(delay)
+        if process.poll() is not None:
+            return None
+        signalled = time.time()
+        process.send_signal(SIGNALS[name])
+        code = process.wait(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        log.close()
+    epochs = history(output_dir)
+    seconds = [float(e["seconds"]) for e in epochs]
+    steady = seconds[1:] or seconds
+    rate = per_epoch / statistics.median(steady)
+    saved = last_checkpoint_time(output_dir)
+    lost_s = max(0.0, signalled - saved) if saved is not None else float("nan")
+    return Trial(name, delay, len(epochs), lost_s, lost_s * rate, per_epoch,
+                 128 - code if code < 0 else code)
+
+
+def report(trials: list[Trial]) -> None:
+    for name in sorted({t.signal_name for t in trials}):
+        chosen = [t for t in trials if t.signal_name == name]
+        steps = [t.steps_lost for t in chosen]
+        seconds = [t.seconds_lost for t in chosen]
+        per_epoch = chosen[0].steps_per_epoch
+        print(f"{name:>4}: {len(chosen)} trials; steps lost mean {statistics.mean(steps):.0f}, "
+              f"median {statistics.median(steps):.0f}, max {max(steps):.0f} "
+              f"(mean {statistics.mean(steps) / per_epoch:.2f} of an epoch of {per_epoch}); "
+              f"seconds lost mean {statistics.mean(seconds):.2f}, max {max(seconds):.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=5, help="trials per signal")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the random moments")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--dataset", default="synthetic")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--window-epochs", type=float, default=3.0,
+                        help="the random moment falls within this many epochs after the first")
+    parser.add_argument("--signals", default="kill,term", help="kill, term, or both")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.signals.split(",") if n.strip()]
+    if not names or set(names) - set(SIGNALS):
+        parser.error(f"--signals {args.signals!r}: valid are kill, term, or kill,term")
+    if args.window_epochs > args.epochs - 1:
+        parser.error(f"--window-epochs {args.window_epochs} must be at most --epochs - 1 "
+                     f"({args.epochs - 1}): the run must still be training at the moment")
+    rng = random.Random(args.seed)
+    trials: list[Trial] = []
+    with tempfile.TemporaryDirectory(prefix="steps-lost-") as tmp:
+        work = Path(tmp)
+        per_epoch = steps_per_epoch(args, work)
+        for index in range(args.trials):
+            for name in names:  # alternated, so a change in the machine's load hits both
+                done = trial(args, work, index, name, rng, per_epoch)
+                if done is None:
+                    print(f"trial {index} {name}: the run ended before the signal; skipped "
+                          "(raise --epochs)")
+                    continue
+                trials.append(done)
+                print(f"trial {index} {name:>4}: signal {done.delay_s:5.2f} s after epoch 1, "
+                      f"exit {done.exit_code}, {done.epochs_done} epoch(s) kept, lost "
+                      f"{done.seconds_lost:5.2f} s = {done.steps_lost:6.0f} steps", flush=True)
+    if trials:
+        report(trials)
+
+
+if __name__ == "__main__":
+    main()
