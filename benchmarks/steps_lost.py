@@ -1,20 +1,20 @@
 """Training steps a stop throws away: `kill -9` and SIGTERM at a random moment of `mgpu train`.
 
-    .venv/bin/python benchmarks/steps_lost.py [--trials 5] [--seed 0] [--epochs 6]
+    .venv/bin/python benchmarks/steps_lost.py [--trials 5] [--seed 0] [--epochs 8]
         [--dataset synthetic] [--batch-size 32] [--window-epochs 3] [--signals kill,term]
 
-Each trial starts `mgpu train` in a fresh run folder, waits for its first epoch to end (the
+Each trial starts `mgpu train` in a fresh run folder, waits for its second epoch to end (the
 steady state: TensorFlow started, the step traced), then waits a random time, uniform over
-the next `--window-epochs` first-epoch durations (seeded: `--seed` gives the same moments),
-and sends the signal. What is lost is the training done since the run folder's last
+the next `--window-epochs` epochs (the second epoch's time each; seeded: `--seed` gives the
+same moments), and sends the signal. A trial whose run had finished training by then is
+left out and said so. What is lost is the training done since the run folder's last
 checkpoint, the one a resume starts from:
 
 - seconds lost: from the newest file under `checkpoints/` (its mtime, read once the
   process has exited) to the signal; 0 when a checkpoint was written after the signal
   (SIGTERM with a save on stop);
 - steps lost: those seconds x the run's steady step rate (steps_per_epoch / the median
-  epoch time of the epochs it completed; the first, with the tracing, left out when there
-  are others). For SIGTERM it is a lower bound: the run goes on to its next step boundary
+  epoch time of the epochs it completed but the first, which includes the tracing). For SIGTERM it is a lower bound: the run goes on to its next step boundary
   after the signal, and those steps are lost too.
 
 Prints one line per trial and, per signal, the mean, median and max of steps and seconds
@@ -45,7 +45,7 @@ SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
 @dataclass(frozen=True)
 class Trial:
     signal_name: str
-    delay_s: float  # after the first epoch's end
+    delay_s: float  # after the second epoch's end
     epochs_done: int  # completed epochs in history.json at the end
     seconds_lost: float
     steps_lost: float
@@ -76,9 +76,9 @@ def steps_per_epoch(args: argparse.Namespace, work: Path) -> int:
 
 def history(output_dir: Path) -> list[dict[str, float]]:
     try:
-        return list(json.loads((output_dir / "history.json").read_text()))
-    except (OSError, ValueError):
-        return []  # not written yet, or being replaced
+        return list(json.loads((output_dir / "history.json").read_text())["epochs"])
+    except (OSError, ValueError, KeyError):
+        return []  # not written yet
 
 
 def last_checkpoint_time(output_dir: Path) -> float | None:
@@ -94,12 +94,12 @@ def trial(args: argparse.Namespace, work: Path, index: int, name: str, rng: rand
     process = subprocess.Popen(train_command(), cwd=work, env=environment(args, output_dir),
                                stdout=log, stderr=subprocess.STDOUT)
     try:
-        while not (first := history(output_dir)):
+        while len(done := history(output_dir)) < 2:
             if process.poll() is not None:
-                raise SystemExit(f"mgpu train exited {process.returncode} before its first "
+                raise SystemExit(f"mgpu train exited {process.returncode} before its second "
                                  f"epoch ended; see {log.name}")
             time.sleep(0.01)
-        delay = rng.uniform(0.0, args.window_epochs * float(first[0]["seconds"]))
+        delay = rng.uniform(0.0, args.window_epochs * float(done[1]["seconds"]))
         time.sleep(delay)
         if process.poll() is not None:
             return None
@@ -111,9 +111,9 @@ def trial(args: argparse.Namespace, work: Path, index: int, name: str, rng: rand
             process.kill()
         log.close()
     epochs = history(output_dir)
-    seconds = [float(e["seconds"]) for e in epochs]
-    steady = seconds[1:] or seconds
-    rate = per_epoch / statistics.median(steady)
+    if len(epochs) == args.epochs:
+        return None  # it had finished training: the signal fell in its evaluation or save
+    rate = per_epoch / statistics.median(float(e["seconds"]) for e in epochs[1:])
     saved = last_checkpoint_time(output_dir)
     lost_s = max(0.0, signalled - saved) if saved is not None else float("nan")
     return Trial(name, delay, len(epochs), lost_s, lost_s * rate, per_epoch,
@@ -136,20 +136,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5, help="trials per signal")
     parser.add_argument("--seed", type=int, default=0, help="seeds the random moments")
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--dataset", default="synthetic")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--window-epochs", type=float, default=3.0,
-                        help="the random moment falls within this many epochs after the first")
+                        help="the random moment falls within this many epochs after the second")
     parser.add_argument("--signals", default="kill,term", help="kill, term, or both")
     args = parser.parse_args()
     names = [n.strip() for n in args.signals.split(",") if n.strip()]
     if not names or set(names) - set(SIGNALS):
         parser.error(f"--signals {args.signals!r}: valid are kill, term, or kill,term")
-    if args.window_epochs > args.epochs - 1:
-        parser.error(f"--window-epochs {args.window_epochs} must be at most --epochs - 1 "
-                     f"({args.epochs - 1}): the run must still be training at the moment")
+    if args.window_epochs > args.epochs - 3:
+        parser.error(f"--window-epochs {args.window_epochs} must be at most --epochs - 3 "
+                     f"({args.epochs - 3}): the run must still be training at the moment")
     rng = random.Random(args.seed)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the `finally`s stop the runs
     trials: list[Trial] = []
     with tempfile.TemporaryDirectory(prefix="steps-lost-") as tmp:
         work = Path(tmp)
@@ -158,11 +159,11 @@ def main() -> None:
             for name in names:  # alternated, so a change in the machine's load hits both
                 done = trial(args, work, index, name, rng, per_epoch)
                 if done is None:
-                    print(f"trial {index} {name}: the run ended before the signal; skipped "
-                          "(raise --epochs)")
+                    print(f"trial {index} {name}: the run had finished training before the "
+                          "signal; left out (raise --epochs)")
                     continue
                 trials.append(done)
-                print(f"trial {index} {name:>4}: signal {done.delay_s:5.2f} s after epoch 1, "
+                print(f"trial {index} {name:>4}: signal {done.delay_s:5.2f} s after epoch 2, "
                       f"exit {done.exit_code}, {done.epochs_done} epoch(s) kept, lost "
                       f"{done.seconds_lost:5.2f} s = {done.steps_lost:6.0f} steps", flush=True)
     if trials:
