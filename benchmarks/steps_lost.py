@@ -7,20 +7,21 @@ Each trial starts `mgpu train` in a fresh run folder, waits for its second epoch
 steady state: TensorFlow started, the step traced), then waits a random time, uniform over
 the next `--window-epochs` epochs (the second epoch's time each; seeded: `--seed` gives the
 same moments), and sends the signal. A trial whose run had finished training by then is
-left out and said so. What is lost is the training done since the run folder's last
-checkpoint, the one a resume starts from:
+left out and said so.
 
-- seconds lost: from the newest file under `checkpoints/` (its mtime, read once the
-  process has exited) to the signal; 0 when a checkpoint was written after the signal
-  (SIGTERM with a save on stop);
-- steps lost: those seconds x the run's steady step rate (steps_per_epoch / the median
-  epoch time of the epochs it completed but the first, which includes the tracing). For SIGTERM it is a lower bound: the run goes on to its next step boundary
-  after the signal, and those steps are lost too.
-
-Prints one line per trial and, per signal, the mean, median and max of steps and seconds
-lost and the mean as a fraction of an epoch. Settings: GPUS=none, QUIET=1; the checkpoint
-interval is whatever mgpu train does by default (today: one checkpoint per epoch), so the
-same script measures the "before" and the "after" of mid-epoch checkpoints.
+steps lost = steps trained when the signal came - steps held by the newest checkpoint (the
+one a resume starts from, read once the process has exited):
+- steps trained: the completed epochs (history.json) x steps_per_epoch, plus the current
+  epoch's: the time since it started x the run's steady step rate, at most an epoch. The
+  script watches history.json to know when each epoch ended; an epoch started its
+  `seconds` (history.json) before it ended, and the next one the median gap later (the
+  checkpoint save and the other epoch-end work). For SIGTERM it is a lower bound: the run
+  trains on to its next step boundary, and those steps are lost too.
+- steps held: `checkpointed_steps` (today ckpt-N holds N whole epochs).
+Also printed: the seconds of training those steps took. Per signal: the mean, median and
+max, and the mean as a fraction of an epoch. Settings: GPUS=none, QUIET=1; the checkpoint
+interval is mgpu train's default, so the same script measures before and after a change
+to it.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,10 +49,19 @@ class Trial:
     signal_name: str
     delay_s: float  # after the second epoch's end
     epochs_done: int  # completed epochs in history.json at the end
-    seconds_lost: float
-    steps_lost: float
+    steps_trained: float  # when the signal came
+    steps_saved: int  # in the newest checkpoint
+    rate: float  # steps per second, steady
     steps_per_epoch: int
     exit_code: int
+
+    @property
+    def steps_lost(self) -> float:
+        return max(0.0, self.steps_trained - self.steps_saved)
+
+    @property
+    def seconds_lost(self) -> float:
+        return self.steps_lost / self.rate
 
 
 def train_command() -> list[str]:
@@ -81,9 +92,45 @@ def history(output_dir: Path) -> list[dict[str, float]]:
         return []  # not written yet
 
 
-def last_checkpoint_time(output_dir: Path) -> float | None:
-    files = [p for p in (output_dir / "checkpoints").rglob("*") if p.is_file()]
-    return max((p.stat().st_mtime for p in files), default=None)
+def checkpointed_steps(output_dir: Path, per_epoch: int) -> int:
+    """The steps the newest checkpoint holds, as a resume reads it: `ckpt-N` in the
+    checkpoint index is N completed epochs (mgpu train's per-epoch checkpoints)."""
+    try:
+        index = (output_dir / "checkpoints" / "checkpoint").read_text()
+    except OSError:
+        return 0
+    found = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', index, re.M)
+    return int(found.group(1)) * per_epoch if found else 0
+
+
+@dataclass
+class Watch:
+    """When each epoch ended, as seen by polling history.json (every 10 ms)."""
+
+    output_dir: Path
+    ends: list[float] = field(default_factory=list)
+
+    def look(self) -> list[dict[str, float]]:
+        epochs = history(self.output_dir)
+        while len(self.ends) < len(epochs):
+            self.ends.append(time.time())
+        return epochs
+
+    def until(self, moment: float, process: subprocess.Popen[bytes]) -> None:
+        while time.time() < moment and process.poll() is None:
+            self.look()
+            time.sleep(0.01)
+
+    def steps_at(self, when: float, epochs: list[dict[str, float]], per_epoch: int,
+                 rate: float) -> float:
+        """Steps trained at `when`: the completed epochs, and the current one's share."""
+        seen = min(len(self.ends), len(epochs))
+        starts = [self.ends[k] - float(epochs[k]["seconds"]) for k in range(seen)]
+        gaps = [starts[k + 1] - self.ends[k] for k in range(1, seen - 1)]
+        gap = statistics.median(gaps) if gaps else 0.0
+        done = [end for end in self.ends[:seen] if end <= when]
+        current = max(0.0, when - (done[-1] + gap)) * rate if done else 0.0
+        return len(done) * per_epoch + min(float(per_epoch), current)
 
 
 def trial(args: argparse.Namespace, work: Path, index: int, name: str, rng: random.Random,
@@ -93,14 +140,15 @@ def trial(args: argparse.Namespace, work: Path, index: int, name: str, rng: rand
     log = (work / f"run{index}-{name}.log").open("w")
     process = subprocess.Popen(train_command(), cwd=work, env=environment(args, output_dir),
                                stdout=log, stderr=subprocess.STDOUT)
+    watch = Watch(output_dir)
     try:
-        while len(done := history(output_dir)) < 2:
+        while len(done := watch.look()) < 2:
             if process.poll() is not None:
                 raise SystemExit(f"mgpu train exited {process.returncode} before its second "
                                  f"epoch ended; see {log.name}")
             time.sleep(0.01)
         delay = rng.uniform(0.0, args.window_epochs * float(done[1]["seconds"]))
-        time.sleep(delay)
+        watch.until(watch.ends[1] + delay, process)
         if process.poll() is not None:
             return None
         signalled = time.time()
@@ -114,9 +162,8 @@ def trial(args: argparse.Namespace, work: Path, index: int, name: str, rng: rand
     if len(epochs) == args.epochs:
         return None  # it had finished training: the signal fell in its evaluation or save
     rate = per_epoch / statistics.median(float(e["seconds"]) for e in epochs[1:])
-    saved = last_checkpoint_time(output_dir)
-    lost_s = max(0.0, signalled - saved) if saved is not None else float("nan")
-    return Trial(name, delay, len(epochs), lost_s, lost_s * rate, per_epoch,
+    return Trial(name, delay, len(epochs), watch.steps_at(signalled, epochs, per_epoch, rate),
+                 checkpointed_steps(output_dir, per_epoch), rate, per_epoch,
                  128 - code if code < 0 else code)
 
 
@@ -164,8 +211,9 @@ def main() -> None:
                     continue
                 trials.append(done)
                 print(f"trial {index} {name:>4}: signal {done.delay_s:5.2f} s after epoch 2, "
-                      f"exit {done.exit_code}, {done.epochs_done} epoch(s) kept, lost "
-                      f"{done.seconds_lost:5.2f} s = {done.steps_lost:6.0f} steps", flush=True)
+                      f"exit {done.exit_code}, {done.steps_trained:6.0f} steps trained, "
+                      f"{done.steps_saved} checkpointed: lost {done.steps_lost:5.0f} steps "
+                      f"= {done.seconds_lost:5.2f} s", flush=True)
     if trials:
         report(trials)
 

@@ -187,7 +187,9 @@ def die_with_launcher(launcher_pid: int) -> Callable[[], None] | None:
     included (`PR_SET_PDEATHSIG`, prctl(2)); a launcher that can still forward signals
     stops its workers itself. The launcher may die between the fork and the prctl: the
     worker then already has another parent and kills itself. libc's prctl is looked up
-    here, before the fork, so the child only calls it (no loading after a fork).
+    here, before the fork, so the child only calls it (no loading after a fork). The
+    kernel watches the thread that started the worker: `supervise` starts every worker
+    from its own thread, which lives until they have all ended.
     """
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
