@@ -126,8 +126,9 @@ class Watch:
         """Steps trained at `when`: the completed epochs, and the current one's share."""
         seen = min(len(self.ends), len(epochs))
         starts = [self.ends[k] - float(epochs[k]["seconds"]) for k in range(seen)]
-        gaps = [starts[k + 1] - self.ends[k] for k in range(1, seen - 1)]
-        gap = statistics.median(gaps) if gaps else 0.0
+        # The gap after the first epoch holds the first save (slower): used only alone.
+        gaps = [starts[k + 1] - self.ends[k] for k in range(seen - 1)]
+        gap = statistics.median(gaps[1:] or gaps) if gaps else 0.0
         done = [end for end in self.ends[:seen] if end <= when]
         current = max(0.0, when - (done[-1] + gap)) * rate if done else 0.0
         return len(done) * per_epoch + min(float(per_epoch), current)

@@ -1,4 +1,5 @@
-"""docker-compose.multiworker.yml: two worker containers train together, a kill, a resume.
+"""docker-compose.multiworker.yml: two worker containers train together, a kill, a network
+cut off (`docker network disconnect`), and the resume after each.
 
 The same checks as tests/test_multiworker_run.py, with each worker in its own container
 and address on the compose network. The image is built with the container check's own
@@ -212,7 +213,9 @@ def test_a_worker_cut_off_its_network_stops_both_and_a_restart_loses_nothing(
     assert re.search(r"error: (Worker 1 stopped or cannot be reached|.*worker 1 \(worker1:2222\))",
                      chief_log), chief_log[-3000:]
     print(f"worker0 exited {took:.1f} s after worker1's network was cut "
-          f"(backstop {PARTITION_BACKSTOP_S} s)")
+          f"(backstop {PARTITION_BACKSTOP_S} s), saying:")
+    print("\n".join(line for line in chief_log.splitlines() if "error:" in line
+                    or "Fix:" in line or "TensorFlow:" in line))
     subprocess.run(["docker", "wait", worker], capture_output=True, check=False,
                    timeout=PARTITION_BACKSTOP_S + PARTITION_SLACK_S)  # it stops by itself too
     assert inspect(worker, "{{.State.Running}}") == "false", project.logs("worker1")[-3000:]
