@@ -377,7 +377,10 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="requires Linux (prctl)")
-def test_a_launcher_killed_with_sigkill_leaves_no_worker_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGUSR1])  # no handler runs: the kernel
+def test_a_launcher_killed_by_a_signal_leaves_no_worker_behind(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     launcher = tmp_path / "launcher.py"
     launcher.write_text(textwrap.dedent(f"""
         import os, sys
@@ -393,8 +396,8 @@ def test_a_launcher_killed_with_sigkill_leaves_no_worker_behind(tmp_path: Path) 
         assert process.stdout is not None
         pids = [int(process.stdout.readline().split()[-1]) for _ in range(3)]
         assert all(alive(pid) for pid in pids)
-        process.send_signal(signal.SIGKILL)  # no handler runs: only the kernel can help
-        process.wait(timeout=10)
+        process.send_signal(sig)
+        assert process.wait(timeout=10) == -sig
         deadline = time.monotonic() + 10
         while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
