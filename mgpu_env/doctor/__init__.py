@@ -224,10 +224,9 @@ def gather(
     tf_facts = None
     cuda = None
     child_environ = _environment_for_tensorflow(runtime, environ)
-    cuda_driver = None
-    if resolved.settings.gpus.kind != "none" and snapshot.listing.gpus:
-        # Milliseconds: a child that loads libcuda.so.1 and calls cuInit, also with --no-tf.
-        cuda_driver = (collect_driver or cudadriver.collect)(child_environ)
+    # Always, NVML or not (milliseconds: a child that loads libcuda.so.1 and calls cuInit,
+    # also with --no-tf): when NVML fails, CUDA's answer often names the cause.
+    cuda_driver = (collect_driver or cudadriver.collect)(child_environ)
     if with_tensorflow:
         tf_facts = (collect_tensorflow or tfprobe.collect)(child_environ)
         cuda = (collect_cuda or cudalibs.collect)(child_environ)
@@ -354,7 +353,12 @@ def preflight(
             {k: v for k, v in os.environ.items() if k not in runtime.environment}
         ),
         # The host's GPUs as /proc and /sys show them: the CPU compose file on a GPU host.
-        host=HostFacts(host_gpus=nvml.probe(hostgpus.host_nvidia_gpus)),
+        # and what tells NVML's failures apart: a GPU machine never trains on the CPU by
+        # mistake (GPUS=none is how to mean the CPU).
+        host=HostFacts(host_gpus=nvml.probe(hostgpus.host_nvidia_gpus),
+                       in_container=probes.probe_in_container(),
+                       device_files=probes.probe_device_files(),
+                       nvidia=probes.probe_nvidia_host()),
         versions={},
         tensorflow=tensorflow,
         cuda=cuda,

@@ -18,7 +18,7 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import hostfacts, hostgpus, nvml
+from mgpu_env.hardware import hostfacts, hostgpus, nvidiahost, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
@@ -41,6 +41,7 @@ REPORTED_VARIABLES = (
     "GPUS",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",  # compute and utility: libcuda.so.1 and NVML in a container
     "CUDA_DEVICE_ORDER",
     "MGPU_COMPOSE_GPU",  # set by docker-compose.gpu.yml: the GPUs were meant to be there
     "MGPU_COMPOSE",  # cpu or gpu: the compose file that started the container
@@ -88,6 +89,9 @@ class HostFacts:
     wsl_gpu: Probed[bool] = field(default_factory=lambda: Probed(value=False))
     # The NVIDIA kernel modules loaded (/proc/modules: the host's, also from a container).
     nvidia_modules: Probed[tuple[str, ...]] = field(default_factory=Probed)
+    # What tells NVML's failures apart: the kernel module's version against the NVML
+    # library's, nouveau, the GPUs on the PCI bus, /dev/nvidia* permissions, the groups.
+    nvidia: nvidiahost.NvidiaHost = field(default_factory=nvidiahost.NvidiaHost)
 
 
 @dataclass(frozen=True)
@@ -240,7 +244,13 @@ def probe_host() -> HostFacts:
         stack=probe_stack(),
         wsl_gpu=probe_wsl_gpu(),
         nvidia_modules=probe_nvidia_modules(),
+        nvidia=probe_nvidia_host(),
     )
+
+
+def probe_nvidia_host() -> nvidiahost.NvidiaHost:
+    """After NVML was asked (its library is then mapped): see `nvidiahost`."""
+    return nvidiahost.collect()
 
 
 def _os_name() -> str:

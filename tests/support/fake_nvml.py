@@ -46,6 +46,10 @@ class FakeNvml:
     cuda_driver_version: int = 12040
     init_error: int | None = None  # e.g. pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
     unsupported: set[str] = field(default_factory=set)  # names of queries that fail
+    # Queries that fail with a given NVML code, for every GPU: {"nvmlDeviceGetMemoryInfo": 15}.
+    errors: dict[str, int] = field(default_factory=dict)
+    # GPUs whose handle NVML refuses, by index, with the code (one GPU off the bus: {2: 15}).
+    handle_errors: dict[int, int] = field(default_factory=dict)
     topology_level: int = 10  # NVML_TOPOLOGY_SINGLE
     p2p_ok: bool = True
     nvlink: bool = False
@@ -68,6 +72,8 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         if query in self.unsupported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if query in self.errors:
+            raise pynvml.NVMLError(self.errors[query])
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -95,6 +101,8 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         self._check("nvmlDeviceGetHandleByIndex")
+        if index in self.handle_errors:
+            raise pynvml.NVMLError(self.handle_errors[index])
         return self.gpus[index]
 
     def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:

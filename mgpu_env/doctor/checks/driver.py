@@ -13,8 +13,10 @@ from mgpu_env.doctor.checks.common import (
     target_build,
     wants_gpus,
 )
+from mgpu_env.doctor.checks.nvmlcause import failed_devices, gpus_on_machine, nvml_failure
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat, cudaerrors, hostgpus
+from mgpu_env.hardware.cudadriver import DriverApi
 
 FIX_NVML_LOST = (
     "recreate the container (`docker compose up -d --force-recreate`, or stop and start it); "
@@ -44,6 +46,8 @@ def check_nvml(facts: Facts) -> Check:
         found = (
             f"driver {version}, NVML {snapshot.nvml_version.text()}, {len(listing.gpus)} GPU(s)"
         )
+        if listing.failed and wants_gpus(facts):
+            return _failed_devices(facts, found)
         if intended and not listing.gpus:
             return Check("driver.nvml", title, "warn", found + compose,
                          "NVML loads and lists the GPUs", nvml_fix(facts))
@@ -52,17 +56,43 @@ def check_nvml(facts: Facts) -> Check:
     if not wants_gpus(facts):
         return Check("driver.nvml", title, "skip", found, "not needed with GPUS=none",
                      skipped_for=no_gpu(facts))
-    status: Status = "warn" if facts.request.kind == "all" else "error"
-    consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
-    fix = nvml_fix(facts)
+    return _nvml_failed(facts, found)
+
+
+def _failed_devices(facts: Facts, found: str) -> Check:
+    """GPUs NVML counts but cannot use: an error when GPUS asks for them all, a warning when
+    GPUS already keeps to the healthy ones."""
+    failing, fix = failed_devices(facts)
+    status: Status = "error" if facts.request.kind == "all" else "warn"
+    return Check("driver.nvml", "Driver (NVML)", status, f"{found}; {failing}",
+                 "every GPU answers NVML", fix)
+
+
+def _nvml_failed(facts: Facts, found: str) -> Check:
+    """NVML cannot start or list the GPUs: on a machine with NVIDIA GPUs an error with the
+    cause the facts point to (never a silent "CPU only"); on a machine without, a warning."""
+    listing = facts.nvml.listing
+    title = "Driver (NVML)"
+    gpus = gpus_on_machine(facts)
+    explained = nvml_failure(facts)
+    fix = explained.fix
     files = facts.host.device_files.value or ()
-    if ("Unknown Error" in (listing.error or "") and facts.host.in_container.value
-            and "nvidiactl" in files):
+    if (listing.error_code in (999, None) and "Unknown Error" in (listing.error or "")
+            and facts.host.in_container.value and "nvidiactl" in files):
         # The container had its GPUs and lost them: systemd rewrote its cgroup's device
         # rules (NVIDIA/nvidia-container-toolkit#48).
         found += " (the container had the GPUs: it lost them, typically after `systemctl " \
                  "daemon-reload` on the host)"
         fix = FIX_NVML_LOST
+    elif explained.cause:
+        found += f"\ncause: {explained.cause}"
+    if gpus:
+        shown = ", ".join(gpus[:8]) + (", ..." if len(gpus) > 8 else "")
+        found += (f"\n{len(gpus)} NVIDIA GPU(s) on this machine ({shown}) and none usable: "
+                  "not a CPU machine (GPUS=none trains on the CPU on purpose)")
+        return Check("driver.nvml", title, "error", found, "NVML loads", fix)
+    status: Status = "warn" if facts.request.kind == "all" else "error"
+    consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
     return Check("driver.nvml", title, status, found + consequence, "NVML loads", fix)
 
 
@@ -179,6 +209,14 @@ def driver_failure(facts: Facts, code: int, library: str | None) -> tuple[str, s
     return cause, fix
 
 
+def _summary(api: DriverApi | None) -> str:
+    if api is None or (api.library is None and api.init_code is None):
+        return "libcuda.so.1 does not load"
+    if api.init_code:
+        return f"cuInit(0) = {api.init_code} {cudaerrors.name(api.init_code)}"
+    return "cuInit ok"
+
+
 def check_cuda_driver(facts: Facts) -> Check:
     """cuInit in a process with the run's environment: which libcuda.so.1, its result code,
     and as many GPUs as NVML (and GPUS) say."""
@@ -186,8 +224,16 @@ def check_cuda_driver(facts: Facts) -> Check:
     expected = "libcuda.so.1 of the driver loads, cuInit(0) = CUDA_SUCCESS, every GPU asked for"
     probed = facts.cuda_driver
     if probed is None:
-        return Check("driver.cuda_init", title, "skip", "not probed (no GPU from NVML)",
+        return Check("driver.cuda_init", title, "skip", "not probed",
                      expected, skipped_for=no_gpu(facts))
+    api = probed.value
+    if not facts.gpus and not facts.nvml.listing.failed and not gpus_on_machine(facts) and not (
+            api is not None and api.initialised and api.device_count):
+        # A machine with no NVIDIA GPU: CUDA has nothing to find, which is no fault.
+        said = probed.text() if not probed.ok else _summary(api)
+        return Check("driver.cuda_init", title, "skip",
+                     f"{said} (no NVIDIA GPU on this machine)", expected,
+                     skipped_for=no_gpu(facts))
     if not probed.ok or probed.value is None:
         return Check("driver.cuda_init", title, "warn", probed.text(), expected,
                      "run `nvidia-smi` and `dmesg | grep -i nvrm` to see what the driver says")
