@@ -260,6 +260,7 @@ def gather(
         cuda_driver=cuda_driver,
         docker=docker,
         p2p=p2p,
+        nccl=probes.probe_nccl(environ),
     )
 
 

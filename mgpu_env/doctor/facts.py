@@ -18,7 +18,7 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import hostfacts, hostgpus, nvidiahost, nvml
+from mgpu_env.hardware import hostfacts, hostgpus, ncclenv, nvidiahost, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
@@ -118,6 +118,15 @@ class KerasFacts:
 
 
 @dataclass(frozen=True)
+class NcclFacts:
+    """The NCCL_* variables as the user set them, and what they may name on this machine."""
+
+    environ: dict[str, str] = field(default_factory=dict)
+    interfaces: tuple[str, ...] = ()  # /sys/class/net
+    hcas: tuple[str, ...] = ()  # /sys/class/infiniband
+
+
+@dataclass(frozen=True)
 class Facts:
     """Everything the checks look at. `tensorflow` is None when its probe was skipped."""
 
@@ -146,6 +155,8 @@ class Facts:
     docker: Probed[DockerGpu] | None = None
     # IOMMU, ACS, hypervisor: what can break P2P between GPUs; None: fewer than 2 GPUs.
     p2p: P2pHost | None = None
+    # NCCL's variables and the interfaces and HCAs they may name; None: not probed.
+    nccl: NcclFacts | None = None
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -310,6 +321,11 @@ def probe_keras(
         return KerasFacts(choice("run"), choice("train"))
     except ConfigError as err:
         return KerasFacts(error=str(err))
+
+
+def probe_nccl(environ: Mapping[str, str], root: Path = Path("/")) -> NcclFacts:
+    return NcclFacts({k: v for k, v in environ.items() if k.startswith("NCCL_")},
+                     ncclenv.interfaces(root), ncclenv.hcas(root))
 
 
 def reported_environ(environ: Mapping[str, str]) -> dict[str, str]:

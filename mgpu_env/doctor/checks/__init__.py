@@ -67,6 +67,7 @@ from mgpu_env.doctor.checks.gpus import (
 )
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
+from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
 from mgpu_env.doctor.checks.run import ALL_CHECKS, run_checks
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import check_request, check_tf_devices, check_visibility_env
@@ -100,6 +101,7 @@ __all__ = [
     "check_memlock",
     "check_mixed_precision",
     "check_nccl",
+    "check_nccl_variables",
     "check_nvml",
     "check_p2p",
     "check_ptxas",

@@ -187,6 +187,17 @@ def _uvm_missing_in_container(facts: Facts) -> bool:
                 and "nvidia-uvm" not in files.value and not facts.host.wsl_gpu.value)
 
 
+def _libcuda_against_module(facts: Facts, path: str) -> str | None:
+    """The kernel module's version against the libcuda.so.<version> that loaded, when they
+    differ (the driver's files carry its version in their name)."""
+    kernel = facts.host.nvidia.kernel_driver.value
+    name = path.rsplit("/", 1)[-1]
+    library = name.removeprefix("libcuda.so.") if name.startswith("libcuda.so.") else ""
+    if not kernel or not library[:1].isdigit() or library == kernel or "compat" in path:
+        return None
+    return f"the kernel module is {kernel}, {path} is {library}"
+
+
 def driver_failure(facts: Facts, code: int, library: str | None) -> tuple[str, str]:
     """(cause, fix) for cuInit's `code` here: the generic cause, refined by the host facts
     (no /dev/nvidia-uvm in a container, a libcuda.so.1 from a compat or stubs folder)."""
@@ -200,6 +211,8 @@ def driver_failure(facts: Facts, code: int, library: str | None) -> tuple[str, s
                           cudaerrors.FIX_UVM_CONTAINER)
         elif uvm:
             cause += f" ({uvm})"
+    elif code == 803 and (versions := _libcuda_against_module(facts, path)):
+        cause = f"{known.cause}: {versions}"
     elif code in (803, 804) and "compat" in path.split("/"):
         cause = (f"{known.cause}: {library} is a forward-compatibility library "
                  "(a `compat` folder on LD_LIBRARY_PATH)")

@@ -39,6 +39,7 @@ from mgpu_env.doctor.checks.gpus import (
 )
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
+from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import check_request, check_tf_devices, check_visibility_env
 from mgpu_env.doctor.facts import Facts
@@ -54,6 +55,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_tf_libraries,
     check_cudnn,
     check_nccl,
+    check_nccl_variables,
     check_ptxas,
     check_libdevice,
     check_versions,

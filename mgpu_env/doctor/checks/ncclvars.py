@@ -1,0 +1,28 @@
+"""NCCL's variables against this machine: interfaces and HCAs that exist, values NCCL
+documents, names NCCL knows (`mgpu_env.hardware.ncclenv` holds the model)."""
+
+from __future__ import annotations
+
+from mgpu_env.doctor.checks.common import Check, fewer_than_two_gpus
+from mgpu_env.doctor.facts import Facts
+from mgpu_env.hardware import ncclenv
+
+TITLE = "NCCL variables"
+EXPECTED = "every NCCL_* variable names this machine's devices and a value NCCL knows"
+
+
+def check_nccl_variables(facts: Facts) -> Check | list[Check]:
+    nccl = facts.nccl
+    if nccl is None:
+        return Check("nccl.variables", TITLE, "skip", "not probed", EXPECTED)
+    if not nccl.environ:
+        if len(facts.selected) < 2:  # nothing to say where NCCL does not run
+            return Check("nccl.variables", TITLE, "skip", "none set", EXPECTED,
+                         skipped_for=fewer_than_two_gpus(facts))
+        return Check("nccl.variables", TITLE, "ok", "none set (NCCL's defaults)", EXPECTED)
+    findings = ncclenv.judge(nccl.environ, nccl.interfaces, nccl.hcas)
+    if not findings:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(nccl.environ.items()))
+        return Check("nccl.variables", TITLE, "ok", shown, EXPECTED)
+    return [Check(f"nccl.variables.{f.name}", TITLE, "error" if f.status == "error" else "warn",
+                  f"{f.name}={f.value!r}: {f.problem}", EXPECTED, f.fix) for f in findings]
