@@ -66,6 +66,7 @@ from mgpu_env.doctor.checks.gpus import (
     gpu_checks,
 )
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
+from mgpu_env.doctor.checks.containerview import check_container_view
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
 from mgpu_env.doctor.checks.run import ALL_CHECKS, run_checks
@@ -88,6 +89,7 @@ __all__ = [
     "Status",
     "capability_support",
     "check_cluster",
+    "check_container_view",
     "check_cuda_driver",
     "check_cuda_libraries",
     "check_cudnn",

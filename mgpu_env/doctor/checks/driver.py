@@ -13,6 +13,7 @@ from mgpu_env.doctor.checks.common import (
     target_build,
     wants_gpus,
 )
+from mgpu_env.doctor.checks.containerview import FIX_COMPUTE
 from mgpu_env.doctor.checks.nvmlcause import failed_devices, gpus_on_machine, nvml_failure
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat, cudaerrors, hostgpus
@@ -84,7 +85,8 @@ def _nvml_failed(facts: Facts, found: str) -> Check:
         found += " (the container had the GPUs: it lost them, typically after `systemctl " \
                  "daemon-reload` on the host)"
         fix = FIX_NVML_LOST
-    elif explained.cause:
+    elif explained.cause and (gpus or explained.fix != nvml_fix(facts)):
+        # (A machine without any NVIDIA GPU and the usual fix: the finding says enough.)
         found += f"\ncause: {explained.cause}"
     if gpus:
         shown = ", ".join(gpus[:8]) + (", ..." if len(gpus) > 8 else "")
@@ -256,6 +258,13 @@ def check_cuda_driver(facts: Facts) -> Check:
         fix = (FIX_DRIVER_IN_CONTAINER if facts.host.in_container.value else
                "reinstall the NVIDIA driver (it ships libcuda.so.1); `ldconfig -p | grep "
                "libcuda` shows what the loader knows")
+        if facts.host.in_container.value and facts.gpus:
+            # NVML answers, so the toolkit gave the GPUs and its `utility` libraries, but
+            # not `compute`'s libcuda.so.1.
+            caps = facts.environ.get("NVIDIA_DRIVER_CAPABILITIES", "unset")
+            found += (f"\ncause: NVML works in this container but the toolkit mounted no "
+                      f"libcuda.so.1 (NVIDIA_DRIVER_CAPABILITIES={caps})")
+            fix = FIX_COMPUTE
         return Check("driver.cuda_init", title, "error", found, expected, fix)
     where = api.library or "libcuda.so.1 (file not found in /proc/self/maps)"
     version = f"CUDA {api.cuda_version}" if api.cuda_version else "version unknown"

@@ -38,6 +38,7 @@ from mgpu_env.doctor.checks.gpus import (
     gpu_checks,
 )
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
+from mgpu_env.doctor.checks.containerview import check_container_view
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
@@ -50,6 +51,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_driver_cuda,
     check_cuda_driver,
     check_device_files,
+    check_container_view,
     check_tf_build,
     check_cuda_libraries,
     check_tf_libraries,
