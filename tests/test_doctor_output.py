@@ -52,7 +52,8 @@ def every_fix_constant() -> list[str]:
             values = value.values() if isinstance(value, dict) else [value]
             for text in values:
                 if isinstance(text, str):
-                    texts.append(text.format(tf="2.21.0", cuda="12.5", timeout=180)
+                    texts.append(text.format(tf="2.21.0", cuda="12.5", timeout=180, index=1,
+                                             reasons="HW Slowdown", current=1, maximum=16)
                                  if "{" in text else text)
     texts += [e.fix for e in cudaerrors.ERRORS.values() if e.fix]
     return list(dict.fromkeys(texts))

@@ -60,6 +60,71 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# nvmlClocksEventReasons bits with nvidia-smi's words (`nvidia-smi -q -d PERFORMANCE`).
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "Idle", 0x2: "Applications Clocks Setting", 0x4: "SW Power Cap",
+    0x8: "HW Slowdown", 0x10: "Sync Boost", 0x20: "SW Thermal Slowdown",
+    0x40: "HW Thermal Slowdown", 0x80: "HW Power Brake Slowdown",
+    0x100: "Display Clock Setting",
+}
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """nvmlDeviceGetRemappedRows: rows remapped for correctable and uncorrectable errors, a
+    remapping waiting for a reset, and a remapping that failed."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """What `nvidia-smi -q` shows about a GPU's health, each field on its own ("could not
+    collect (Not Supported)" on boards without it, e.g. ECC on GeForce)."""
+
+    # Uncorrectable ECC errors: since the driver loaded (volatile) and over the board's life.
+    ecc_volatile_uncorrected: Probed[int] = field(default_factory=Probed)
+    ecc_aggregate_uncorrected: Probed[int] = field(default_factory=Probed)
+    retired_pages_pending: Probed[bool] = field(default_factory=Probed)  # before Ampere
+    remapped_rows: Probed[RemappedRows] = field(default_factory=Probed)  # Ampere and later
+    display_active: Probed[bool] = field(default_factory=Probed)
+    persistence_mode: Probed[bool] = field(default_factory=Probed)
+    clock_events: Probed[tuple[str, ...]] = field(default_factory=Probed)  # nvidia-smi words
+    pcie_current: Probed[tuple[int, int]] = field(default_factory=Probed)  # generation, width
+
+
+def _health(nvml: Any, handle: Any) -> GpuHealth:
+    def ecc(counter: int) -> int:
+        # NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1; NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1
+        return int(nvml.nvmlDeviceGetTotalEccErrors(handle, 1, counter))
+
+    def remapped() -> RemappedRows:
+        corr, unc, pending, failure = nvml.nvmlDeviceGetRemappedRows(handle)
+        return RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
+
+    def clock_events() -> tuple[str, ...]:
+        getter = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # drivers before 535
+        mask = int(getter(handle))
+        return tuple(word for bit, word in CLOCK_EVENT_REASONS.items() if mask & bit)
+
+    return GpuHealth(
+        ecc_volatile_uncorrected=probe(lambda: ecc(0)),
+        ecc_aggregate_uncorrected=probe(lambda: ecc(1)),
+        retired_pages_pending=probe(
+            lambda: int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)) == 1),
+        remapped_rows=probe(remapped),
+        display_active=probe(lambda: int(nvml.nvmlDeviceGetDisplayActive(handle)) == 1),
+        persistence_mode=probe(lambda: int(nvml.nvmlDeviceGetPersistenceMode(handle)) == 1),
+        clock_events=probe(clock_events),
+        pcie_current=probe(lambda: (int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)),
+                                    int(nvml.nvmlDeviceGetCurrPcieLinkWidth(handle)))),
+    )
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """One GPU as NVML reports it. `index` is the nvidia-smi index."""
@@ -83,6 +148,7 @@ class GpuInfo:
     pcie_link: Probed[tuple[int, int]] = field(default_factory=Probed)
     nvlinks: Probed[int] = field(default_factory=Probed)
     nvlink_version: Probed[int] = field(default_factory=Probed)
+    health: GpuHealth = field(default_factory=GpuHealth)
 
 
 @dataclass(frozen=True)
@@ -217,6 +283,7 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         pcie_link=probe(pcie_link),
         nvlinks=probe(nvlinks),
         nvlink_version=probe(lambda: int(nvml.nvmlDeviceGetNvLinkVersion(handle, 0))),
+        health=_health(nvml, handle),
     )
 
 

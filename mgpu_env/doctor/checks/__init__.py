@@ -67,6 +67,7 @@ from mgpu_env.doctor.checks.gpus import (
 )
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
 from mgpu_env.doctor.checks.containerview import check_container_view
+from mgpu_env.doctor.checks.health import check_health
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
 from mgpu_env.doctor.checks.run import ALL_CHECKS, run_checks
@@ -98,6 +99,7 @@ __all__ = [
     "check_driver_cuda",
     "check_driver_version",
     "check_gpu",
+    "check_health",
     "check_keras",
     "check_libdevice",
     "check_memlock",

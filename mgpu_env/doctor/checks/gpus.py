@@ -290,8 +290,17 @@ def check_uniform(facts: Facts) -> Check:
                      skipped_for=fewer_than_two_gpus(facts))
     kinds = {(g.name, g.compute_capability.value) for g in facts.selected}
     found = gpu_names(facts.selected)
-    if len(kinds) == 1:
+    memory = {g.memory_total_mib.value for g in facts.selected if g.memory_total_mib.ok}
+    if len(kinds) == 1 and len(memory) <= 1:
         return Check("gpu.uniform", title, "ok", found, expected)
+    if len(kinds) == 1:
+        # Same model, different memory (40 and 80 GB boards of one name, a MIG slice):
+        # every replica's batch must fit the smallest.
+        sizes = ", ".join(f"GPU {g.index}: {g.memory_total_mib.value} MiB"
+                          for g in facts.selected if g.memory_total_mib.ok)
+        return Check("gpu.uniform", title, "warn", f"{found}; memory {sizes}", expected,
+                     "every replica's batch must fit the smallest GPU: choose GPUs of one "
+                     "memory size with GPUS=...")
     return Check("gpu.uniform", title, "warn", found, expected,
                  "every step waits for the slowest GPU: choose identical GPUs with GPUS=...")
 

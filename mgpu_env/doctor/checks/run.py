@@ -39,6 +39,7 @@ from mgpu_env.doctor.checks.gpus import (
 )
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
 from mgpu_env.doctor.checks.containerview import check_container_view
+from mgpu_env.doctor.checks.health import check_health
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
@@ -63,6 +64,7 @@ ALL_CHECKS: tuple[CheckFunction, ...] = (
     check_versions,
     check_keras,
     gpu_checks,
+    check_health,
     check_mixed_precision,
     check_uniform,
     check_topology,
