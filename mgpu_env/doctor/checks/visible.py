@@ -15,7 +15,7 @@ from mgpu_env.doctor.checks.common import (
     wants_gpus,
 )
 from mgpu_env.doctor.checks.driver import driver_failure
-from mgpu_env.doctor.checks.libraries import library_cause
+from mgpu_env.doctor.checks.libraries import library_cause, search_path_cause
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import tflog
 from mgpu_env.hardware.devices import visible_gpus
@@ -90,8 +90,10 @@ def _root_cause(facts: Facts) -> tuple[str, str] | None:
     if api is not None and api.init_code not in (None, 0):
         return driver_failure(facts, api.init_code, api.library)
     tf = facts.tensorflow
-    return library_cause(facts) or (tflog.explain(tf.log) if tf is not None and tf.log
-                                    else None)
+    ignored = tflog.explain(tf.log) if tf is not None and tf.log else None
+    if ignored is not None and ignored[0].startswith("TensorFlow ignores GPU"):
+        return ignored  # TensorFlow's own words for the GPU it left out
+    return library_cause(facts) or search_path_cause(facts) or ignored
 
 
 def check_tf_devices(facts: Facts) -> Check:
