@@ -14,8 +14,8 @@ import pytest
 
 from mgpu_env.config.errors import RunFailed
 from mgpu_env.doctor import facts as probes
-from mgpu_env.doctor import require_ready, run_checks
-from mgpu_env.doctor.checks import check_nvml
+from mgpu_env.doctor import require_ready
+from mgpu_env.doctor.checks import check_nvml, run_checks
 from mgpu_env.doctor.checks.nvmlcause import FIX_CAPABILITIES, FIX_MODULE_NOT_LOADED, FIX_NOUVEAU
 from mgpu_env.hardware import nvidiahost, nvml, nvmlerrors
 from mgpu_env.hardware.nvml import Probed
@@ -133,7 +133,7 @@ def test_no_permission_on_the_device_files(use_fake_nvml: Install, tmp_path: Pat
     root = machine_root(tmp_path, device_mode=0o660, device_gid=44)
     check = _judged(pynvml.NVML_ERROR_NO_PERMISSION, root, use_fake_nvml)
     group = nvidiahost._group_name(44)
-    assert f"/dev/nvidiactl (crw-rw----" not in check.found  # type: ignore[attr-defined]
+    assert "/dev/nvidiactl (crw-rw----" not in check.found  # type: ignore[attr-defined]
     assert f"/dev/nvidiactl (-rw-rw---- group {group})" in check.found  # type: ignore[attr-defined]
     assert f"sudo usermod -aG {group} $USER" in check.fix  # type: ignore[attr-defined]
     root_user = _judged(pynvml.NVML_ERROR_NO_PERMISSION, root, use_fake_nvml, uid=0)

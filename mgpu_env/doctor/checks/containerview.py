@@ -9,7 +9,7 @@ CUDA images set `compute,utility` themselves.
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import Check, Skipped, Status, no_gpu, wants_gpus
+from mgpu_env.doctor.checks.common import Check, Skipped, Status, check, no_gpu, wants_gpus
 from mgpu_env.doctor.checks.nvmlcause import gpus_on_machine
 from mgpu_env.doctor.facts import Facts
 
@@ -45,13 +45,15 @@ def _visible_devices(facts: Facts, value: str) -> tuple[Status, str, str] | None
                 "start the container with NVIDIA_VISIBLE_DEVICES=all (or `--gpus all`), or set "
                 "GPUS=none to train on the CPU on purpose")
     uuids = {g.uuid.lower() for g in facts.gpus}
+    # The host's GPUs by index: as many as the kernel shows, or NVML counts.
+    known = max(len(facts.host.nvidia.gpu_bus_ids),
+                len(facts.gpus) + len(facts.nvml.listing.failed))
     absent = []
     for item in (i.strip() for i in text.split(",") if i.strip()):
         if item.startswith(("gpu-", "mig-")):
             if not any(u.startswith(item) for u in uuids):
                 absent.append(item)
-        elif item.split(":")[0].isdigit() and int(item.split(":")[0]) >= max(
-                len(facts.host.nvidia.gpu_bus_ids), len(facts.gpus) + len(facts.nvml.listing.failed)):
+        elif item.split(":")[0].isdigit() and int(item.split(":")[0]) >= known:
             absent.append(item)
     if not absent:
         return None
@@ -62,6 +64,7 @@ def _visible_devices(facts: Facts, value: str) -> tuple[Status, str, str] | None
             "UUIDs), or use NVIDIA_VISIBLE_DEVICES=all and choose with GPUS=")
 
 
+@check(60)
 def check_container_view(facts: Facts) -> Check:
     title = "Container GPUs"
     expected = ("NVIDIA_DRIVER_CAPABILITIES with compute (and utility), "
@@ -72,8 +75,9 @@ def check_container_view(facts: Facts) -> Check:
     env = facts.environ
     raw = env.get("NVIDIA_DRIVER_CAPABILITIES")
     given, unknown = capabilities(raw)
-    shown = (f"NVIDIA_DRIVER_CAPABILITIES={raw if raw is not None else 'unset (' + TOOLKIT_DEFAULT + ')'}"
-             f", NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES', 'unset')}")
+    caps_text = raw if raw is not None else f"unset ({TOOLKIT_DEFAULT})"
+    shown = (f"NVIDIA_DRIVER_CAPABILITIES={caps_text}, "
+             f"NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES', 'unset')}")
     if not wants_gpus(facts):
         return Check("container.gpus", title, "skip", shown, "not needed with GPUS=none",
                      skipped_for=no_gpu(facts))

@@ -6,6 +6,7 @@ from mgpu_env.doctor.checks.common import (
     FIX_DRIVER_IN_CONTAINER,
     Check,
     Status,
+    check,
     expected_tf_gpus,
     gpu_compose_file,
     no_gpu,
@@ -27,6 +28,7 @@ FIX_NVML_LOST = (
 )
 
 
+@check(10, preflight=True)
 def check_nvml(facts: Facts) -> Check:
     snapshot = facts.nvml
     listing = snapshot.listing
@@ -98,6 +100,7 @@ def _nvml_failed(facts: Facts, found: str) -> Check:
     return Check("driver.nvml", title, status, found + consequence, "NVML loads", fix)
 
 
+@check(20, preflight=True)
 def check_driver_version(facts: Facts) -> Check:
     title = "Driver version"
     row = target_build(facts)
@@ -137,6 +140,7 @@ def check_driver_version(facts: Facts) -> Check:
     )
 
 
+@check(30, preflight=True)
 def check_driver_cuda(facts: Facts) -> Check:
     title = "Driver CUDA"
     row = target_build(facts)
@@ -232,6 +236,7 @@ def _summary(api: DriverApi | None) -> str:
     return "cuInit ok"
 
 
+@check(40)
 def check_cuda_driver(facts: Facts) -> Check:
     """cuInit in a process with the run's environment: which libcuda.so.1, its result code,
     and as many GPUs as NVML (and GPUS) say."""

@@ -6,7 +6,7 @@ report is "could not collect (why)", never a failure."""
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import Check, Status, no_gpu
+from mgpu_env.doctor.checks.common import Check, Status, check, no_gpu
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.nvml import GpuHealth, GpuInfo
 
@@ -80,6 +80,7 @@ def _unknown(h: GpuHealth) -> list[str]:
     return unknown
 
 
+@check(180, preflight=True)
 def check_health(facts: Facts) -> Check | list[Check]:
     expected = "no uncorrectable ECC error, nothing pending a reset, full clocks and link"
     gpus = facts.selected

@@ -14,6 +14,7 @@ from mgpu_env.doctor.checks.common import (
     TF_SKIPPED,
     Check,
     Status,
+    check,
     no_gpu,
 )
 from mgpu_env.doctor.facts import Facts
@@ -161,6 +162,7 @@ def search_path_cause(facts: Facts) -> tuple[str, str] | None:
     return None
 
 
+@check(90)
 def check_tf_libraries(facts: Facts) -> Check:
     """The CUDA library files TensorFlow really loaded, against the NVIDIA wheels its
     RUNPATH points to; names what shadowed them and how to remove it."""

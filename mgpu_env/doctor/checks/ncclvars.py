@@ -3,7 +3,7 @@ documents, names NCCL knows (`mgpu_env.hardware.ncclenv` holds the model)."""
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import Check, fewer_than_two_gpus
+from mgpu_env.doctor.checks.common import Check, check, fewer_than_two_gpus
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import ncclenv
 
@@ -11,6 +11,7 @@ TITLE = "NCCL variables"
 EXPECTED = "every NCCL_* variable names this machine's devices and a value NCCL knows"
 
 
+@check(120)
 def check_nccl_variables(facts: Facts) -> Check | list[Check]:
     nccl = facts.nccl
     if nccl is None:

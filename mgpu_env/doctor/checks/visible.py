@@ -8,6 +8,7 @@ from mgpu_env.doctor.checks.common import (
     TF_NOT_PROBED,
     TF_SKIPPED,
     Check,
+    check,
     expected_tf_gpus,
     gpu_names,
     no_gpu,
@@ -21,6 +22,7 @@ from mgpu_env.hardware import tflog
 from mgpu_env.hardware.devices import visible_gpus
 
 
+@check(230, preflight=True)
 def check_request(facts: Facts) -> Check:
     title = "GPUS request"
     count = len(facts.gpus)
@@ -56,6 +58,7 @@ def check_request(facts: Facts) -> Check:
     return Check("visible.request", title, "ok", found, expected)
 
 
+@check(240)
 def check_visibility_env(facts: Facts) -> Check:
     title = "Visible devices"
     env = facts.environ
@@ -96,6 +99,7 @@ def _root_cause(facts: Facts) -> tuple[str, str] | None:
     return library_cause(facts) or search_path_cause(facts) or ignored
 
 
+@check(250, preflight=True)
 def check_tf_devices(facts: Facts) -> Check:
     title = "TensorFlow GPUs"
     tf = facts.tensorflow
