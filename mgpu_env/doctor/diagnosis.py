@@ -7,17 +7,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
+import mgpu_env.doctor.facts as probes
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import SettingError, SettingsErrors
-from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import ALL_CHECKS, run_checks
-from mgpu_env.doctor.facts import Facts
+from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.doctor.verdict import Report
 from mgpu_env.hardware import cudadriver, cudalibs, nvml, tfprobe
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
+from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime, build_runtime
@@ -76,14 +77,7 @@ def gather_with_runtime(
         cuda = (collect_cuda or cudalibs.collect)(child_environ)
     settings = resolved.settings
     host = probes.probe_host()
-    docker = None
-    if not host.in_container.value and probes.gpu_compose_selected(
-            environ, resolved.env_file_values):
-        docker = probes.probe_docker()
-    p2p = None
-    if selection is not None and len(selection.gpus) >= 2:
-        p2p = probes.probe_p2p(tuple(g.pci_bus_id.value for g in selection.gpus
-                                     if g.pci_bus_id.ok and g.pci_bus_id.value))
+    docker, p2p = _docker_and_p2p(host, selection, resolved, environ)
     return runtime, Facts(
         request=resolved.settings.gpus,
         nvml=snapshot,
@@ -106,6 +100,23 @@ def gather_with_runtime(
         p2p=p2p,
         nccl=probes.probe_nccl(environ),
     )
+
+
+def _docker_and_p2p(
+    host: HostFacts, selection: GpuSelection | None, resolved: ResolvedSettings,
+    environ: Mapping[str, str],
+) -> tuple[Probed[DockerGpu] | None, P2pHost | None]:
+    """Docker's GPU support where the GPU compose file is selected on a host; the host's
+    P2P facts where two GPUs or more are used."""
+    docker = None
+    if not host.in_container.value and probes.gpu_compose_selected(
+            environ, resolved.env_file_values):
+        docker = probes.probe_docker()
+    p2p = None
+    if selection is not None and len(selection.gpus) >= 2:
+        p2p = probes.probe_p2p(tuple(g.pci_bus_id.value for g in selection.gpus
+                                     if g.pci_bus_id.ok and g.pci_bus_id.value))
+    return docker, p2p
 
 
 def gather(
@@ -153,7 +164,7 @@ def diagnose(
     runtime, facts = gather_with_runtime(resolved, environ, with_tensorflow=with_tensorflow)
     smoke_result = None
     if smoke:
-        from mgpu_env.doctor import smoke as smoke_job
+        import mgpu_env.doctor.smoke as smoke_job
 
         smoke_result = smoke_job.run(runtime, environ, smoke_timeout_s, p2p=facts.p2p)
     return Report(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)

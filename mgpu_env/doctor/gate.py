@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
+import mgpu_env.doctor.facts as probes
 from mgpu_env.config.errors import ConfigError, RunFailed
-from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import (
     PREFLIGHT_CHECKS,
     Check,

@@ -24,7 +24,7 @@ from typing import Any
 from mgpu_env.about import About, about
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import BY_ENV
-from mgpu_env.doctor import Report
+from mgpu_env.doctor.verdict import Report
 from mgpu_env.hardware.nvml import Probed, probe
 
 MASK = "****"

@@ -10,15 +10,15 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Iterable
+from pathlib import Path
 
-from mgpu_env.doctor import checks as _package
 from mgpu_env.doctor.checks.common import REGISTRY, Check, CheckFunction
 from mgpu_env.doctor.facts import Facts
 
 _NOT_TOPICS = {"common", "run"}
-for _module in pkgutil.iter_modules(_package.__path__):
+for _module in pkgutil.iter_modules([str(Path(__file__).parent)]):
     if _module.name not in _NOT_TOPICS:
-        importlib.import_module(f"{_package.__name__}.{_module.name}")
+        importlib.import_module(f"{__package__}.{_module.name}")
 
 
 def registered(*, preflight: bool = False) -> tuple[CheckFunction, ...]:
