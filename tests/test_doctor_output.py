@@ -20,7 +20,8 @@ from entrypoint.doctor import render
 from mgpu_env.doctor import Report, checks, smoke
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import Check
-from mgpu_env.hardware import cudaerrors, tflog, tfprobe
+from mgpu_env.hardware import cudaerrors
+from mgpu_env.tfprobes import tflog, tfprobe
 from tests.support.fake_doctor import healthy_host, make_facts, tf_facts, versions
 from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 

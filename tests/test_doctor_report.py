@@ -16,8 +16,8 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import SCHEMA_VERSION, Report, diagnose
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import report as bug
-from mgpu_env.hardware import tfprobe
-from mgpu_env.hardware.tfprobe import TfFacts
+from mgpu_env.tfprobes import tfprobe
+from mgpu_env.tfprobes.tfprobe import TfFacts
 from tests.support.fake_doctor import healthy_host, tf_facts, versions
 from tests.support.fake_nvml import FakeNvml, fake_with
 

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable
 
 from mgpu_env.doctor.checks import check_tf_devices
-from mgpu_env.hardware import tflog
+from mgpu_env.tfprobes import tflog
 from tests.support.fake_doctor import WHEELS, make_facts, tf_facts
 from tests.support.fake_nvml import FakeNvml, fake_with
 

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env.hardware import tfprobe
+from mgpu_env.tfprobes import tfprobe
 from tests.support.fake_doctor import tf_facts
 from tests.support.fake_nvml import FakeNvml, fake_with
 

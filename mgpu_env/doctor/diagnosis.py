@@ -14,14 +14,15 @@ from mgpu_env.config.settings import SettingError, SettingsErrors
 from mgpu_env.doctor.checks import ALL_CHECKS, run_checks
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.doctor.verdict import Report
-from mgpu_env.hardware import cudadriver, cudalibs, nvml, tfprobe
+from mgpu_env.hardware import cudadriver, cudalibs, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
 from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import Probed
-from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime, build_runtime
+from mgpu_env.tfprobes import tfprobe
+from mgpu_env.tfprobes.tfprobe import TfFacts
 
 
 def _decide(

@@ -25,7 +25,6 @@ from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
 from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
-from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime.cluster import decide_cluster
 from mgpu_env.runtime.cluster.peers import PeerStatus, probe_peers
 from mgpu_env.runtime.keras import (
@@ -35,6 +34,7 @@ from mgpu_env.runtime.keras import (
     choose_keras,
     tf_keras_installed,
 )
+from mgpu_env.tfprobes.tfprobe import TfFacts
 
 # Environment variables the report shows as they were before mgpu changed anything.
 REPORTED_VARIABLES = (

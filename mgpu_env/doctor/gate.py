@@ -18,11 +18,12 @@ from mgpu_env.doctor.checks import (
     run_checks,
 )
 from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.hardware import cudalibs, hostgpus, nvml, tfprobe
+from mgpu_env.hardware import cudalibs, hostgpus, nvml
 from mgpu_env.hardware.cudalibs import CudaStack
-from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
+from mgpu_env.tfprobes import tfprobe
+from mgpu_env.tfprobes.tfprobe import TfFacts
 
 
 def preflight(

@@ -24,10 +24,11 @@ from typing import Any
 
 import mgpu_env.doctor.links as links
 from mgpu_env.doctor.checks.host import FIX_P2P, FIX_P2P_VM
-from mgpu_env.hardware import childprobe, tflog
+from mgpu_env.hardware import childprobe
 from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.runtime import Execution, Runtime
 from mgpu_env.runtime.strategy import StrategyPlan
+from mgpu_env.tfprobes import tflog
 
 JSON_MARKER = "MGPU_SMOKE_JSON "
 # TensorFlow's import and the first XLA compilation take most of it; a healthy job is done

@@ -26,8 +26,9 @@ import mgpu_env
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import Report, diagnose
 from mgpu_env.doctor import facts as probes
-from mgpu_env.hardware import cudalibs, nvml, tfprobe
+from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.hardware.nvml import Probed
+from mgpu_env.tfprobes import tfprobe
 from tests.catalogue.threads import Thread
 from tests.support.fake_nvml import FakeGpu, FakeNvml
 from tests.support.fakecuda import build_cuda_library, build_libcuda, build_library, build_site

@@ -18,8 +18,8 @@ from mgpu_env.doctor.checks.common import (
 from mgpu_env.doctor.checks.driver import driver_failure
 from mgpu_env.doctor.checks.libraries import library_cause, search_path_cause
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.hardware import tflog
 from mgpu_env.hardware.devices import visible_gpus
+from mgpu_env.tfprobes import tflog
 
 
 @check(230, preflight=True)

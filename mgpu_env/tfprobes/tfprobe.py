@@ -18,12 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpu_env.hardware import childprobe, cudalibs, tflog
+from mgpu_env.hardware import childprobe, cudalibs
 from mgpu_env.hardware.cudalibs import (  # cudalibs decodes every library's version
     decode_cudnn_version as decode_cudnn_version,
 )
 from mgpu_env.hardware.nvml import Probed, probe
-from mgpu_env.hardware.tfimport import import_tensorflow
+from mgpu_env.tfprobes import tflog
+from mgpu_env.tfprobes.tfimport import import_tensorflow
 
 JSON_MARKER = "MGPU_TFPROBE_JSON "
 DEFAULT_TIMEOUT_S = 300.0
@@ -224,7 +225,7 @@ def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) ->
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"
     env["MGPU_DEBUG"] = "1"
     visibility = {k: env[k] for k in VISIBILITY_VARIABLES if k in env}
-    done = childprobe.run([sys.executable, "-m", "mgpu_env.hardware.tfprobe"], env,
+    done = childprobe.run([sys.executable, "-m", "mgpu_env.tfprobes.tfprobe"], env,
                           marker=JSON_MARKER, timeout_s=timeout_s)
     if done.start_error is not None:
         return failed(done.start_error, visibility)
