@@ -124,7 +124,16 @@ def proc_gpus(root: Path) -> tuple[str, ...]:
     return tuple(sorted(p.name for p in folder.iterdir())) if folder.is_dir() else ()
 
 
-def _group_name(gid: int) -> str:
+def _group_name(gid: int, root: Path = Path("/")) -> str:
+    """The group's name as this machine (or container) names it: its /etc/group, else the
+    system's lookup (NSS), else the number."""
+    try:
+        for line in (root / "etc/group").read_text().splitlines():
+            parts = line.split(":")
+            if len(parts) >= 3 and parts[2] == str(gid):
+                return parts[0]
+    except OSError:
+        pass
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:
@@ -152,12 +161,12 @@ def device_files(root: Path, uid: int, gids: tuple[int, ...]) -> tuple[DeviceFil
             continue
         info = path.stat()
         files.append(DeviceFile(path.name, stat.filemode(info.st_mode),
-                                _group_name(info.st_gid), _can_open(info, uid, gids)))
+                                _group_name(info.st_gid, root), _can_open(info, uid, gids)))
     return tuple(files)
 
 
-def groups(gids: tuple[int, ...]) -> tuple[str, ...]:
-    return tuple(sorted({_group_name(g) for g in gids}))
+def groups(gids: tuple[int, ...], root: Path = Path("/")) -> tuple[str, ...]:
+    return tuple(sorted({_group_name(g, root) for g in gids}))
 
 
 def nvml_library(root: Path) -> str | None:
@@ -184,6 +193,6 @@ def collect(
         pci_gpus=probe(lambda: pci_gpus(root)),
         proc_gpus=probe(lambda: proc_gpus(root)),
         device_files=probe(lambda: device_files(root, uid, gids)),
-        groups=probe(lambda: groups(gids)),
+        groups=probe(lambda: groups(gids, root)),
         nvml_library=probe(lambda: nvml_library(root)),
     )

@@ -21,6 +21,7 @@ def machine_root(
     root: Path, *, gpus: Iterable[str] = BUS_IDS[:2], kernel: str | None = DRIVER,
     modules: Iterable[str] = ("nvidia", "nvidia_modeset", "nvidia_uvm"),
     library: str | None = DRIVER, device_mode: int = 0o666, device_gid: int = 0,
+    interfaces: Iterable[str] = ("eno1", "lo"),
 ) -> Path:
     """Lay out `root`. `kernel` None: no nvidia module answers in /proc/driver/nvidia;
     `library` None: no libnvidia-ml.so mapped."""
@@ -45,6 +46,8 @@ def machine_root(
             (proc / "driver/nvidia/gpus" / bus).mkdir()
     (proc / "modules").write_text("".join(_MODULE_LINE.format(name=m) + "\n" for m in (
         "ext4", *modules)))
+    (root / "etc").mkdir()
+    (root / "etc/group").write_text("root:x:0:\nvideo:x:44:\nrender:x:105:\nuser:x:1000:\n")
     dev = root / "dev"
     dev.mkdir()
     names = ["nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(len(gpus)))]
@@ -60,4 +63,6 @@ def machine_root(
         (folder / "libnvidia-ml.so.1").symlink_to(versioned.name)
         maps.append(f"7f1c2a000000-7f1c2a100000 r-xp 00000000 08:01 43 {versioned}")
     (proc / "self/maps").write_text("\n".join(maps) + "\n")
+    for name in interfaces:
+        (root / "sys/class/net" / name).mkdir(parents=True)
     return root

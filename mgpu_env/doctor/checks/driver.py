@@ -15,7 +15,12 @@ from mgpu_env.doctor.checks.common import (
     wants_gpus,
 )
 from mgpu_env.doctor.checks.containerview import FIX_COMPUTE
-from mgpu_env.doctor.checks.nvmlcause import failed_devices, gpus_on_machine, nvml_failure
+from mgpu_env.doctor.checks.nvmlcause import (
+    failed_devices,
+    gpus_on_machine,
+    nvml_failure,
+    permission_cause,
+)
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat, cudaerrors, hostgpus
 from mgpu_env.hardware.cudadriver import DriverApi
@@ -210,7 +215,11 @@ def driver_failure(facts: Facts, code: int, library: str | None) -> tuple[str, s
     known = cudaerrors.describe(code)
     cause, fix = known.cause, known.fix
     path = library or ""
-    if code in (999, 303, 304):
+    blocked = permission_cause(facts.host.nvidia)
+    if code in (100, 304, 999) and blocked is not None:
+        # No permission on /dev/nvidia*: CUDA sees no device it may open.
+        cause, fix = f"{known.cause}: {blocked.cause}", blocked.fix
+    elif code in (999, 303, 304):
         uvm = _uvm_text(facts)
         if _uvm_missing_in_container(facts):
             cause, fix = ("the container has no /dev/nvidia-uvm, which CUDA needs",

@@ -67,7 +67,8 @@ def _mismatch(host: NvidiaHost, in_container: bool) -> Cause | None:
                  nvmlerrors.describe(18).fix)
 
 
-def _permission(host: NvidiaHost) -> Cause | None:
+def permission_cause(host: NvidiaHost) -> Cause | None:
+    """The device files this user cannot open, with the group to join; None when none."""
     blocked = host.unusable_files
     if not blocked:
         return None
@@ -127,7 +128,7 @@ def nvml_failure(facts: Facts) -> Cause:
     gpus = gpus_on_machine(facts)
     known = nvmlerrors.describe(code) if code is not None else None
     found = (_mismatch(host, in_container)
-             or (_permission(host) if code in (4, 17, 999, None) else None)
+             or (permission_cause(host) if code in (4, 17, 999, None) else None)
              or (_no_driver(facts, gpus) if code in (9, 12, None) else None)
              or (_library_missing(facts) if code in (12, None) else None))
     if found is not None:
