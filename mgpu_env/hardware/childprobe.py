@@ -101,8 +101,8 @@ def run(
     try:
         process = subprocess.Popen(list(argv), env=dict(environ), stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
-    except OSError as err:
-        return ChildRun(None, start_error=f"could not start Python: {err}")
+    except OSError as error:
+        return ChildRun(None, start_error=f"could not start Python: {error}")
     out, err, state, readers = _read(process, progress)
     hung: str | None = None
     while process.poll() is None:

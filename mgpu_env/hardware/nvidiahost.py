@@ -48,13 +48,13 @@ class NvidiaHost:
     """What /proc, /sys and /dev say about the NVIDIA driver and GPUs. A default-built one
     knows nothing (every field unset), as in reports made before it existed."""
 
-    kernel_driver: Probed[str] = field(default_factory=Probed)  # None: no nvidia module
+    kernel_driver: Probed[str | None] = field(default_factory=Probed)  # None: no module
     modules: Probed[tuple[str, ...]] = field(default_factory=Probed)
     pci_gpus: Probed[tuple[str, ...]] = field(default_factory=Probed)  # bus ids
     proc_gpus: Probed[tuple[str, ...]] = field(default_factory=Probed)  # bus ids
     device_files: Probed[tuple[DeviceFile, ...]] = field(default_factory=Probed)
     groups: Probed[tuple[str, ...]] = field(default_factory=Probed)
-    nvml_library: Probed[str] = field(default_factory=Probed)  # None: none mapped
+    nvml_library: Probed[str | None] = field(default_factory=Probed)  # None: none mapped
 
     @property
     def gpu_bus_ids(self) -> tuple[str, ...]:

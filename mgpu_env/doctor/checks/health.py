@@ -6,9 +6,11 @@ report is "could not collect (why)", never a failure."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from mgpu_env.doctor.checks.common import Check, Status, check, no_gpu
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.hardware.nvml import GpuHealth, GpuInfo
+from mgpu_env.hardware.nvml import GpuHealth, GpuInfo, Probed
 
 FIX_RESET = ("reset the GPU while nothing runs on it (`sudo nvidia-smi -r -i {index}`) or "
              "reboot, so that the driver retires the pages / remaps the rows")
@@ -69,7 +71,7 @@ def _findings(gpu: GpuInfo) -> list[tuple[Status, str, str]]:
 
 
 def _unknown(h: GpuHealth) -> list[str]:
-    names = {"ECC": h.ecc_volatile_uncorrected, "display": h.display_active,
+    names: dict[str, Probed[Any]] = {"ECC": h.ecc_volatile_uncorrected, "display": h.display_active,
              "persistence": h.persistence_mode, "clocks": h.clock_events,
              "PCIe link": h.pcie_current}
     unknown = [f"{name} could not collect ({p.error})" for name, p in names.items() if not p.ok]
