@@ -91,3 +91,30 @@ def test_the_check_reads_the_machine(use_fake_nvml: Install, tmp_path: Path) -> 
     assert "NCCL_SOCKET_IFNAME='=ens5'" in checks[0].found and "eth0" in checks[0].found
     unset = dataclasses.replace(facts, nccl=probes.probe_nccl({}, tmp_path))
     assert check_nccl_variables(unset).status == "ok"  # type: ignore[union-attr]
+
+
+def test_only_a_warning_where_nccl_is_not_used(use_fake_nvml: Install, tmp_path: Path) -> None:
+    use_fake_nvml(fake_with(1))
+    environ = {"NCCL_SOCKET_IFNAME": "=ens5"}
+    facts = dataclasses.replace(make_facts("all", environ=environ),
+                                nccl=probes.probe_nccl(environ, tmp_path))
+    (check,) = check_nccl_variables(facts)  # type: ignore[misc]
+    assert check.status == "warn" and "(NCCL is not used by this run)" in check.found
+
+
+def test_the_preflight_stops_on_an_interface_this_machine_lacks(
+    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mgpu_env.config.resolve import resolve_settings
+    from mgpu_env.doctor import preflight
+    from mgpu_env.runtime import build_runtime
+    from mgpu_env.tfprobes import tfprobe
+    from tests.support.fake_doctor import tf_facts
+
+    use_fake_nvml(fake_with(2))
+    monkeypatch.setattr(tfprobe, "collect_in_process", lambda: tf_facts(gpus=2))
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=no-such-interface0")
+    runtime = build_runtime(resolve_settings({"GPUS": "0,1"}, {}), command="train")
+    runtime.apply()
+    (failed,) = preflight(runtime)
+    assert failed.id == "nccl.variables.NCCL_SOCKET_IFNAME" and failed.status == "error"

@@ -17,7 +17,7 @@ from mgpu_env.doctor.checks import (
     check_request,
     run_checks,
 )
-from mgpu_env.doctor.facts import Facts, HostFacts
+from mgpu_env.doctor.facts import ClusterFacts, Facts, HostFacts
 from mgpu_env.hardware import cudalibs, hostgpus, nvml
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.runtime import Runtime
@@ -77,6 +77,9 @@ def preflight(
         cuda=cuda,
         xla=runtime.settings.xla,
         cross_device_ops=runtime.settings.cross_device_ops,
+        nccl=probes.probe_nccl(os.environ),
+        cluster=(ClusterFacts(runtime.cluster.describe()) if runtime.cluster is not None
+                 else ClusterFacts()),
     )
     results = run_checks(facts, checks)
     return failing + [

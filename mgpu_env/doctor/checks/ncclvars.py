@@ -11,7 +11,7 @@ TITLE = "NCCL variables"
 EXPECTED = "every NCCL_* variable names this machine's devices and a value NCCL knows"
 
 
-@check(120)
+@check(120, preflight=True)
 def check_nccl_variables(facts: Facts) -> Check | list[Check]:
     nccl = facts.nccl
     if nccl is None:
@@ -25,5 +25,11 @@ def check_nccl_variables(facts: Facts) -> Check | list[Check]:
     if not findings:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(nccl.environ.items()))
         return Check("nccl.variables", TITLE, "ok", shown, EXPECTED)
-    return [Check(f"nccl.variables.{f.name}", TITLE, "error" if f.status == "error" else "warn",
-                  f"{f.name}={f.value!r}: {f.problem}", EXPECTED, f.fix) for f in findings]
+    # NCCL runs where 2+ GPUs all-reduce (or workers talk): there a wrong value stops the
+    # first all-reduce; elsewhere it is only a warning about a setting nothing reads.
+    used = len(facts.selected) >= 2 or facts.cluster.cluster is not None
+    return [Check(f"nccl.variables.{f.name}", TITLE,
+                  "error" if f.status == "error" and used else "warn",
+                  f"{f.name}={f.value!r}: {f.problem}"
+                  + ("" if used or f.status != "error" else " (NCCL is not used by this run)"),
+                  EXPECTED, f.fix) for f in findings]
