@@ -219,3 +219,21 @@ def test_lock_lines_for_other_platforms_are_not_expected_here(tmp_path: Path) ->
         "tzdata==2026.6 ; sys_platform != 'win32'\n"
     )
     assert read_lock(lock) == {"numpy": "2.4.6", "tzdata": "2026.6"}
+
+
+def test_report_has_the_kernels_side(
+    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from mgpu_env.hardware import nvidiahost
+    from tests.support.fakemachine import machine_root
+
+    root = machine_root(tmp_path / "machine", kernel="550.54.15", library="550.90.07")
+    monkeypatch.setattr(probes, "probe_host", lambda: healthy_host(
+        nvidia=nvidiahost.collect(root)))
+    use_fake_nvml(FakeNvml(init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH))
+    report = make_report(monkeypatch, {}, tmp_path)
+    assert report.driver["driver"].startswith("could not collect (NVML could not start")
+    assert report.driver["kernel module"] == "550.54.15"
+    assert report.driver["NVML library"].endswith("libnvidia-ml.so.550.90.07")
+    assert report.driver["GPUs on the PCI bus"] == "0000:18:00.0, 0000:3b:00.0"
+    assert report.driver["modules"] == "nvidia, nvidia_modeset, nvidia_uvm"
