@@ -9,7 +9,7 @@ import typer
 from entrypoint import bench, doctor, run, train
 from entrypoint.options import DEBUG
 from mgpu_env.about import about
-from mgpu_env.hardware import tfimport
+from mgpu_env.tfprobes import tfimport
 
 app = typer.Typer(
     name="mgpu",

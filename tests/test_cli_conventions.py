@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.config.resolve import likely_setting, resolve_settings
 from mgpu_env.config.settings import DECLARATIONS
-from mgpu_env.hardware import tfimport
+from mgpu_env.tfprobes import tfimport
 
 WIDE = {"COLUMNS": "250"}
 

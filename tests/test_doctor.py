@@ -172,7 +172,7 @@ def test_cudnn_without_a_gpu(use_fake_nvml: Install) -> None:
 
 
 def test_tensorflow_does_not_import(use_fake_nvml: Install) -> None:
-    from mgpu_env.hardware import tfprobe
+    from mgpu_env.tfprobes import tfprobe
 
     use_fake_nvml(fake_with(1))
     results = by_id(make_facts("all", tf=tfprobe.failed("TensorFlow does not import: boom")))
@@ -460,7 +460,7 @@ def test_preflight_none_asks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_preflight_no_gpu_does_not_import_tensorflow(
     use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.hardware import tfprobe
+    from mgpu_env.tfprobes import tfprobe
 
     use_fake_nvml(fake_with(0))
     monkeypatch.setattr(tfprobe, "collect_in_process", lambda: pytest.fail("imported TF"))

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from mgpu_env.doctor import facts as probes
-from mgpu_env.hardware import tfprobe
 from mgpu_env.hardware.nvml import Probed
-from mgpu_env.hardware.tfprobe import TfFacts
+from mgpu_env.tfprobes import tfprobe
+from mgpu_env.tfprobes.tfprobe import TfFacts
 from tests.support.fake_doctor import healthy_host, tf_facts, versions
 from tests.support.fake_nvml import FakeNvml, fake_with
 

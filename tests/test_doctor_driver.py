@@ -135,7 +135,11 @@ def test_fewer_gpus_than_nvml(use_fake_nvml: Install, tmp_path: Path) -> None:
     assert status == "error" and "asks for 2 (NVML lists 2)" in found
 
 
-def test_not_probed_without_gpus(use_fake_nvml: Install) -> None:
+def test_probed_without_gpus_but_skipped_on_a_cpu_machine(use_fake_nvml: Install) -> None:
+    # Issue 33: the driver API is always asked, NVML or not; a machine without any NVIDIA
+    # GPU (NVML, the PCI bus, /proc) is no fault of CUDA's.
     use_fake_nvml(fake_with(0))
     facts = make_facts("all", tf=tf_facts(0))
-    assert facts.cuda_driver is None and check_cuda_driver(facts).status == "skip"
+    check = check_cuda_driver(facts)
+    assert facts.cuda_driver is not None and check.status == "skip"
+    assert check.found == "cuInit ok (no NVIDIA GPU on this machine)"

@@ -13,8 +13,9 @@ import pytest
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import Report, diagnose
 from mgpu_env.doctor import facts as probes
-from mgpu_env.hardware import cudadriver, cudalibs, tfprobe
+from mgpu_env.hardware import cudadriver, cudalibs
 from mgpu_env.hardware.cudalibs import elf_runpath
+from mgpu_env.tfprobes import tfprobe
 from tests.support.fake_doctor import healthy_host, versions
 from tests.support.fake_nvml import FakeNvml, fake_with
 from tests.support.fakecuda import (

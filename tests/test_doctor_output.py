@@ -20,7 +20,8 @@ from entrypoint.doctor import render
 from mgpu_env.doctor import Report, checks, smoke
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import Check
-from mgpu_env.hardware import cudaerrors, tflog, tfprobe
+from mgpu_env.hardware import cudaerrors
+from mgpu_env.tfprobes import tflog, tfprobe
 from tests.support.fake_doctor import healthy_host, make_facts, tf_facts, versions
 from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 
@@ -52,7 +53,8 @@ def every_fix_constant() -> list[str]:
             values = value.values() if isinstance(value, dict) else [value]
             for text in values:
                 if isinstance(text, str):
-                    texts.append(text.format(tf="2.21.0", cuda="12.5", timeout=180)
+                    texts.append(text.format(tf="2.21.0", cuda="12.5", timeout=180, index=1,
+                                             reasons="HW Slowdown", current=1, maximum=16)
                                  if "{" in text else text)
     texts += [e.fix for e in cudaerrors.ERRORS.values() if e.fix]
     return list(dict.fromkeys(texts))

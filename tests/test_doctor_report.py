@@ -16,8 +16,8 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import SCHEMA_VERSION, Report, diagnose
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import report as bug
-from mgpu_env.hardware import tfprobe
-from mgpu_env.hardware.tfprobe import TfFacts
+from mgpu_env.tfprobes import tfprobe
+from mgpu_env.tfprobes.tfprobe import TfFacts
 from tests.support.fake_doctor import healthy_host, tf_facts, versions
 from tests.support.fake_nvml import FakeNvml, fake_with
 
@@ -219,3 +219,21 @@ def test_lock_lines_for_other_platforms_are_not_expected_here(tmp_path: Path) ->
         "tzdata==2026.6 ; sys_platform != 'win32'\n"
     )
     assert read_lock(lock) == {"numpy": "2.4.6", "tzdata": "2026.6"}
+
+
+def test_report_has_the_kernels_side(
+    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from mgpu_env.hardware import nvidiahost
+    from tests.support.fakemachine import machine_root
+
+    root = machine_root(tmp_path / "machine", kernel="550.54.15", library="550.90.07")
+    monkeypatch.setattr(probes, "probe_host", lambda: healthy_host(
+        nvidia=nvidiahost.collect(root)))
+    use_fake_nvml(FakeNvml(init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH))
+    report = make_report(monkeypatch, {}, tmp_path)
+    assert report.driver["driver"].startswith("could not collect (NVML could not start")
+    assert report.driver["kernel module"] == "550.54.15"
+    assert report.driver["NVML library"].endswith("libnvidia-ml.so.550.90.07")
+    assert report.driver["GPUs on the PCI bus"] == "0000:18:00.0, 0000:3b:00.0"
+    assert report.driver["modules"] == "nvidia, nvidia_modeset, nvidia_uvm"

@@ -13,10 +13,11 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from entrypoint.doctor import wrap_whole
 from mgpu_env.doctor import facts as probes
-from mgpu_env.hardware import cudalibs, tfprobe
+from mgpu_env.hardware import cudalibs
 from mgpu_env.hardware.cudalibs import LIBRARIES, CudaStack
 from mgpu_env.hardware.nvml import Probed
-from mgpu_env.hardware.tfprobe import TfFacts
+from mgpu_env.tfprobes import tfprobe
+from mgpu_env.tfprobes.tfprobe import TfFacts
 from tests.support.fake_doctor import cuda_stack, healthy_host, tf_facts, versions
 from tests.support.fake_nvml import FakeNvml, fake_with
 

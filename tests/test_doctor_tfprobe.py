@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env.hardware import tfprobe
 from mgpu_env.hardware.nvml import Probed
+from mgpu_env.tfprobes import tfprobe
 from tests.support.fake_doctor import tf_facts
 
 

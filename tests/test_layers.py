@@ -21,6 +21,8 @@ FORBIDDEN = {
     "config": ("mgpu_env.hardware", "mgpu_env.runtime", "mgpu_env.training", "mgpu_env.doctor",
                "mgpu_env.bench", "mgpu_env.launcher", "entrypoint"),
     "hardware": ("mgpu_env.runtime", "mgpu_env.training", "mgpu_env.doctor", "mgpu_env.bench",
+                 "mgpu_env.launcher", "entrypoint", "mgpu_env.tfprobes"),
+    "tfprobes": ("mgpu_env.runtime", "mgpu_env.training", "mgpu_env.doctor", "mgpu_env.bench",
                  "mgpu_env.launcher", "entrypoint"),
     "runtime": ("mgpu_env.training", "mgpu_env.doctor", "mgpu_env.bench", "mgpu_env.launcher",
                 "entrypoint"),

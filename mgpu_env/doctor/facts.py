@@ -18,14 +18,13 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import hostfacts, hostgpus, nvml
+from mgpu_env.hardware import hostfacts, hostgpus, ncclenv, nvidiahost, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
 from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
-from mgpu_env.hardware.tfprobe import TfFacts
 from mgpu_env.runtime.cluster import decide_cluster
 from mgpu_env.runtime.cluster.peers import PeerStatus, probe_peers
 from mgpu_env.runtime.keras import (
@@ -35,12 +34,14 @@ from mgpu_env.runtime.keras import (
     choose_keras,
     tf_keras_installed,
 )
+from mgpu_env.tfprobes.tfprobe import TfFacts
 
 # Environment variables the report shows as they were before mgpu changed anything.
 REPORTED_VARIABLES = (
     "GPUS",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",  # compute and utility: libcuda.so.1 and NVML in a container
     "CUDA_DEVICE_ORDER",
     "MGPU_COMPOSE_GPU",  # set by docker-compose.gpu.yml: the GPUs were meant to be there
     "MGPU_COMPOSE",  # cpu or gpu: the compose file that started the container
@@ -88,6 +89,9 @@ class HostFacts:
     wsl_gpu: Probed[bool] = field(default_factory=lambda: Probed(value=False))
     # The NVIDIA kernel modules loaded (/proc/modules: the host's, also from a container).
     nvidia_modules: Probed[tuple[str, ...]] = field(default_factory=Probed)
+    # What tells NVML's failures apart: the kernel module's version against the NVML
+    # library's, nouveau, the GPUs on the PCI bus, /dev/nvidia* permissions, the groups.
+    nvidia: nvidiahost.NvidiaHost = field(default_factory=nvidiahost.NvidiaHost)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,15 @@ class KerasFacts:
     run: KerasChoice | None = None
     train: KerasChoice | None = None
     error: str | None = None  # KERAS=2 (or TF_USE_LEGACY_KERAS=1) without tf_keras
+
+
+@dataclass(frozen=True)
+class NcclFacts:
+    """The NCCL_* variables as the user set them, and what they may name on this machine."""
+
+    environ: dict[str, str] = field(default_factory=dict)
+    interfaces: tuple[str, ...] = ()  # /sys/class/net
+    hcas: tuple[str, ...] = ()  # /sys/class/infiniband
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,8 @@ class Facts:
     docker: Probed[DockerGpu] | None = None
     # IOMMU, ACS, hypervisor: what can break P2P between GPUs; None: fewer than 2 GPUs.
     p2p: P2pHost | None = None
+    # NCCL's variables and the interfaces and HCAs they may name; None: not probed.
+    nccl: NcclFacts | None = None
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -240,7 +255,13 @@ def probe_host() -> HostFacts:
         stack=probe_stack(),
         wsl_gpu=probe_wsl_gpu(),
         nvidia_modules=probe_nvidia_modules(),
+        nvidia=probe_nvidia_host(),
     )
+
+
+def probe_nvidia_host() -> nvidiahost.NvidiaHost:
+    """After NVML was asked (its library is then mapped): see `nvidiahost`."""
+    return nvidiahost.collect()
 
 
 def _os_name() -> str:
@@ -300,6 +321,11 @@ def probe_keras(
         return KerasFacts(choice("run"), choice("train"))
     except ConfigError as err:
         return KerasFacts(error=str(err))
+
+
+def probe_nccl(environ: Mapping[str, str], root: Path = Path("/")) -> NcclFacts:
+    return NcclFacts({k: v for k, v in environ.items() if k.startswith("NCCL_")},
+                     ncclenv.interfaces(root), ncclenv.hcas(root))
 
 
 def reported_environ(environ: Mapping[str, str]) -> dict[str, str]:

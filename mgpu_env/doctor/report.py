@@ -24,7 +24,8 @@ from typing import Any
 from mgpu_env.about import About, about
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import BY_ENV
-from mgpu_env.doctor import Report
+from mgpu_env.doctor.facts import Facts
+from mgpu_env.doctor.verdict import Report
 from mgpu_env.hardware.nvml import Probed, probe
 
 MASK = "****"
@@ -285,6 +286,7 @@ def build_report(
         if snapshot.listing.available
         else {"driver": f"could not collect ({snapshot.listing.error})"}
     )
+    driver.update(_kernel_side(facts))
     settings = {
         name: {"value": masked(name, entry["value"]), "source": entry["source"]}
         for name, entry in resolved.provenance().items()
@@ -304,6 +306,23 @@ def build_report(
             (c.status, c.title, c.found) for c in report.checks if c.status in ("warn", "error")
         ),
     )
+
+
+def _kernel_side(facts: Facts) -> dict[str, str]:
+    """What the kernel says (the facts that tell NVML's failures apart), where known."""
+    host = facts.host.nvidia
+    lines: dict[str, str] = {}
+    if host.kernel_driver.value:
+        lines["kernel module"] = host.kernel_driver.value
+    if host.nvml_library.value:
+        lines["NVML library"] = host.nvml_library.value
+    if host.modules.value:
+        lines["modules"] = ", ".join(host.modules.value)
+    if host.gpu_bus_ids:
+        lines["GPUs on the PCI bus"] = ", ".join(host.gpu_bus_ids)
+    for failed in facts.nvml.listing.failed:
+        lines[f"GPU {failed.index}"] = f"does not answer NVML: {failed.error}"
+    return lines
 
 
 def _cuda_of_driver(encoded: Probed[int]) -> str:

@@ -14,14 +14,9 @@ child prints one JSON line. `run` never raises: a failure is a `SmokeResult` wit
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -29,10 +24,11 @@ from typing import Any
 
 import mgpu_env.doctor.links as links
 from mgpu_env.doctor.checks.host import FIX_P2P, FIX_P2P_VM
-from mgpu_env.hardware import tflog
+from mgpu_env.hardware import childprobe
 from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.runtime import Execution, Runtime
 from mgpu_env.runtime.strategy import StrategyPlan
+from mgpu_env.tfprobes import tflog
 
 JSON_MARKER = "MGPU_SMOKE_JSON "
 # TensorFlow's import and the first XLA compilation take most of it; a healthy job is done
@@ -114,54 +110,6 @@ def failed(error: str, fix: str, seconds: float = 0.0) -> SmokeResult:
 # ------------------------------------------------------------------------------- parent
 
 
-def _kill_group(process: subprocess.Popen[str]) -> None:
-    # The child may have started helpers of its own (TensorFlow's compilers); its session
-    # holds them all, and nothing else.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-def _wait(process: subprocess.Popen[str], timeout: float, phase_timeout: float
-          ) -> tuple[str, str, str | None]:
-    """The child's stdout and stderr; the phase it hung in (None: it finished). A phase
-    between devices (a copy, the all-reduce, a bandwidth size) without progress for
-    `phase_timeout`, or the whole job past `timeout`, is stopped."""
-    out: list[str] = []
-    err: list[str] = []
-    state: dict[str, Any] = {"phase": "", "since": time.monotonic()}
-
-    def read_err() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            err.append(line)
-            if line.startswith(links.PHASE_MARKER):
-                state.update(phase=line[len(links.PHASE_MARKER):].strip(),
-                             since=time.monotonic())
-
-    def read_out() -> None:
-        assert process.stdout is not None
-        out.append(process.stdout.read())
-
-    readers = [threading.Thread(target=read_err, daemon=True),
-               threading.Thread(target=read_out, daemon=True)]
-    for reader in readers:
-        reader.start()
-    start = time.monotonic()
-    hung = None
-    while process.poll() is None:
-        now = time.monotonic()
-        watched = str(state["phase"]).startswith(("copy", "all-reduce", "bandwidth"))
-        if now - start > timeout or (watched and now - float(state["since"]) > phase_timeout):
-            hung = str(state["phase"]) or "start"
-            _kill_group(process)
-            break
-        time.sleep(0.05)
-    process.wait()
-    for reader in readers:
-        reader.join(timeout=5)
-    return "".join(out), "".join(err), hung
-
-
 def run(
     runtime: Runtime | None, environ: Mapping[str, str], timeout_s: float | None = None,
     *, p2p: P2pHost | None = None, phase_timeout_s: float | None = None,
@@ -182,39 +130,42 @@ def run(
     # TensorFlow's whole log comes back on the child's stderr; `tflog` keeps its reason.
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"
     env["MGPU_DEBUG"] = "1"
-    start = time.perf_counter()
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mgpu_env.doctor.smoke", runtime.execution.to_json()],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True,
-        )
-    except OSError as err:
-        return failed(f"could not start Python: {err}", FIX_SETUP)
-    stdout, stderr, hung = _wait(process, timeout, phase_timeout)
-    if hung is not None:
-        cause = links.hang_cause(hung, p2p)
-        if not cause:
-            return failed(f"the smoke job did not finish within {timeout:g} s (stopped)",
-                          FIX_HANG.format(timeout=timeout), time.perf_counter() - start)
-        vm = p2p is not None and bool(p2p.hypervisor.value)
-        return dataclasses.replace(failed(
-            f"the smoke job hung in {hung} (no progress for {phase_timeout:g} s; stopped): "
-            f"likely {cause}", FIX_P2P_VM if vm else FIX_P2P, time.perf_counter() - start,
-        ), hung_in=hung)
-    elapsed = time.perf_counter() - start
-    reason = tflog.relevant_lines(stderr or "")
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(JSON_MARKER):
-            try:
-                result = _with_reason(from_json(line.removeprefix(JSON_MARKER)), reason)
-                return _judge_bandwidth(result, runtime, p2p)
-            except (ValueError, KeyError, TypeError) as err:
-                return failed(f"unreadable answer from the smoke job: {err}", FIX_SETUP, elapsed)
-    tail = " | ".join(reason or stderr.strip().splitlines()[-3:]) or "no output"
-    return failed(
-        f"the smoke job exited with code {process.returncode}: {tail}", FIX_SETUP, elapsed
-    )
+    done = childprobe.run(
+        [sys.executable, "-m", "mgpu_env.doctor.smoke", runtime.execution.to_json()], env,
+        marker=JSON_MARKER, timeout_s=timeout,
+        progress=childprobe.Progress(links.PHASE_MARKER, phase_timeout,
+                                     ("copy", "all-reduce", "bandwidth")))
+    if done.start_error is not None:
+        return failed(done.start_error, FIX_SETUP)
+    if done.hung_in is not None:
+        return _hung(done, timeout, phase_timeout, p2p)
+    reason = tflog.relevant_lines(done.stderr or "")
+    if done.answer is not None:
+        try:
+            result = _with_reason(from_json(done.answer), reason)
+            return _judge_bandwidth(result, runtime, p2p)
+        except (ValueError, KeyError, TypeError) as err:
+            return failed(f"unreadable answer from the smoke job: {err}", FIX_SETUP,
+                          done.seconds)
+    tail = " | ".join(reason) if reason else done.tail()
+    return failed(f"the smoke job exited with code {done.returncode}: {tail}", FIX_SETUP,
+                  done.seconds)
+
+
+def _hung(done: childprobe.ChildRun, timeout: float, phase_timeout: float,
+          p2p: P2pHost | None) -> SmokeResult:
+    """The smoke job stopped: past its timeout, or in a phase between devices without
+    progress (then with the likely cause the host's P2P facts name)."""
+    hung = done.hung_in or "start"
+    cause = links.hang_cause(hung, p2p)
+    if not cause:
+        return failed(f"the smoke job did not finish within {timeout:g} s (stopped)",
+                      FIX_HANG.format(timeout=timeout), done.seconds)
+    vm = p2p is not None and bool(p2p.hypervisor.value)
+    return dataclasses.replace(failed(
+        f"the smoke job hung in {hung} (no progress for {phase_timeout:g} s; stopped): "
+        f"likely {cause}", FIX_P2P_VM if vm else FIX_P2P, done.seconds,
+    ), hung_in=hung)
 
 
 def _judge_bandwidth(result: SmokeResult, runtime: Runtime, p2p: P2pHost | None

@@ -20,11 +20,11 @@ Tests replace `collect`, or run it for real against fake `libcuda.so.1` files bu
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mgpu_env.hardware import childprobe
 from mgpu_env.hardware.nvml import Probed
 
 JSON_MARKER = "MGPU_CUDADRIVER_JSON "
@@ -85,29 +85,31 @@ def parse(stdout: str) -> DriverApi:
     """The child's answer. Raises ValueError when there is none."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(JSON_MARKER):
-            data = json.loads(line.removeprefix(JSON_MARKER))
-            return DriverApi(
-                library=data.get("library"), load_error=data.get("error"),
-                driver_version=data.get("driver_version"), init_code=data.get("init_code"),
-                device_count=data.get("device_count"),
-            )
+            return _from_json(line.removeprefix(JSON_MARKER))
     raise ValueError("no answer")
+
+
+def _from_json(text: str) -> DriverApi:
+    data = json.loads(text)
+    return DriverApi(
+        library=data.get("library"), load_error=data.get("error"),
+        driver_version=data.get("driver_version"), init_code=data.get("init_code"),
+        device_count=data.get("device_count"),
+    )
 
 
 def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) -> Probed[DriverApi]:
     """Ask CUDA's driver API in a child with `environ`. Never raises."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", CHILD], env=dict(environ), capture_output=True,
-            text=True, timeout=timeout_s, check=False,
-        )
-    except subprocess.TimeoutExpired:
+    done = childprobe.run([sys.executable, "-I", "-S", "-c", CHILD], environ,
+                          marker=JSON_MARKER, timeout_s=timeout_s)
+    if done.start_error is not None:
+        return Probed(error=done.start_error)
+    if done.timed_out:
         return Probed(error=f"cuInit did not return within {timeout_s:g} s (a hung driver: "
                             "`dmesg` shows NVRM/Xid messages)")
-    except OSError as err:
-        return Probed(error=f"could not start Python: {err}")
     try:
-        return Probed(value=parse(done.stdout))
-    except (ValueError, KeyError, TypeError):
-        tail = " | ".join(done.stderr.strip().splitlines()[-2:]) or "no output"
-        return Probed(error=f"the driver probe exited with code {done.returncode}: {tail}")
+        if done.answer is None:
+            raise ValueError("no answer")
+        return Probed(value=_from_json(done.answer))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return Probed(error=done.exited("the driver probe", lines=2))

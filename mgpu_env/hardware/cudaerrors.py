@@ -47,12 +47,20 @@ class CudaError:
 
 ERRORS: dict[int, CudaError] = {e.code: e for e in (
     CudaError(0, "CUDA_SUCCESS", "", ""),
+    CudaError(1, "CUDA_ERROR_INVALID_VALUE",
+              "cuInit was called with flags this driver rejects (a libcuda.so.1 that is not "
+              "the driver's, or a wrapper around it)",
+              "`ldconfig -p | grep libcuda` and the library named here: the driver's "
+              "libcuda.so.1 must load first; remove other copies from LD_LIBRARY_PATH"),
     CudaError(2, "CUDA_ERROR_OUT_OF_MEMORY",
               "GPU memory is exhausted already at start-up: another process holds it",
               "`nvidia-smi` shows which process holds the GPU: stop it, or choose other GPUs "
               "with GPUS=..."),
     CudaError(3, "CUDA_ERROR_NOT_INITIALIZED", "the driver did not initialise",
               "see the Driver (NVML) line; reinstall or reload the NVIDIA driver"),
+    CudaError(4, "CUDA_ERROR_DEINITIALIZED",
+              "the CUDA driver is shutting down in this process",
+              "run again; if it persists, `sudo dmesg | grep -i nvrm` shows the driver's error"),
     CudaError(34, "CUDA_ERROR_STUB_LIBRARY",
               "the libcuda.so.1 the loader found is the CUDA toolkit's stub, not the driver",
               FIX_STUB),
@@ -98,6 +106,23 @@ ERRORS: dict[int, CudaError] = {e.code: e for e in (
               "the CUDA MPS server cannot be reached",
               "start the MPS daemon (`nvidia-cuda-mps-control -d`) or unset "
               "CUDA_MPS_PIPE_DIRECTORY"),
+    CudaError(806, "CUDA_ERROR_MPS_RPC_FAILURE",
+              "the CUDA MPS server failed to answer (it died or was restarted)",
+              "restart the MPS daemon (`echo quit | nvidia-cuda-mps-control; "
+              "nvidia-cuda-mps-control -d`) or unset CUDA_MPS_PIPE_DIRECTORY"),
+    CudaError(807, "CUDA_ERROR_MPS_SERVER_NOT_READY",
+              "the CUDA MPS server is not ready yet (starting, or recovering from a fault)",
+              "wait and run again; `nvidia-cuda-mps-control` logs say why it is not ready"),
+    CudaError(808, "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED",
+              "the CUDA MPS server already serves as many clients as it allows",
+              "stop other MPS clients, or raise the limit (`set_default_client_limit` "
+              "... see `man nvidia-cuda-mps-control`)"),
+    CudaError(809, "CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED",
+              "the CUDA MPS server has no connection left for this process",
+              "stop other MPS clients, or unset CUDA_MPS_PIPE_DIRECTORY to run without MPS"),
+    CudaError(810, "CUDA_ERROR_MPS_CLIENT_TERMINATED",
+              "the CUDA MPS server terminated this client (a fault in another client)",
+              "restart the MPS daemon and run again"),
     CudaError(999, "CUDA_ERROR_UNKNOWN",
               "the driver failed with an unknown error: the nvidia_uvm module is not loaded "
               "or broken (typically after a suspend), or /dev/nvidia-uvm is missing", FIX_UVM),

@@ -26,13 +26,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mgpu_env.hardware import childprobe
 from mgpu_env.hardware.cudatools import (
     CudaTool,
     find_libdevice,
@@ -354,27 +354,18 @@ def from_json(text: str) -> CudaStack:
 
 def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) -> CudaStack:
     """Run `collect_in_process` in a child Python with `environ`. Never raises."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "mgpu_env.hardware.cudalibs"],
-            env=dict(environ),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    done = childprobe.run([sys.executable, "-m", "mgpu_env.hardware.cudalibs"], environ,
+                          marker=JSON_MARKER, timeout_s=timeout_s)
+    if done.start_error is not None:
+        return failed(done.start_error)
+    if done.timed_out:
         return failed(f"the CUDA library probe did not answer within {timeout_s:g} s")
-    except OSError as err:
-        return failed(f"could not start Python: {err}")
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(JSON_MARKER):
-            try:
-                return from_json(line.removeprefix(JSON_MARKER))
-            except (ValueError, KeyError, TypeError) as err:
-                return failed(f"unreadable answer from the CUDA library probe: {err}")
-    tail = " | ".join(done.stderr.strip().splitlines()[-3:]) or "no output"
-    return failed(f"the CUDA library probe exited with code {done.returncode}: {tail}")
+    if done.answer is None:
+        return failed(done.exited("the CUDA library probe"))
+    try:
+        return from_json(done.answer)
+    except (ValueError, KeyError, TypeError) as err:
+        return failed(f"unreadable answer from the CUDA library probe: {err}")
 
 
 def main() -> None:

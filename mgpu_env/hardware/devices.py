@@ -40,8 +40,12 @@ class GpuSelection:
 def _gpus_text(listing: GpuListing) -> str:
     if not listing.available:
         return f"NVML reports no GPUs ({listing.error})"
+    failed = "".join(f"; GPU {f.index} does not answer NVML ({f.error})" for f in listing.failed)
     if not listing.gpus:
-        return "NVML reports no GPUs"
+        return "NVML reports no GPUs" + failed
+    if failed:
+        usable = ", ".join(str(g.index) for g in listing.gpus)
+        return f"NVML reports {len(listing.gpus)} usable GPU(s), indices {usable}{failed}"
     return f"NVML reports {len(listing.gpus)} GPU(s), indices 0..{len(listing.gpus) - 1}"
 
 
@@ -51,9 +55,11 @@ def visible_gpus(cuda_visible_devices: str, gpus: Sequence[GpuInfo]) -> tuple[Gp
     CUDA stops at the first id that matches no device, so "-1" or "" hides every GPU.
     """
     visible: list[GpuInfo] = []
+    # By NVML index, not position: a GPU that does not answer NVML is not in `gpus`.
+    by_index = {g.index: g for g in gpus}
     for item in (i.strip() for i in cuda_visible_devices.split(",")):
-        if item.isdigit() and int(item) < len(gpus):
-            visible.append(gpus[int(item)])
+        if item.isdigit() and int(item) in by_index:
+            visible.append(by_index[int(item)])
             continue
         matches = [g for g in gpus if item and g.uuid.lower().startswith(item.lower())]
         if len(matches) != 1:
@@ -85,12 +91,13 @@ def select_gpus(
             )
         return GpuSelection(request, gpus, ",".join(str(g.index) for g in gpus))
     if request.kind == "indices":
-        missing = [i for i in request.indices if i >= len(gpus)]
+        by_index = {g.index: g for g in gpus}
+        missing = [i for i in request.indices if i not in by_index]
         if missing:
             raise SettingError(
                 f"there is no GPU {missing[0]}: {_gpus_text(listing)}"
             )
-        chosen = tuple(gpus[i] for i in request.indices)
+        chosen = tuple(by_index[i] for i in request.indices)
         return GpuSelection(request, chosen, ",".join(str(i) for i in request.indices))
     chosen_list = []
     for uuid in request.uuids:

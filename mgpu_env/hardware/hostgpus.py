@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-NVIDIA_PCI_VENDOR = "0x10de"
-DISPLAY_CLASS_PREFIX = "0x03"  # VGA (0x0300) and 3D controllers (0x0302: data-centre GPUs)
+from mgpu_env.hardware import nvidiahost
+
 # Set by the compose files: `cpu` in docker-compose.yml, `gpu` once docker-compose.gpu.yml
 # is added (which also sets MGPU_COMPOSE_GPU=1, what the doctor read first).
 COMPOSE_VARIABLE = "MGPU_COMPOSE"
@@ -25,28 +25,18 @@ GPU_COMPOSE_FILES = "docker-compose.yml:docker-compose.gpu.yml"
 
 def host_nvidia_gpus(root: Path = Path("/")) -> int:
     """How many NVIDIA GPUs the machine has, seen from here, with or without NVML: the
-    driver's /proc entries, else the PCI devices. 0 when neither can be read."""
-    driver = root / "proc/driver/nvidia/gpus"
+    driver's /proc entries, else the PCI devices (`nvidiahost` reads both). 0 when neither
+    can be read."""
     try:
-        listed = [p for p in driver.iterdir() if p.is_dir()]
+        listed = nvidiahost.proc_gpus(root)
     except OSError:
-        listed = []
+        listed = ()
     if listed:
         return len(listed)
-    count = 0
     try:
-        devices = list((root / "sys/bus/pci/devices").iterdir())
+        return len(nvidiahost.pci_gpus(root))
     except OSError:
         return 0
-    for device in devices:
-        try:
-            vendor = (device / "vendor").read_text().strip()
-            kind = (device / "class").read_text().strip()
-        except OSError:
-            continue
-        if vendor == NVIDIA_PCI_VENDOR and kind.startswith(DISPLAY_CLASS_PREFIX):
-            count += 1
-    return count
 
 
 def compose_file_kind(environ: Mapping[str, str]) -> str | None:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from mgpu_env.hardware import nvmlerrors
+
 T = TypeVar("T")
 
 
@@ -33,6 +35,8 @@ class Probed(Generic[T]):
 
     value: T | None = None
     error: str | None = None
+    # NVML's return code when NVML refused the question (nvmlerrors tells them apart).
+    code: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -49,11 +53,76 @@ def probe(call: Callable[[], T]) -> Probed[T]:
     try:
         return Probed(value=call())
     except Exception as err:
-        return Probed(error=str(err) or type(err).__name__)
+        return Probed(error=str(err) or type(err).__name__, code=nvmlerrors.code_of(err))
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# nvmlClocksEventReasons bits with nvidia-smi's words (`nvidia-smi -q -d PERFORMANCE`).
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "Idle", 0x2: "Applications Clocks Setting", 0x4: "SW Power Cap",
+    0x8: "HW Slowdown", 0x10: "Sync Boost", 0x20: "SW Thermal Slowdown",
+    0x40: "HW Thermal Slowdown", 0x80: "HW Power Brake Slowdown",
+    0x100: "Display Clock Setting",
+}
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """nvmlDeviceGetRemappedRows: rows remapped for correctable and uncorrectable errors, a
+    remapping waiting for a reset, and a remapping that failed."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """What `nvidia-smi -q` shows about a GPU's health, each field on its own ("could not
+    collect (Not Supported)" on boards without it, e.g. ECC on GeForce)."""
+
+    # Uncorrectable ECC errors: since the driver loaded (volatile) and over the board's life.
+    ecc_volatile_uncorrected: Probed[int] = field(default_factory=Probed)
+    ecc_aggregate_uncorrected: Probed[int] = field(default_factory=Probed)
+    retired_pages_pending: Probed[bool] = field(default_factory=Probed)  # before Ampere
+    remapped_rows: Probed[RemappedRows] = field(default_factory=Probed)  # Ampere and later
+    display_active: Probed[bool] = field(default_factory=Probed)
+    persistence_mode: Probed[bool] = field(default_factory=Probed)
+    clock_events: Probed[tuple[str, ...]] = field(default_factory=Probed)  # nvidia-smi words
+    pcie_current: Probed[tuple[int, int]] = field(default_factory=Probed)  # generation, width
+
+
+def _health(nvml: Any, handle: Any) -> GpuHealth:
+    def ecc(counter: int) -> int:
+        # NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1; NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1
+        return int(nvml.nvmlDeviceGetTotalEccErrors(handle, 1, counter))
+
+    def remapped() -> RemappedRows:
+        corr, unc, pending, failure = nvml.nvmlDeviceGetRemappedRows(handle)
+        return RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
+
+    def clock_events() -> tuple[str, ...]:
+        getter = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # drivers before 535
+        mask = int(getter(handle))
+        return tuple(word for bit, word in CLOCK_EVENT_REASONS.items() if mask & bit)
+
+    return GpuHealth(
+        ecc_volatile_uncorrected=probe(lambda: ecc(0)),
+        ecc_aggregate_uncorrected=probe(lambda: ecc(1)),
+        retired_pages_pending=probe(
+            lambda: int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)) == 1),
+        remapped_rows=probe(remapped),
+        display_active=probe(lambda: int(nvml.nvmlDeviceGetDisplayActive(handle)) == 1),
+        persistence_mode=probe(lambda: int(nvml.nvmlDeviceGetPersistenceMode(handle)) == 1),
+        clock_events=probe(clock_events),
+        pcie_current=probe(lambda: (int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)),
+                                    int(nvml.nvmlDeviceGetCurrPcieLinkWidth(handle)))),
+    )
 
 
 @dataclass(frozen=True)
@@ -79,6 +148,7 @@ class GpuInfo:
     pcie_link: Probed[tuple[int, int]] = field(default_factory=Probed)
     nvlinks: Probed[int] = field(default_factory=Probed)
     nvlink_version: Probed[int] = field(default_factory=Probed)
+    health: GpuHealth = field(default_factory=GpuHealth)
 
 
 @dataclass(frozen=True)
@@ -115,11 +185,27 @@ TOPOLOGY_NAMES: dict[int, str] = {
 
 
 @dataclass(frozen=True)
+class FailedGpu:
+    """A GPU NVML counts but cannot use: its handle, or a question every GPU answers, failed
+    with a device-level code (fallen off the bus, reset required). `bus_id` is NVML's when it
+    still answered that; None otherwise (the doctor then takes the PCI bus's order)."""
+
+    index: int
+    code: int | None
+    error: str
+    bus_id: str | None = None
+
+
+@dataclass(frozen=True)
 class GpuListing:
-    """The GPUs NVML sees, or why NVML could not be asked (no driver, no library)."""
+    """The GPUs NVML sees, or why NVML could not be asked (no driver, no library).
+    `error_code`: NVML's return code for that (None: not an NVML answer, e.g. no
+    nvidia-ml-py). `failed`: GPUs NVML counts that do not answer (the others are usable)."""
 
     gpus: tuple[GpuInfo, ...] = ()
     error: str | None = None
+    error_code: int | None = None
+    failed: tuple[FailedGpu, ...] = ()
 
     @property
     def available(self) -> bool:
@@ -138,11 +224,12 @@ class NvmlSnapshot:
     links: tuple[GpuLink, ...] = ()
 
 
-def _init(nvml: Any) -> str | None:
+def _init(nvml: Any) -> GpuListing | None:
     try:
         nvml.nvmlInit()
     except Exception as err:
-        return f"NVML could not start: {err}"
+        return GpuListing(error=f"NVML could not start: {err}",
+                          error_code=nvmlerrors.code_of(err))
     return None
 
 
@@ -196,11 +283,52 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         pcie_link=probe(pcie_link),
         nvlinks=probe(nvlinks),
         nvlink_version=probe(lambda: int(nvml.nvmlDeviceGetNvLinkVersion(handle, 0))),
+        health=_health(nvml, handle),
     )
 
 
-def _handles(nvml: Any) -> list[Any]:
-    return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(int(nvml.nvmlDeviceGetCount()))]
+# The questions every working GPU answers: failing one of them with a code that is not
+# query-level ("Not Supported") means the GPU itself is unusable.
+_VITAL = ("pci_bus_id", "memory_total_mib")
+
+
+def _handles(nvml: Any) -> tuple[dict[int, Any], list[FailedGpu]]:
+    """Each GPU's handle by index, and the GPUs whose handle NVML would not give (one GPU
+    off the bus must not hide the others, as it does not in nvidia-smi)."""
+    handles: dict[int, Any] = {}
+    failed: list[FailedGpu] = []
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        try:
+            handles[index] = nvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as err:
+            failed.append(FailedGpu(index, nvmlerrors.code_of(err), str(err) or repr(err)))
+    return handles, failed
+
+
+def _usable(gpu: GpuInfo) -> FailedGpu | None:
+    for name in _VITAL:
+        probed: Probed[Any] = getattr(gpu, name)
+        if probed.code is not None and not nvmlerrors.is_query_only(probed.code):
+            bus = gpu.pci_bus_id.value if gpu.pci_bus_id.ok else None
+            return FailedGpu(gpu.index, probed.code, probed.error or "", bus)
+    return None
+
+
+def _listing(nvml: Any, handles: dict[int, Any], failed: list[FailedGpu]) -> GpuListing:
+    gpus = []
+    for index, handle in handles.items():
+        gpu = _gpu_info(nvml, index, handle)
+        broken = _usable(gpu)
+        if broken is None:
+            gpus.append(gpu)
+        else:
+            failed.append(broken)
+    return GpuListing(gpus=tuple(gpus), failed=tuple(sorted(failed, key=lambda f: f.index)))
+
+
+def _count_failed(err: Exception) -> GpuListing:
+    return GpuListing(error=f"NVML could not list the GPUs: {err}",
+                      error_code=nvmlerrors.code_of(err))
 
 
 def _shutdown(nvml: Any) -> None:
@@ -215,14 +343,13 @@ def list_gpus() -> GpuListing:
         nvml = load_library()
     except Exception as err:
         return GpuListing(error=f"nvidia-ml-py is not importable: {err}")
-    error = _init(nvml)
-    if error:
-        return GpuListing(error=error)
+    refused = _init(nvml)
+    if refused:
+        return refused
     try:
-        handles = _handles(nvml)
-        return GpuListing(gpus=tuple(_gpu_info(nvml, i, h) for i, h in enumerate(handles)))
+        return _listing(nvml, *_handles(nvml))
     except Exception as err:
-        return GpuListing(error=f"NVML could not list the GPUs: {err}")
+        return _count_failed(err)
     finally:
         _shutdown(nvml)
 
@@ -252,22 +379,23 @@ def snapshot() -> NvmlSnapshot:
         nvml = load_library()
     except Exception as err:
         return NvmlSnapshot(listing=GpuListing(error=f"nvidia-ml-py is not importable: {err}"))
-    error = _init(nvml)
-    if error:
-        return NvmlSnapshot(listing=GpuListing(error=error))
+    refused = _init(nvml)
+    if refused:
+        return NvmlSnapshot(listing=refused)
     try:
         try:
-            handles = _handles(nvml)
+            handles, failed = _handles(nvml)
         except Exception as err:
-            return NvmlSnapshot(listing=GpuListing(error=f"NVML could not list the GPUs: {err}"))
-        gpus = tuple(_gpu_info(nvml, i, h) for i, h in enumerate(handles))
+            return NvmlSnapshot(listing=_count_failed(err))
+        listing = _listing(nvml, handles, failed)
+        usable = [g.index for g in listing.gpus]
         links = tuple(
             _link(nvml, a, b, handles[a], handles[b])
-            for a in range(len(handles))
-            for b in range(a + 1, len(handles))
+            for n, a in enumerate(usable)
+            for b in usable[n + 1:]
         )
         return NvmlSnapshot(
-            listing=GpuListing(gpus=gpus),
+            listing=listing,
             driver_version=probe(lambda: _text(nvml.nvmlSystemGetDriverVersion())),
             cuda_driver_version=probe(lambda: int(nvml.nvmlSystemGetCudaDriverVersion_v2())),
             nvml_version=probe(lambda: _text(nvml.nvmlSystemGetNVMLVersion())),

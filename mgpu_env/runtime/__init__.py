@@ -77,14 +77,14 @@ class Execution:
     def prepare_tensorflow(self) -> None:
         """Split the devices and set the Keras precision policy (layers read it when built).
 
-        Imports TensorFlow (quietly: `hardware.tfimport`); call once per process, before its
+        Imports TensorFlow (quietly: `tfprobes.tfimport`); call once per process, before its
         runtime starts (the split is fixed then). Raises RunFailed when TensorFlow sees other
         devices than planned, or when its `tf.keras` is not the Keras decided (TensorFlow
         loaded its Keras before `apply()` wrote TF_USE_LEGACY_KERAS).
         """
-        from mgpu_env.hardware.tfimport import import_tensorflow
         from mgpu_env.runtime.keras import tensorflow_keras_version
         from mgpu_env.runtime.precision import apply_precision
+        from mgpu_env.tfprobes.tfimport import import_tensorflow
 
         import_tensorflow()
         try:

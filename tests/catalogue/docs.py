@@ -20,6 +20,8 @@ CHECK_TITLES = {
     "host.docker": "Docker GPUs",
     "host.p2p": "P2P path",
     "container.shm": "/dev/shm size",
+    "nccl.variables.NCCL_SOCKET_IFNAME": "NCCL variables",
+    "visible.tensorflow": "TensorFlow GPUs",
 }
 
 INTRO = """\

@@ -26,7 +26,7 @@ import mgpu_env
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import Report, diagnose
 from mgpu_env.doctor import facts as probes
-from mgpu_env.hardware import cudalibs, nvml, tfprobe
+from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.hardware.nvml import Probed
 from tests.catalogue.threads import Thread
 from tests.support.fake_nvml import FakeGpu, FakeNvml
@@ -41,6 +41,9 @@ def _optional(name: str) -> Any:
 
 
 cudadriver = _optional("mgpu_env.hardware.cudadriver")
+# TensorFlow's probes: in tfprobes/ since issue 33, in hardware/ before.
+tfprobe = _optional("mgpu_env.tfprobes.tfprobe") or _optional("mgpu_env.hardware.tfprobe")
+tflog = _optional("mgpu_env.tfprobes.tflog") or _optional("mgpu_env.hardware.tflog")
 hostfacts = _optional("mgpu_env.hardware.hostfacts")
 # The real probes, taken before any test fixture replaces them.
 REAL = {"tf": tfprobe.collect, "cuda": cudalibs.collect,
@@ -73,12 +76,37 @@ class Outcome:
         return self.detected and self.cause_named and self.fix_printed
 
 
-def _host(overrides: dict[str, Any]) -> Any:
+def _host(overrides: dict[str, Any], machine: Any = None) -> Any:
     from mgpu_env.doctor.facts import HostFacts
 
     known = {f.name for f in dataclasses.fields(HostFacts)}
     values = {**HEALTHY_HOST, **overrides}
-    return HostFacts(**{k: Probed(value=v) for k, v in values.items() if k in known})
+    host = {k: Probed(value=v) for k, v in values.items() if k in known}
+    if machine is not None and "nvidia" in known:
+        # What the fake tree shows: the kernel's GPUs and the device files, as probed.
+        host.update(nvidia=machine, host_gpus=Probed(value=len(machine.gpu_bus_ids)))
+        if "device_files" not in overrides:
+            host["device_files"] = Probed(value=tuple(
+                f.name for f in machine.device_files.value or ()))
+    return HostFacts(**host)
+
+
+def _machine(scenario: Any, tmp: Path, patch: pytest.MonkeyPatch) -> Any:
+    """The scenario's machine laid out under tmp/machine and probed as `mgpu doctor` does;
+    None without one (or on a doctor without these probes)."""
+    nvidiahost = _optional("mgpu_env.hardware.nvidiahost")
+    if getattr(scenario, "machine", None) is None or nvidiahost is None:
+        return None
+    from tests.support.fakemachine import machine_root
+
+    root = tmp / "machine"
+    if not root.exists():
+        machine_root(root, **scenario.machine)
+        if hasattr(probes, "probe_nccl"):  # NCCL's interfaces are this machine's too
+            real = probes.probe_nccl
+            patch.setattr(probes, "probe_nccl",
+                          lambda environ, root_=root: real(environ, root_), raising=False)
+    return nvidiahost.collect(root, uid=1000, gids=(1000,))
 
 
 def _versions() -> dict[str, Probed[str]]:
@@ -122,7 +150,8 @@ def set_up(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Any, d
     fake = FakeNvml(gpus=gpus, **{"driver_version": "555.42.06", "cuda_driver_version": 12050,
                                   **scenario.nvml})
     patch.setattr(nvml, "load_library", lambda: fake)
-    patch.setattr(probes, "probe_host", lambda: _host(scenario.host))
+    patch.setattr(probes, "probe_host", lambda: _host(scenario.host, _machine(scenario, tmp,
+                                                                              patch)))
     patch.setattr(probes, "probe_versions", _versions)
     if hostfacts is not None:
         p2p = {"iommu_groups": 0, "cmdline": "", "hypervisor": False, "acs": (),
@@ -166,7 +195,11 @@ def set_up(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Any, d
         patch.setattr(tfprobe, "collect", REAL["tf"])
         patch.setattr(cudalibs, "collect", REAL["cuda"])
     else:
-        tf = _canned_tf(len(gpus))
+        tf = _canned_tf(len(gpus) if getattr(scenario, "tf_gpus", None) is None
+                        else scenario.tf_gpus)
+        if getattr(scenario, "tf_log", ()):
+            tf = dataclasses.replace(tf, log=tflog.relevant_lines(
+                "\n".join(scenario.tf_log)))
         stack = _canned_stack(**scenario.canned)
         patch.setattr(tfprobe, "collect", lambda env, timeout_s=0: tf)
         patch.setattr(cudalibs, "collect", lambda env, timeout_s=0: stack)

@@ -112,6 +112,30 @@ FIX_SHM = (
     "(NCCL and tf.data use shared memory)"
 )
 
+FIX_NVML_MISMATCH = (
+    "reboot (the driver was upgraded without one), or reload the modules: `sudo rmmod "
+    "nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`"
+)
+FIX_DEVICE_GROUP = (
+    "add the user to the group video (`sudo usermod -aG video $USER`, then log in again), or "
+    "have udev give /dev/nvidia* mode 0666 (the driver's default, `NVreg_DeviceFileMode`)"
+)
+FIX_GPU_LOST = (
+    "the GPU fell off the bus (`sudo dmesg | grep -i xid` shows Xid 79): reboot or power-cycle "
+    "the machine; if it recurs, check the GPU's power cables, riser and temperature; "
+    "GPUS=0,1,3 trains on the healthy ones meanwhile"
+)
+FIX_SOCKET_IFNAME = (
+    "set NCCL_SOCKET_IFNAME to one of docker0, eno1, lo (a prefix, `=name` for exactly it, "
+    "`^name` to leave it out), or unset it"
+)
+FIX_CAPABILITIES = (
+    "start the container with NVIDIA_DRIVER_CAPABILITIES=compute,utility (or `all`): without "
+    "`compute` the NVIDIA Container Toolkit mounts no libcuda.so.1, so CUDA cannot start "
+    "(docker-compose.gpu.yml sets it)"
+)
+FIX_TF_IGNORES = "leave it out with GPUS=, or use a TensorFlow built for this GPU"
+
 A100 = ("NVIDIA A100-SXM4-80GB", (8, 0))
 
 
@@ -138,6 +162,15 @@ class Scenario:
     docker: dict[str, Any] | None = None  # fake_doctor.docker_gpu arguments
     settings: dict[str, str] = field(default_factory=dict)
     environ: dict[str, str] = field(default_factory=dict)
+    # The machine's /proc, /sys, /dev and /etc/group as a folder (fakemachine.machine_root
+    # arguments; the user is uid 1000 in group 1000): the kernel module's version, the
+    # NVML library mapped, nouveau, the PCI GPUs, device files, network interfaces.
+    # None: not laid out (the probes of older doctors see nothing of it).
+    machine: dict[str, Any] | None = None
+    # With canned TensorFlow answers: how many GPUs it lists (None: every one NVML lists)
+    # and the lines its log has.
+    tf_gpus: int | None = None
+    tf_log: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -401,4 +434,71 @@ THREADS: tuple[Thread, ...] = (
         "host.p2p", "warn", ("ACS",), FIX_P2P,
         Scenario(gpus=(("NVIDIA RTX A5000", (8, 6)),) * 4, nvml=PCIE,
                  p2p={"acs": ("0000:40:01.1",)})),
+    # ------------------------------------- NVML told apart by the machine's facts (issue 33)
+    Thread(
+        "Oneflow-Inc/oneflow#3106", "`Failed to initialize NVML: Driver/library version "
+        "mismatch` after a driver update; a reboot fixed it",
+        "NVML returns 18 (LIB_RM_VERSION_MISMATCH); /proc/driver/nvidia/version says "
+        "550.54.15, the libnvidia-ml.so mapped is 550.90.07; a host with 2 GPUs on the bus",
+        "driver.nvml", "error", ("kernel module is 550.54.15", "550.90.07",
+                                 "without a reboot"), FIX_NVML_MISMATCH,
+        Scenario(nvml={"init_error": 18}, libcuda={"init_code": 803}, site=None, tf_gpus=0,
+                 host=HOST,
+                 machine={"kernel": "550.54.15", "library": "550.90.07"}),
+        "Failed to initialize NVML: Driver/library version mismatch"),
+    Thread(
+        "NVIDIA/nvidia-container-toolkit#210", "`Failed to initialize NVML: Insufficient "
+        "Permissions` as a non-root user; the device files were root:video 0660",
+        "NVML returns 4 (NO_PERMISSION); /dev/nvidia* are 0660 group video (gid 44), the "
+        "user (uid 1000) is not in it; cuInit returns 100",
+        "driver.nvml", "error", ("this user cannot open",
+                                 "/dev/nvidiactl (-rw-rw---- group video)"),
+        FIX_DEVICE_GROUP,
+        Scenario(nvml={"init_error": 4}, libcuda={"init_code": 100}, site=None, tf_gpus=0,
+                 host=HOST,
+                 machine={"device_mode": 0o660, "device_gid": 44}),
+        "Failed to initialize NVML: Insufficient Permissions"),
+    Thread(
+        "JosephKJ/OWOD#81", "Training on 4 GPUs fails; `nvidia-smi`: `Unable to determine "
+        "the device handle for GPU 0000:02:00.0: GPU is lost`",
+        "4 GPUs on the bus; NVML's handle for GPU 2 returns 15 (GPU_IS_LOST)",
+        "driver.nvml", "error", ("GPU 2 (0000:86:00.0)", "NVML_ERROR_GPU_IS_LOST"),
+        FIX_GPU_LOST,
+        Scenario(gpus=(A100,) * 4, nvml={"handle_errors": {2: 15}}, site=None, tf_gpus=3,
+                 machine={"gpus": ("0000:18:00.0", "0000:3b:00.0", "0000:86:00.0",
+                                   "0000:af:00.0")}),
+        "One GPU fell off the bus (GPU is lost)"),
+    # ------------------------------------------------ the container's view, NCCL, TensorFlow
+    Thread(
+        "mudler/LocalAI#11973", "`nvidia-smi` works in the container, every CUDA backend "
+        "fails: `libcuda.so.1: cannot open shared object file` (capabilities gpu, utility)",
+        "in a container with the GPUs and NVML, NVIDIA_DRIVER_CAPABILITIES=utility, no "
+        "libcuda.so.1 anywhere",
+        "driver.cuda_init", "error", ("NVML works in this container",
+                                      "NVIDIA_DRIVER_CAPABILITIES=utility"), FIX_CAPABILITIES,
+        Scenario(libcuda=None, site=None, tf_gpus=0,
+                 environ={"NVIDIA_DRIVER_CAPABILITIES": "utility"}),
+        "nvidia-smi works in the container, CUDA does not (driver capabilities)"),
+    Thread(
+        "NVIDIA/nccl#1837", "NCCL fails at the first all-reduce when NCCL_SOCKET_IFNAME names "
+        "an interface that does not exist",
+        "NCCL_SOCKET_IFNAME=eth2 on a machine with eno1, lo and docker0",
+        "nccl.variables.NCCL_SOCKET_IFNAME", "error", ("NCCL_SOCKET_IFNAME='eth2'",
+                                                       "matches none"), FIX_SOCKET_IFNAME,
+        Scenario(site=None, environ={"NCCL_SOCKET_IFNAME": "eth2"},
+                 machine={"interfaces": ("docker0", "eno1", "lo")}),
+        "NCCL_SOCKET_IFNAME names no interface of this machine"),
+    Thread(
+        "tensorflow/tensorflow#23385", "`Ignoring visible gpu device (... GeForce GTX 1070 "
+        "...) with Cuda compute capability 6.1. The minimum required Cuda capability is 7.0`",
+        "TensorFlow lists 1 of 2 GPUs and logs its `Ignoring visible gpu device` line",
+        "visible.tensorflow", "error", ("TensorFlow ignores GPU 0", "compute capability 6.1"),
+        FIX_TF_IGNORES,
+        Scenario(gpus=(("NVIDIA GeForce GTX 1070", (6, 1)), A100), site=None, tf_gpus=1,
+                 tf_log=("2026-01-01 10:00:01.000002: I tensorflow/core/common_runtime/gpu/"
+                         "gpu_device.cc:2344] Ignoring visible gpu device (device: 0, name: "
+                         "NVIDIA GeForce GTX 1070, pci bus id: 0000:10:00.0, compute "
+                         "capability: 6.1) with Cuda compute capability 6.1. The minimum "
+                         "required Cuda capability is 7.0.",)),
+        "TensorFlow ignores a GPU (its own reason kept)"),
 )

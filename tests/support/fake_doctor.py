@@ -13,7 +13,7 @@ from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack, CudaTool, LoadedLibrary
 from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
 from mgpu_env.hardware.nvml import Probed
-from mgpu_env.hardware.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
+from mgpu_env.tfprobes.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
 
 TF_221_CAPABILITIES = ("sm_60", "sm_70", "sm_80", "sm_89", "compute_90")
 GIB = 1024**3

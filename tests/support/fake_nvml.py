@@ -31,6 +31,15 @@ class FakeGpu:
     pcie: tuple[int, int] = (4, 16)  # max PCIe generation and width
     nvlinks: int = 0  # active NVLinks
     nvlink_version: int = 3
+    # Health, as nvidia-smi -q shows it (defaults: a healthy data-centre board).
+    ecc_volatile: int = 0  # uncorrectable ECC errors since the driver loaded
+    ecc_aggregate: int = 0  # over the board's life
+    retired_pending: bool = False
+    remapped: tuple[int, int, bool, bool] = (0, 0, False, False)
+    display_active: bool = False
+    persistence: bool = True
+    clock_events: int = 0x1  # nvmlClocksEventReason bits (Idle)
+    pcie_current: tuple[int, int] | None = None  # None: the maximum
 
 
 # Compute capability major -> NVML_DEVICE_ARCH_* (7.5 is Turing, 8.9 Ada).
@@ -46,6 +55,10 @@ class FakeNvml:
     cuda_driver_version: int = 12040
     init_error: int | None = None  # e.g. pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
     unsupported: set[str] = field(default_factory=set)  # names of queries that fail
+    # Queries that fail with a given NVML code, for every GPU: {"nvmlDeviceGetMemoryInfo": 15}.
+    errors: dict[str, int] = field(default_factory=dict)
+    # GPUs whose handle NVML refuses, by index, with the code (one GPU off the bus: {2: 15}).
+    handle_errors: dict[int, int] = field(default_factory=dict)
     topology_level: int = 10  # NVML_TOPOLOGY_SINGLE
     p2p_ok: bool = True
     nvlink: bool = False
@@ -68,6 +81,8 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         if query in self.unsupported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if query in self.errors:
+            raise pynvml.NVMLError(self.errors[query])
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -95,6 +110,8 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         self._check("nvmlDeviceGetHandleByIndex")
+        if index in self.handle_errors:
+            raise pynvml.NVMLError(self.handle_errors[index])
         return self.gpus[index]
 
     def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
@@ -159,6 +176,40 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu) -> list[Any]:
         self._check("nvmlDeviceGetComputeRunningProcesses")
         return [SimpleNamespace(pid=1000 + i, usedGpuMemory=GIB) for i in range(gpu.processes)]
+
+    def nvmlDeviceGetTotalEccErrors(self, gpu: FakeGpu, error_type: int, counter: int) -> int:
+        self._check("nvmlDeviceGetTotalEccErrors")
+        assert error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        return gpu.ecc_volatile if counter == pynvml.NVML_VOLATILE_ECC else gpu.ecc_aggregate
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetRetiredPagesPendingStatus")
+        return pynvml.NVML_FEATURE_ENABLED if gpu.retired_pending else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetRemappedRows(self, gpu: FakeGpu) -> tuple[int, int, int, int]:
+        self._check("nvmlDeviceGetRemappedRows")
+        corr, unc, pending, failure = gpu.remapped
+        return corr, unc, int(pending), int(failure)
+
+    def nvmlDeviceGetDisplayActive(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetDisplayActive")
+        return int(gpu.display_active)
+
+    def nvmlDeviceGetPersistenceMode(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetPersistenceMode")
+        return int(gpu.persistence)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetCurrentClocksEventReasons")
+        return gpu.clock_events
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetCurrPcieLinkGeneration")
+        return (gpu.pcie_current or gpu.pcie)[0]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetCurrPcieLinkWidth")
+        return (gpu.pcie_current or gpu.pcie)[1]
 
     def _link(self, a: FakeGpu, b: FakeGpu) -> tuple[int, bool, bool]:
         ia = next(i for i, g in enumerate(self.gpus) if g is a)

@@ -13,6 +13,9 @@ it never changes the exit code.
 - `versions`: Python, TensorFlow, Keras against the table and the lock;
 - `common`: `Check`, `Status` and the helpers the topics share;
 - `run`: `ALL_CHECKS` in report order and `run_checks`.
+
+A check is a function of `Facts` decorated with `@check(order, preflight=...)`
+(`common`) in its topic module: that is the one place it is added.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from mgpu_env.doctor.checks.container import (
     check_stack,
     check_user,
 )
+from mgpu_env.doctor.checks.containerview import check_container_view
 from mgpu_env.doctor.checks.cuda import (
     check_cuda_libraries,
     check_cudnn,
@@ -65,9 +69,11 @@ from mgpu_env.doctor.checks.gpus import (
     check_uniform,
     gpu_checks,
 )
+from mgpu_env.doctor.checks.health import check_health
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
-from mgpu_env.doctor.checks.run import ALL_CHECKS, run_checks
+from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
+from mgpu_env.doctor.checks.run import ALL_CHECKS, PREFLIGHT_CHECKS, registered, run_checks
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import check_request, check_tf_devices, check_visibility_env
 
@@ -78,6 +84,7 @@ __all__ = [
     "FIX_DRIVER_ON_HOST",
     "MIB",
     "NCCL_HINTS",
+    "PREFLIGHT_CHECKS",
     "TF_NOT_PROBED",
     "TF_SKIPPED",
     "Check",
@@ -87,6 +94,7 @@ __all__ = [
     "Status",
     "capability_support",
     "check_cluster",
+    "check_container_view",
     "check_cuda_driver",
     "check_cuda_libraries",
     "check_cudnn",
@@ -95,11 +103,13 @@ __all__ = [
     "check_driver_cuda",
     "check_driver_version",
     "check_gpu",
+    "check_health",
     "check_keras",
     "check_libdevice",
     "check_memlock",
     "check_mixed_precision",
     "check_nccl",
+    "check_nccl_variables",
     "check_nvml",
     "check_p2p",
     "check_ptxas",
@@ -118,6 +128,7 @@ __all__ = [
     "expected_tf_gpus",
     "gpu_checks",
     "group_skipped",
+    "registered",
     "run_checks",
     "target_build",
 ]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import Check, Status
+from mgpu_env.doctor.checks.common import Check, Status, check
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.runtime.cluster.peers import explain
 
 TITLE = "Cluster"
 
 
+@check(320)
 def check_cluster(facts: Facts) -> list[Check]:
     """Nothing for one process; else the cluster line, and one verdict on the peers."""
     found = facts.cluster

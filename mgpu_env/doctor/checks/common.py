@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
@@ -39,6 +39,36 @@ NCCL_HINTS = (
 )
 # A consequence of a failing driver line: shown, but not counted as a warning of its own.
 SAME_CAUSE_AS_NVML = " (a consequence of the Driver (NVML) line)"
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A check as `@check` registered it: where it stands in the report, and whether
+    `mgpu train`'s pre-flight runs it too."""
+
+    function: CheckFunction
+    order: int
+    preflight: bool
+
+
+# Every check, by name: filled by `@check` when its topic module is imported (run.py
+# imports them all), so a new check is added in one place, its own module.
+REGISTRY: dict[str, Registered] = {}
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def check(order: int, *, preflight: bool = False) -> Callable[[_Function], _Function]:
+    """Register a check: `order` is its place in the report (the numbers leave room
+    between them); `preflight` puts it in the checks `mgpu train` runs before it starts."""
+
+    def register(function: _Function) -> _Function:
+        known = REGISTRY.get(function.__name__)
+        if known is not None and known.function.__module__ != function.__module__:
+            raise ValueError(f"two checks named {function.__name__}")
+        REGISTRY[function.__name__] = Registered(function, order, preflight)
+        return function
+
+    return register
 
 
 @dataclass(frozen=True)

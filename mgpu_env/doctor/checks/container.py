@@ -16,6 +16,7 @@ from mgpu_env.doctor.checks.common import (
     Check,
     Skipped,
     Status,
+    check,
     limit_text,
     no_gpu,
     wants_gpus,
@@ -27,6 +28,7 @@ DOCKER_DEFAULT_SHM = 64 * MIB
 NVIDIA_STACK_BYTES = 64 * MIB
 
 
+@check(50)
 def check_device_files(facts: Facts) -> Check:
     title = "GPU device files"
     host = facts.host
@@ -70,6 +72,7 @@ def check_device_files(facts: Facts) -> Check:
 # ---------------------------------------------------------------------------- limits
 
 
+@check(260)
 def check_shm(facts: Facts) -> Check:
     title = "/dev/shm size"
     expected = "more than Docker's 64 MiB default (1 GiB or more for multi-GPU)"
@@ -84,6 +87,7 @@ def check_shm(facts: Facts) -> Check:
     return Check("container.shm", title, "ok", found, expected)
 
 
+@check(270)
 def check_memlock(facts: Facts) -> Check:
     title = "memlock limit"
     expected = "unlimited (CUDA and NCCL pin host memory)"
@@ -101,6 +105,7 @@ def check_memlock(facts: Facts) -> Check:
                  "(outside a container: `ulimit -l unlimited` via /etc/security/limits.conf)")
 
 
+@check(280)
 def check_stack(facts: Facts) -> Check:
     title = "stack limit"
     expected = (
@@ -121,6 +126,7 @@ def check_stack(facts: Facts) -> Check:
                  "(bytes); outside a container: `ulimit -s 65536` (KiB) before mgpu")
 
 
+@check(290)
 def check_user(facts: Facts) -> Check:
     title = "User"
     expected = "a non-root user"
@@ -139,6 +145,7 @@ def check_user(facts: Facts) -> Check:
     return Check("container.user", title, "warn", "root (uid 0)", expected, fix)
 
 
+@check(300)
 def check_run_folder(facts: Facts) -> Check:
     title = "Run folder"
     expected = "writable by this user (checkpoints, logs, model.keras, metrics.json)"

@@ -11,6 +11,7 @@ from mgpu_env.doctor.checks.common import (
     Check,
     Skipped,
     Status,
+    check,
     fewer_than_two_gpus,
     no_gpu,
     target_build,
@@ -32,6 +33,7 @@ FIX_NVCC = (
 )
 
 
+@check(70, preflight=True)
 def check_tf_build(facts: Facts) -> Check:
     title = "TensorFlow build"
     row = target_build(facts)
@@ -74,6 +76,7 @@ def check_tf_build(facts: Facts) -> Check:
     return Check("tensorflow.build", title, "ok", found, expected)
 
 
+@check(100, preflight=True)
 def check_cudnn(facts: Facts) -> Check:
     title = "cuDNN loaded"
     row = target_build(facts)
@@ -160,6 +163,7 @@ def _where(stack: CudaStack) -> str:
     )
 
 
+@check(80, preflight=True)
 def check_cuda_libraries(facts: Facts) -> Check:
     """Every library TensorFlow opens for the GPU loads, from where TensorFlow looks."""
     title = "CUDA libraries"
@@ -211,6 +215,7 @@ def _tf_release(facts: Facts) -> str:
             else compat.PINNED_TENSORFLOW + ".*")
 
 
+@check(110, preflight=True)
 def check_nccl(facts: Facts) -> Check:
     """NCCL loads (ncclGetVersion) when an all-reduce between GPUs will need it."""
     title = "NCCL"
@@ -275,6 +280,7 @@ def _xla_matters(facts: Facts) -> tuple[bool, str, Skipped | None]:
     return False, "only XLA=1 (and `mgpu doctor --smoke`) needs it", XLA_OFF
 
 
+@check(130)
 def check_ptxas(facts: Facts) -> Check:
     """The ptxas XLA would run, and its version against the build's CUDA."""
     title = "ptxas (XLA)"
@@ -300,6 +306,7 @@ def check_ptxas(facts: Facts) -> Check:
     return Check("cuda.ptxas", title, "ok", found, expected)
 
 
+@check(140)
 def check_libdevice(facts: Facts) -> Check:
     """libdevice.10.bc where XLA looks for it (the first <root>/nvvm/libdevice)."""
     title = "libdevice (XLA)"

@@ -6,6 +6,7 @@ from mgpu_env.doctor.checks.common import (
     FIX_DRIVER_IN_CONTAINER,
     Check,
     Status,
+    check,
     expected_tf_gpus,
     gpu_compose_file,
     no_gpu,
@@ -13,8 +14,16 @@ from mgpu_env.doctor.checks.common import (
     target_build,
     wants_gpus,
 )
+from mgpu_env.doctor.checks.containerview import FIX_COMPUTE
+from mgpu_env.doctor.checks.nvmlcause import (
+    failed_devices,
+    gpus_on_machine,
+    nvml_failure,
+    permission_cause,
+)
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat, cudaerrors, hostgpus
+from mgpu_env.hardware.cudadriver import DriverApi
 
 FIX_NVML_LOST = (
     "recreate the container (`docker compose up -d --force-recreate`, or stop and start it); "
@@ -24,6 +33,7 @@ FIX_NVML_LOST = (
 )
 
 
+@check(10, preflight=True)
 def check_nvml(facts: Facts) -> Check:
     snapshot = facts.nvml
     listing = snapshot.listing
@@ -44,6 +54,8 @@ def check_nvml(facts: Facts) -> Check:
         found = (
             f"driver {version}, NVML {snapshot.nvml_version.text()}, {len(listing.gpus)} GPU(s)"
         )
+        if listing.failed and wants_gpus(facts):
+            return _failed_devices(facts, found)
         if intended and not listing.gpus:
             return Check("driver.nvml", title, "warn", found + compose,
                          "NVML loads and lists the GPUs", nvml_fix(facts))
@@ -52,20 +64,48 @@ def check_nvml(facts: Facts) -> Check:
     if not wants_gpus(facts):
         return Check("driver.nvml", title, "skip", found, "not needed with GPUS=none",
                      skipped_for=no_gpu(facts))
-    status: Status = "warn" if facts.request.kind == "all" else "error"
-    consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
-    fix = nvml_fix(facts)
+    return _nvml_failed(facts, found)
+
+
+def _failed_devices(facts: Facts, found: str) -> Check:
+    """GPUs NVML counts but cannot use: an error when GPUS asks for them all, a warning when
+    GPUS already keeps to the healthy ones."""
+    failing, fix = failed_devices(facts)
+    status: Status = "error" if facts.request.kind == "all" else "warn"
+    return Check("driver.nvml", "Driver (NVML)", status, f"{found}; {failing}",
+                 "every GPU answers NVML", fix)
+
+
+def _nvml_failed(facts: Facts, found: str) -> Check:
+    """NVML cannot start or list the GPUs: on a machine with NVIDIA GPUs an error with the
+    cause the facts point to (never a silent "CPU only"); on a machine without, a warning."""
+    listing = facts.nvml.listing
+    title = "Driver (NVML)"
+    gpus = gpus_on_machine(facts)
+    explained = nvml_failure(facts)
+    fix = explained.fix
     files = facts.host.device_files.value or ()
-    if ("Unknown Error" in (listing.error or "") and facts.host.in_container.value
-            and "nvidiactl" in files):
+    if (listing.error_code in (999, None) and "Unknown Error" in (listing.error or "")
+            and facts.host.in_container.value and "nvidiactl" in files):
         # The container had its GPUs and lost them: systemd rewrote its cgroup's device
         # rules (NVIDIA/nvidia-container-toolkit#48).
         found += " (the container had the GPUs: it lost them, typically after `systemctl " \
                  "daemon-reload` on the host)"
         fix = FIX_NVML_LOST
+    elif explained.cause and (gpus or explained.fix != nvml_fix(facts)):
+        # (A machine without any NVIDIA GPU and the usual fix: the finding says enough.)
+        found += f"\ncause: {explained.cause}"
+    if gpus:
+        shown = ", ".join(gpus[:8]) + (", ..." if len(gpus) > 8 else "")
+        found += (f"\n{len(gpus)} NVIDIA GPU(s) on this machine ({shown}) and none usable: "
+                  "not a CPU machine (GPUS=none trains on the CPU on purpose)")
+        return Check("driver.nvml", title, "error", found, "NVML loads", fix)
+    status: Status = "warn" if facts.request.kind == "all" else "error"
+    consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
     return Check("driver.nvml", title, status, found + consequence, "NVML loads", fix)
 
 
+@check(20, preflight=True)
 def check_driver_version(facts: Facts) -> Check:
     title = "Driver version"
     row = target_build(facts)
@@ -105,6 +145,7 @@ def check_driver_version(facts: Facts) -> Check:
     )
 
 
+@check(30, preflight=True)
 def check_driver_cuda(facts: Facts) -> Check:
     title = "Driver CUDA"
     row = target_build(facts)
@@ -157,19 +198,36 @@ def _uvm_missing_in_container(facts: Facts) -> bool:
                 and "nvidia-uvm" not in files.value and not facts.host.wsl_gpu.value)
 
 
+def _libcuda_against_module(facts: Facts, path: str) -> str | None:
+    """The kernel module's version against the libcuda.so.<version> that loaded, when they
+    differ (the driver's files carry its version in their name)."""
+    kernel = facts.host.nvidia.kernel_driver.value
+    name = path.rsplit("/", 1)[-1]
+    library = name.removeprefix("libcuda.so.") if name.startswith("libcuda.so.") else ""
+    if not kernel or not library[:1].isdigit() or library == kernel or "compat" in path:
+        return None
+    return f"the kernel module is {kernel}, {path} is {library}"
+
+
 def driver_failure(facts: Facts, code: int, library: str | None) -> tuple[str, str]:
     """(cause, fix) for cuInit's `code` here: the generic cause, refined by the host facts
     (no /dev/nvidia-uvm in a container, a libcuda.so.1 from a compat or stubs folder)."""
     known = cudaerrors.describe(code)
     cause, fix = known.cause, known.fix
     path = library or ""
-    if code in (999, 303, 304):
+    blocked = permission_cause(facts.host.nvidia)
+    if code in (100, 304, 999) and blocked is not None:
+        # No permission on /dev/nvidia*: CUDA sees no device it may open.
+        cause, fix = f"{known.cause}: {blocked.cause}", blocked.fix
+    elif code in (999, 303, 304):
         uvm = _uvm_text(facts)
         if _uvm_missing_in_container(facts):
             cause, fix = ("the container has no /dev/nvidia-uvm, which CUDA needs",
                           cudaerrors.FIX_UVM_CONTAINER)
         elif uvm:
             cause += f" ({uvm})"
+    elif code == 803 and (versions := _libcuda_against_module(facts, path)):
+        cause = f"{known.cause}: {versions}"
     elif code in (803, 804) and "compat" in path.split("/"):
         cause = (f"{known.cause}: {library} is a forward-compatibility library "
                  "(a `compat` folder on LD_LIBRARY_PATH)")
@@ -179,6 +237,15 @@ def driver_failure(facts: Facts, code: int, library: str | None) -> tuple[str, s
     return cause, fix
 
 
+def _summary(api: DriverApi | None) -> str:
+    if api is None or (api.library is None and api.init_code is None):
+        return "libcuda.so.1 does not load"
+    if api.init_code:
+        return f"cuInit(0) = {api.init_code} {cudaerrors.name(api.init_code)}"
+    return "cuInit ok"
+
+
+@check(40)
 def check_cuda_driver(facts: Facts) -> Check:
     """cuInit in a process with the run's environment: which libcuda.so.1, its result code,
     and as many GPUs as NVML (and GPUS) say."""
@@ -186,8 +253,16 @@ def check_cuda_driver(facts: Facts) -> Check:
     expected = "libcuda.so.1 of the driver loads, cuInit(0) = CUDA_SUCCESS, every GPU asked for"
     probed = facts.cuda_driver
     if probed is None:
-        return Check("driver.cuda_init", title, "skip", "not probed (no GPU from NVML)",
+        return Check("driver.cuda_init", title, "skip", "not probed",
                      expected, skipped_for=no_gpu(facts))
+    api = probed.value
+    if not facts.gpus and not facts.nvml.listing.failed and not gpus_on_machine(facts) and not (
+            api is not None and api.initialised and api.device_count):
+        # A machine with no NVIDIA GPU: CUDA has nothing to find, which is no fault.
+        said = probed.text() if not probed.ok else _summary(api)
+        return Check("driver.cuda_init", title, "skip",
+                     f"{said} (no NVIDIA GPU on this machine)", expected,
+                     skipped_for=no_gpu(facts))
     if not probed.ok or probed.value is None:
         return Check("driver.cuda_init", title, "warn", probed.text(), expected,
                      "run `nvidia-smi` and `dmesg | grep -i nvrm` to see what the driver says")
@@ -197,6 +272,13 @@ def check_cuda_driver(facts: Facts) -> Check:
         fix = (FIX_DRIVER_IN_CONTAINER if facts.host.in_container.value else
                "reinstall the NVIDIA driver (it ships libcuda.so.1); `ldconfig -p | grep "
                "libcuda` shows what the loader knows")
+        if facts.host.in_container.value and facts.gpus:
+            # NVML answers, so the toolkit gave the GPUs and its `utility` libraries, but
+            # not `compute`'s libcuda.so.1.
+            caps = facts.environ.get("NVIDIA_DRIVER_CAPABILITIES", "unset")
+            found += (f"\ncause: NVML works in this container but the toolkit mounted no "
+                      f"libcuda.so.1 (NVIDIA_DRIVER_CAPABILITIES={caps})")
+            fix = FIX_COMPUTE
         return Check("driver.cuda_init", title, "error", found, expected, fix)
     where = api.library or "libcuda.so.1 (file not found in /proc/self/maps)"
     version = f"CUDA {api.cuda_version}" if api.cuda_version else "version unknown"

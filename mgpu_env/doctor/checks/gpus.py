@@ -13,6 +13,7 @@ from mgpu_env.doctor.checks.common import (
     Check,
     Status,
     cc_text,
+    check,
     fewer_than_two_gpus,
     gpu_names,
     indices_text,
@@ -227,6 +228,7 @@ def _compute_mode_problems(gpu: GpuInfo) -> list[tuple[Status, str]]:
     return []
 
 
+@check(190)
 def check_mixed_precision(facts: Facts) -> Check:
     """MIXED_PRECISION judged by training's own rule, `choose_precision`: what it refuses is
     an error here too; a request it turns into float32, or fp16 where MIXED_PRECISION=1
@@ -282,6 +284,7 @@ def check_mixed_precision(facts: Facts) -> Check:
     return Check("gpu.mixed_precision", title, "ok", found, expected)
 
 
+@check(200)
 def check_uniform(facts: Facts) -> Check:
     title = "Same GPU model"
     expected = "every GPU used has the same model (MirroredStrategy waits for the slowest)"
@@ -290,8 +293,17 @@ def check_uniform(facts: Facts) -> Check:
                      skipped_for=fewer_than_two_gpus(facts))
     kinds = {(g.name, g.compute_capability.value) for g in facts.selected}
     found = gpu_names(facts.selected)
-    if len(kinds) == 1:
+    memory = {g.memory_total_mib.value for g in facts.selected if g.memory_total_mib.ok}
+    if len(kinds) == 1 and len(memory) <= 1:
         return Check("gpu.uniform", title, "ok", found, expected)
+    if len(kinds) == 1:
+        # Same model, different memory (40 and 80 GB boards of one name, a MIG slice):
+        # every replica's batch must fit the smallest.
+        sizes = ", ".join(f"GPU {g.index}: {g.memory_total_mib.value} MiB"
+                          for g in facts.selected if g.memory_total_mib.ok)
+        return Check("gpu.uniform", title, "warn", f"{found}; memory {sizes}", expected,
+                     "every replica's batch must fit the smallest GPU: choose GPUs of one "
+                     "memory size with GPUS=...")
     return Check("gpu.uniform", title, "warn", found, expected,
                  "every step waits for the slowest GPU: choose identical GPUs with GPUS=...")
 
@@ -307,6 +319,7 @@ def _link_text(link: GpuLink) -> str:
     return f"{link.a}-{link.b}: {topology}, {via}"
 
 
+@check(210)
 def check_topology(facts: Facts) -> Check:
     title = "GPU links"
     expected = "NVLink, or P2P through one PCIe switch or host bridge"
@@ -337,5 +350,6 @@ def check_topology(facts: Facts) -> Check:
     return Check("gpu.topology", title, "ok", found, expected)
 
 
+@check(170, preflight=True)
 def gpu_checks(facts: Facts) -> list[Check]:
     return [check_gpu(facts, gpu) for gpu in facts.gpus]

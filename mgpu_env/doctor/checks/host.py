@@ -3,7 +3,7 @@ the GPU compose file is selected), and what can break P2P between GPUs."""
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import Check, fewer_than_two_gpus
+from mgpu_env.doctor.checks.common import Check, check, fewer_than_two_gpus
 from mgpu_env.doctor.facts import Facts
 
 FIX_CONTAINER_TOOLKIT = (
@@ -30,6 +30,7 @@ FIX_P2P_VM = (
 )
 
 
+@check(310)
 def check_docker(facts: Facts) -> list[Check]:
     """Nothing unless the GPU compose file is selected on a host (not in a container)."""
     probed = facts.docker
@@ -55,6 +56,7 @@ def check_docker(facts: Facts) -> list[Check]:
                   FIX_SNAP_DOCKER if snap else FIX_CONTAINER_TOOLKIT)]
 
 
+@check(220)
 def check_p2p(facts: Facts) -> Check:
     """Whether the host can break the PCIe P2P path NVML reports between the GPUs."""
     title = "P2P path"

@@ -6,6 +6,7 @@ removes it; a TensorFlow whose RUNPATH misses the wheels (tensorflow#63362)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from mgpu_env.doctor.checks.common import (
@@ -13,6 +14,7 @@ from mgpu_env.doctor.checks.common import (
     TF_SKIPPED,
     Check,
     Status,
+    check,
     no_gpu,
 )
 from mgpu_env.doctor.facts import Facts
@@ -135,6 +137,32 @@ def library_cause(facts: Facts) -> tuple[str, str] | None:
     return None
 
 
+_NOT_LOADED = re.compile(r"Could not load dynamic library '?([\w.+-]+\.so[\w.]*)'?")
+
+
+def search_path_cause(facts: Facts) -> tuple[str, str] | None:
+    """(cause, fix) when TensorFlow says it could not load a library that the doctor's own
+    probe loaded: the file is there, TensorFlow's loader does not search where it is (its
+    RUNPATH, LD_LIBRARY_PATH); the fix adds that folder."""
+    tf, stack = facts.tensorflow, facts.cuda
+    if tf is None or stack is None or not tf.log:
+        return None
+    for soname in _NOT_LOADED.findall("\n".join(tf.log)):
+        for spec in LIBRARIES:
+            loaded = stack.library(spec.name)
+            if soname_prefix(spec.soname) != soname_prefix(soname) or not loaded.ok \
+                    or loaded.value is None or "/" not in loaded.value.path:
+                continue
+            folder = os.path.dirname(loaded.value.path)
+            return (f"TensorFlow could not load {soname}, but it loads from {folder} "
+                    f"({loaded.value.source}): TensorFlow's loader does not search there "
+                    "(its RUNPATH, LD_LIBRARY_PATH)",
+                    f"add the folder to the loader's path: `export LD_LIBRARY_PATH={folder}"
+                    "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}`, then rerun `mgpu doctor`")
+    return None
+
+
+@check(90)
 def check_tf_libraries(facts: Facts) -> Check:
     """The CUDA library files TensorFlow really loaded, against the NVIDIA wheels its
     RUNPATH points to; names what shadowed them and how to remove it."""

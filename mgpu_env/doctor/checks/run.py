@@ -1,79 +1,35 @@
 """The checks in report order, and the runner that turns each into `Check`s.
 
-Apart from `common`, so that the topic modules and the list of them never import each other.
+Every topic module of this package is imported here, which registers its `@check`
+functions (`common.REGISTRY`); the report order and the pre-flight's subset come from
+their registrations, so a new check, or a new topic module, needs no edit here.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Iterable
+from pathlib import Path
 
-from mgpu_env.doctor.checks.cluster import check_cluster
-from mgpu_env.doctor.checks.common import Check, CheckFunction
-from mgpu_env.doctor.checks.container import (
-    check_device_files,
-    check_memlock,
-    check_run_folder,
-    check_shm,
-    check_stack,
-    check_user,
-)
-from mgpu_env.doctor.checks.cuda import (
-    check_cuda_libraries,
-    check_cudnn,
-    check_libdevice,
-    check_nccl,
-    check_ptxas,
-    check_tf_build,
-)
-from mgpu_env.doctor.checks.driver import (
-    check_cuda_driver,
-    check_driver_cuda,
-    check_driver_version,
-    check_nvml,
-)
-from mgpu_env.doctor.checks.gpus import (
-    check_mixed_precision,
-    check_topology,
-    check_uniform,
-    gpu_checks,
-)
-from mgpu_env.doctor.checks.host import check_docker, check_p2p
-from mgpu_env.doctor.checks.libraries import check_tf_libraries
-from mgpu_env.doctor.checks.versions import check_keras, check_versions
-from mgpu_env.doctor.checks.visible import check_request, check_tf_devices, check_visibility_env
+from mgpu_env.doctor.checks.common import REGISTRY, Check, CheckFunction
 from mgpu_env.doctor.facts import Facts
 
-ALL_CHECKS: tuple[CheckFunction, ...] = (
-    check_nvml,
-    check_driver_version,
-    check_driver_cuda,
-    check_cuda_driver,
-    check_device_files,
-    check_tf_build,
-    check_cuda_libraries,
-    check_tf_libraries,
-    check_cudnn,
-    check_nccl,
-    check_ptxas,
-    check_libdevice,
-    check_versions,
-    check_keras,
-    gpu_checks,
-    check_mixed_precision,
-    check_uniform,
-    check_topology,
-    check_p2p,
-    check_request,
-    check_visibility_env,
-    check_tf_devices,
-    check_shm,
-    check_memlock,
-    check_stack,
-    check_user,
-    check_run_folder,
-    check_docker,
-    check_cluster,
-)
+_NOT_TOPICS = {"common", "run"}
+for _module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+    if _module.name not in _NOT_TOPICS:
+        importlib.import_module(f"{__package__}.{_module.name}")
+
+
+def registered(*, preflight: bool = False) -> tuple[CheckFunction, ...]:
+    """The registered checks in report order; with `preflight`, only the pre-flight's."""
+    chosen = sorted((r for r in REGISTRY.values() if r.preflight or not preflight),
+                    key=lambda r: r.order)
+    return tuple(r.function for r in chosen)
+
+
+ALL_CHECKS: tuple[CheckFunction, ...] = registered()
+PREFLIGHT_CHECKS: tuple[CheckFunction, ...] = registered(preflight=True)
 
 
 def run_checks(

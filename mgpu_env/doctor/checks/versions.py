@@ -3,12 +3,13 @@ which Keras `tf.keras` will be (KERAS)."""
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import Check, Status, target_build
+from mgpu_env.doctor.checks.common import Check, Status, check, target_build
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
 from mgpu_env.hardware.nvml import Probed
 
 
+@check(150)
 def check_versions(facts: Facts) -> Check:
     title = "Versions"
     row = target_build(facts)
@@ -44,6 +45,7 @@ def check_versions(facts: Facts) -> Check:
     return Check("versions", title, status, found, expected, "; ".join(t for _, t in problems))
 
 
+@check(160)
 def check_keras(facts: Facts) -> Check:
     """Which Keras a script under `mgpu run` and `mgpu train`'s loop get (KERAS), and why."""
     title = "Keras (tf.keras)"

@@ -8,6 +8,7 @@ from mgpu_env.doctor.checks.common import (
     TF_NOT_PROBED,
     TF_SKIPPED,
     Check,
+    check,
     expected_tf_gpus,
     gpu_names,
     no_gpu,
@@ -15,12 +16,13 @@ from mgpu_env.doctor.checks.common import (
     wants_gpus,
 )
 from mgpu_env.doctor.checks.driver import driver_failure
-from mgpu_env.doctor.checks.libraries import library_cause
+from mgpu_env.doctor.checks.libraries import library_cause, search_path_cause
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.hardware import tflog
 from mgpu_env.hardware.devices import visible_gpus
+from mgpu_env.tfprobes import tflog
 
 
+@check(230, preflight=True)
 def check_request(facts: Facts) -> Check:
     title = "GPUS request"
     count = len(facts.gpus)
@@ -56,6 +58,7 @@ def check_request(facts: Facts) -> Check:
     return Check("visible.request", title, "ok", found, expected)
 
 
+@check(240)
 def check_visibility_env(facts: Facts) -> Check:
     title = "Visible devices"
     env = facts.environ
@@ -90,10 +93,13 @@ def _root_cause(facts: Facts) -> tuple[str, str] | None:
     if api is not None and api.init_code not in (None, 0):
         return driver_failure(facts, api.init_code, api.library)
     tf = facts.tensorflow
-    return library_cause(facts) or (tflog.explain(tf.log) if tf is not None and tf.log
-                                    else None)
+    ignored = tflog.explain(tf.log) if tf is not None and tf.log else None
+    if ignored is not None and ignored[0].startswith("TensorFlow ignores GPU"):
+        return ignored  # TensorFlow's own words for the GPU it left out
+    return library_cause(facts) or search_path_cause(facts) or ignored
 
 
+@check(250, preflight=True)
 def check_tf_devices(facts: Facts) -> Check:
     title = "TensorFlow GPUs"
     tf = facts.tensorflow

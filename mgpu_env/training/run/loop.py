@@ -24,7 +24,7 @@ from typing import Any
 
 from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError, RunFailed
-from mgpu_env.hardware.tfimport import import_tensorflow
+from mgpu_env.tfprobes.tfimport import import_tensorflow
 from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
 from mgpu_env.training.input.feed import make_feed

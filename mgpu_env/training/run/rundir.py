@@ -256,7 +256,7 @@ def completed_epochs(folder: RunFolder) -> int:
     """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
     if folder.fresh:
         return 0
-    from mgpu_env.hardware.tfimport import import_tensorflow
+    from mgpu_env.tfprobes.tfimport import import_tensorflow
 
     tf = import_tensorflow()
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.hardware.tfimport import import_tensorflow
+from mgpu_env.tfprobes.tfimport import import_tensorflow
 from mgpu_env.training.input.data.sets import Part, RowStream, check_finite
 
 MODEL_CONTRACT = (

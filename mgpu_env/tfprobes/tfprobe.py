@@ -13,18 +13,18 @@ import ctypes
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpu_env.hardware import cudalibs, tflog
+from mgpu_env.hardware import childprobe, cudalibs
 from mgpu_env.hardware.cudalibs import (  # cudalibs decodes every library's version
     decode_cudnn_version as decode_cudnn_version,
 )
 from mgpu_env.hardware.nvml import Probed, probe
-from mgpu_env.hardware.tfimport import import_tensorflow
+from mgpu_env.tfprobes import tflog
+from mgpu_env.tfprobes.tfimport import import_tensorflow
 
 JSON_MARKER = "MGPU_TFPROBE_JSON "
 DEFAULT_TIMEOUT_S = 300.0
@@ -225,30 +225,19 @@ def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) ->
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"
     env["MGPU_DEBUG"] = "1"
     visibility = {k: env[k] for k in VISIBILITY_VARIABLES if k in env}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "mgpu_env.hardware.tfprobe"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    done = childprobe.run([sys.executable, "-m", "mgpu_env.tfprobes.tfprobe"], env,
+                          marker=JSON_MARKER, timeout_s=timeout_s)
+    if done.start_error is not None:
+        return failed(done.start_error, visibility)
+    if done.timed_out:
         return failed(f"TensorFlow did not answer within {timeout_s:g} s", visibility)
-    except OSError as err:
-        return failed(f"could not start Python: {err}", visibility)
     log = tflog.relevant_lines(done.stderr or "")
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(JSON_MARKER):
-            try:
-                return dataclasses.replace(from_json(line.removeprefix(JSON_MARKER)), log=log)
-            except (ValueError, KeyError, TypeError) as err:
-                return failed(f"unreadable answer from the TensorFlow probe: {err}", visibility,
-                              log)
-    tail = " | ".join(done.stderr.strip().splitlines()[-3:]) or "no output"
-    return failed(f"the TensorFlow probe exited with code {done.returncode}: {tail}",
-                  visibility, log)
+    if done.answer is None:
+        return failed(done.exited("the TensorFlow probe"), visibility, log)
+    try:
+        return dataclasses.replace(from_json(done.answer), log=log)
+    except (ValueError, KeyError, TypeError) as err:
+        return failed(f"unreadable answer from the TensorFlow probe: {err}", visibility, log)
 
 
 def main() -> None:

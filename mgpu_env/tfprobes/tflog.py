@@ -21,6 +21,9 @@ _PREFIX = re.compile(
 )
 # What to keep, most telling first.
 _KINDS: tuple[re.Pattern[str], ...] = (
+    # TensorFlow's own reason for leaving a GPU out (too few multiprocessors, a compute
+    # capability below its minimum): never filtered.
+    re.compile(r"Ignoring visible gpu device|Ignoring (?:the )?GPU", re.I),
     re.compile(r"cuInit", re.I),
     re.compile(r"Cannot dlopen|Could not load dynamic library|dlopen|dlerror|"
                r"undefined symbol|cannot open shared object", re.I),
@@ -49,6 +52,9 @@ def relevant_lines(stderr: str, limit: int = MAX_LINES) -> tuple[str, ...]:
 def explain(lines: Iterable[str]) -> tuple[str, str] | None:
     """(cause, fix) that TensorFlow's log lines point to; None when they name none."""
     text = "\n".join(lines)
+    ignored = _ignored_device(text)
+    if ignored is not None:
+        return ignored
     code = cudaerrors.code_in(text)
     if code is not None and code != 0:
         known = cudaerrors.describe(code)
@@ -72,4 +78,29 @@ def explain(lines: Iterable[str]) -> tuple[str, str] | None:
     if "Loaded runtime CuDNN library" in text:
         return ("TensorFlow loaded an older cuDNN than it was built with",
                 "see the cuDNN loaded and Libraries TensorFlow loaded lines")
+    return None
+
+
+_CORES = re.compile(r"Ignoring visible gpu device \(device: (\d+), name: ([^,]+),.*?\) with "
+                    r"core count: (\d+)\. The minimum required count is (\d+)", re.I)
+_CAPABILITY = re.compile(r"Ignoring visible gpu device \(device: (\d+), name: ([^,]+),.*?\) "
+                         r"with (?:Cuda )?compute capability (\S+?)\.? The minimum required "
+                         r"(?:Cuda )?capability is (\S+?)\.?$", re.I | re.M)
+
+
+def _ignored_device(text: str) -> tuple[str, str] | None:
+    """TensorFlow's "Ignoring visible gpu device" line: its reason, in its words."""
+    match = _CORES.search(text)
+    if match:
+        device, name, cores, minimum = match.groups()
+        return (f"TensorFlow ignores GPU {device} ({name}): {cores} multiprocessors, it wants "
+                f"at least {minimum}",
+                f"set TF_MIN_GPU_MULTIPROCESSOR_COUNT={cores} to let TensorFlow use it (a small "
+                "GPU, slower than the others), or leave it out with GPUS=")
+    match = _CAPABILITY.search(text)
+    if match:
+        device, name, have, want = match.groups()
+        return (f"TensorFlow ignores GPU {device} ({name}): compute capability {have}, this "
+                f"build needs at least {want}",
+                "leave it out with GPUS=, or use a TensorFlow built for this GPU")
     return None

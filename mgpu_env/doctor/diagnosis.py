@@ -1,0 +1,171 @@
+"""Gathering the facts once and judging them: `gather` runs every probe (NVML, the host,
+CUDA's driver API, TensorFlow and the CUDA libraries in children), `diagnose` judges them all
+and, with `smoke`, runs the smoke job with the same runtime (built once per run)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+import mgpu_env.doctor.facts as probes
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.resolve import ResolvedSettings
+from mgpu_env.config.settings import SettingError, SettingsErrors
+from mgpu_env.doctor.checks import ALL_CHECKS, run_checks
+from mgpu_env.doctor.facts import Facts, HostFacts
+from mgpu_env.doctor.verdict import Report
+from mgpu_env.hardware import cudadriver, cudalibs, nvml
+from mgpu_env.hardware.cudadriver import DriverApi
+from mgpu_env.hardware.cudalibs import CudaStack
+from mgpu_env.hardware.devices import GpuSelection, select_gpus
+from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
+from mgpu_env.hardware.nvml import Probed
+from mgpu_env.runtime import Runtime, build_runtime
+from mgpu_env.tfprobes import tfprobe
+from mgpu_env.tfprobes.tfprobe import TfFacts
+
+
+def _decide(
+    resolved: ResolvedSettings, environ: Mapping[str, str], snapshot: nvml.NvmlSnapshot
+) -> Runtime | None:
+    """The runtime training would have; None when the settings cannot make one here (the
+    checks then say why: GPUS against the machine, the precision request, ...)."""
+    try:
+        return build_runtime(resolved, environ, command="train", snapshot=snapshot)
+    except (SettingsErrors, ConfigError):
+        return None
+
+
+def _environment_for_tensorflow(
+    runtime: Runtime | None, environ: Mapping[str, str]
+) -> dict[str, str]:
+    # TensorFlow must see exactly what training would give it.
+    env = dict(environ)
+    if runtime is not None:
+        runtime.apply(env)
+    return env
+
+
+def gather_with_runtime(
+    resolved: ResolvedSettings,
+    environ: Mapping[str, str] | None = None,
+    *,
+    with_tensorflow: bool = True,
+    collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
+    collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
+    collect_driver: Callable[[Mapping[str, str]], Probed[DriverApi]] | None = None,
+) -> tuple[Runtime | None, Facts]:
+    """Run every probe once. NVML and the host take milliseconds; TensorFlow seconds.
+    Returns the runtime training would have (decided once, here; None when the settings
+    cannot make one) with the facts.
+
+    `environ` is only read (TensorFlow and the CUDA library probe run in children with the
+    runtime's environment). `with_tensorflow=False` (--no-tf) skips both.
+    """
+    environ = os.environ if environ is None else environ
+    # The doctor asks NVML even for GPUS=none: it reports the machine, not only the run.
+    snapshot = nvml.snapshot()
+    runtime = _decide(resolved, environ, snapshot)
+    selection, selection_error = _selection_of(runtime, resolved, snapshot, environ)
+    tf_facts = None
+    cuda = None
+    child_environ = _environment_for_tensorflow(runtime, environ)
+    # Always, NVML or not (milliseconds: a child that loads libcuda.so.1 and calls cuInit,
+    # also with --no-tf): when NVML fails, CUDA's answer often names the cause.
+    cuda_driver = (collect_driver or cudadriver.collect)(child_environ)
+    if with_tensorflow:
+        tf_facts = (collect_tensorflow or tfprobe.collect)(child_environ)
+        cuda = (collect_cuda or cudalibs.collect)(child_environ)
+    settings = resolved.settings
+    host = probes.probe_host()
+    docker, p2p = _docker_and_p2p(host, selection, resolved, environ)
+    return runtime, Facts(
+        request=resolved.settings.gpus,
+        nvml=snapshot,
+        selection=selection,
+        selection_error=selection_error,
+        environ=probes.reported_environ(environ),
+        host=host,
+        versions=probes.probe_versions(),
+        tensorflow=tf_facts,
+        mixed_precision=settings.mixed_precision,
+        cuda=cuda,
+        xla=settings.xla,
+        cross_device_ops=settings.cross_device_ops,
+        cluster=(cluster := probes.probe_cluster(settings, environ)),
+        run_folder=probes.probe_run_folder(settings),
+        keras=probes.probe_keras(settings, environ, resolved.env_file_values,
+                                 multi_worker=cluster.cluster is not None),
+        cuda_driver=cuda_driver,
+        docker=docker,
+        p2p=p2p,
+        nccl=probes.probe_nccl(environ),
+    )
+
+
+def _docker_and_p2p(
+    host: HostFacts, selection: GpuSelection | None, resolved: ResolvedSettings,
+    environ: Mapping[str, str],
+) -> tuple[Probed[DockerGpu] | None, P2pHost | None]:
+    """Docker's GPU support where the GPU compose file is selected on a host; the host's
+    P2P facts where two GPUs or more are used."""
+    docker = None
+    if not host.in_container.value and probes.gpu_compose_selected(
+            environ, resolved.env_file_values):
+        docker = probes.probe_docker()
+    p2p = None
+    if selection is not None and len(selection.gpus) >= 2:
+        p2p = probes.probe_p2p(tuple(g.pci_bus_id.value for g in selection.gpus
+                                     if g.pci_bus_id.ok and g.pci_bus_id.value))
+    return docker, p2p
+
+
+def gather(
+    resolved: ResolvedSettings,
+    environ: Mapping[str, str] | None = None,
+    *,
+    with_tensorflow: bool = True,
+    collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
+    collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
+    collect_driver: Callable[[Mapping[str, str]], Probed[DriverApi]] | None = None,
+) -> Facts:
+    """The facts of `gather_with_runtime`, without the runtime."""
+    return gather_with_runtime(
+        resolved, environ, with_tensorflow=with_tensorflow,
+        collect_tensorflow=collect_tensorflow, collect_cuda=collect_cuda,
+        collect_driver=collect_driver)[1]
+
+
+def _selection_of(
+    runtime: Runtime | None, resolved: ResolvedSettings, snapshot: nvml.NvmlSnapshot,
+    environ: Mapping[str, str],
+) -> tuple[GpuSelection | None, str | None]:
+    """The runtime's GPU selection; when the settings made no runtime, the selection alone
+    (a precision or all-reduce that cannot work is judged by its own check), or why GPUS
+    does not fit the machine."""
+    if runtime is not None:
+        return runtime.selection, None
+    try:
+        return select_gpus(resolved.settings.gpus, snapshot.listing, environ), None
+    except SettingError as err:
+        return None, str(err)
+
+
+def diagnose(
+    resolved: ResolvedSettings,
+    environ: Mapping[str, str] | None = None,
+    *,
+    with_tensorflow: bool = True,
+    smoke: bool = False,
+    smoke_timeout_s: float | None = None,
+) -> Report:
+    """Gather the facts and judge them all; with `smoke`, also run the smoke job with the
+    runtime training would have. Never raises for what it finds."""
+    environ = os.environ if environ is None else environ
+    runtime, facts = gather_with_runtime(resolved, environ, with_tensorflow=with_tensorflow)
+    smoke_result = None
+    if smoke:
+        import mgpu_env.doctor.smoke as smoke_job
+
+        smoke_result = smoke_job.run(runtime, environ, smoke_timeout_s, p2p=facts.p2p)
+    return Report(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)
