@@ -228,6 +228,9 @@ def _plan_mirrored_defaults(plan: StrategyPlan) -> None:
         _mgpu_plan = plan
 
         def __init__(self, devices: Any = None, cross_device_ops: Any = None) -> None:
+            # Read by strategy_watch while the base constructor runs: fewer devices than
+            # planned then come from the devices that exist, not from the script's list.
+            self._mgpu_planned_devices = devices is None
             if devices is None:
                 planned, changed = mirrored_devices(plan)
                 if changed is not None:

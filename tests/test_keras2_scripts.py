@@ -54,6 +54,8 @@ class Script:
     done: str  # a line of its output that only its last step prints
     settings: tuple[tuple[str, str], ...] = ()  # beyond VIRTUAL_DEVICES=2
     says: str = ""  # a note mgpu must print on stderr
+    # The strategy that ran, as mgpu's end line says it (read from the strategy itself).
+    ran: str = "MirroredStrategy on 2 devices (CPU:0, CPU:1), 2 replicas in sync"
 
 
 SCRIPTS = [
@@ -61,20 +63,34 @@ SCRIPTS = [
            "Accuracy after restoring the saved model without strategy"),
     # It splits the CPU in 2 itself: with 4 planned, MirroredStrategy() takes the 2 there are.
     Script("tfdocs_distributed_input.py", "none", 0, 0, "3", True, "PerReplica:{",
-           (("VIRTUAL_DEVICES", "4"),), "TensorFlow lists 2 CPU device(s), not the 4 planned"),
+           (("VIRTUAL_DEVICES", "4"),), "TensorFlow lists 2 CPU device(s), not the 4 planned",
+           "MirroredStrategy on 2 devices (CPU:0, CPU:1), 2 replicas in sync (the last of"),
     Script("tfdocs_distributed_keras.py", "mnist", 512, 256, "3", True, "Eval Accuracy"),
-    Script("tfdocs_2023_distributed_keras.py", "mnist", 512, 256, "3", False, "Eval Accuracy"),
-    Script("tfdocs_mixed_precision.py", "mnist", 60000, 10000, "2", True, "Epoch 4: loss="),
-    Script("tfdocs_save_and_load.py", "mnist", 1000, 1000, "3", True, "Restored model"),
-    Script("tfdocs_2023_save_and_load.py", "mnist", 1000, 1000, "3", False,
-           "Restored model, accuracy"),
-    Script("tfdocs_quickstart_advanced.py", "mnist", 512, 256, "3", True, "Epoch 5, Loss"),
+    # Its checkpoints are TensorFlow's (`ModelCheckpoint(checkpoint_prefix,
+    # save_weights_only=True)`, the prefix a name bound to os.path.join(..., "ckpt_{epoch}")).
+    Script("tfdocs_2023_distributed_keras.py", "mnist", 512, 256, "2", True, "Eval Accuracy"),
+    Script("tfdocs_mixed_precision.py", "mnist", 60000, 10000, "2", True, "Epoch 4: loss=",
+           ran="none built, so TensorFlow's default"),
+    Script("tfdocs_save_and_load.py", "mnist", 1000, 1000, "3", True, "Restored model",
+           ran="none built, so TensorFlow's default"),
+    Script("tfdocs_2023_save_and_load.py", "mnist", 1000, 1000, "2", True,
+           "Restored model, accuracy", ran="none built, so TensorFlow's default"),
+    Script("tfdocs_quickstart_advanced.py", "mnist", 512, 256, "3", True, "Epoch 5, Loss",
+           ran="none built, so TensorFlow's default"),
     Script("tfdocs_2023_quickstart_advanced.py", "mnist", 512, 256, "2", True,
-           "Epoch 5, Loss"),
+           "Epoch 5, Loss", ran="none built, so TensorFlow's default"),
     # It compiles outside the strategy's scope: Keras 3 refuses at fit (the scan cannot tell).
     Script("course_basic_mirrored_strategy.py", "mnist", 512, 256, "3", False, "Epoch 12/12"),
     Script("course_multi_gpu_mirrored_strategy.py", "fashion_mnist", 512, 256, "2", True,
            "Epoch 10, Loss"),
+    # keras-io's 2020 guide: its checkpoints are SavedModel folders ("ckpt-{epoch}"), which
+    # Keras 3 refuses when the callback is built, after the first fit; the second run
+    # restores the first's checkpoint. 10000 of the samples are its validation set.
+    Script("kerasio_2020_distributed_training.py", "mnist", 10512, 256, "2", True,
+           "Restoring from ./ckpt/ckpt-1"),
+    # keras-io's 2020 convnet example builds no strategy: one device, whatever was planned.
+    Script("kerasio_2020_mnist_convnet.py", "mnist", 512, 256, "3", True, "Test accuracy:",
+           ran="none built, so TensorFlow's default"),
 ]
 
 
@@ -143,6 +159,9 @@ def test_each_public_script_trains_under_keras_auto_or_ends_with_the_note(
     if script.keras == "2":
         assert "keras: KERAS=auto: the script uses what only Keras 2 has" in summary
     assert script.says in summary
+    if script.keras == "2":  # before the first step: the line that says why
+        assert "  keras 2 code: `" in summary and ": Keras 3" in summary
+    assert f"mgpu run: strategy that ran: {script.ran}" in summary, summary[-3000:]
     if script.trains:
         assert result.returncode == 0, result.stderr[-4000:]
         assert script.done in result.stdout, result.stdout[-3000:]

@@ -42,6 +42,9 @@ class BuiltStrategy:
     kind: str  # the class name: MirroredStrategy
     devices: tuple[str, ...]  # short device names: CPU:0, GPU:1
     replicas: int  # num_replicas_in_sync (every worker's, between workers)
+    # MirroredStrategy() without devices, given the plan's by `mgpu run` (False: the script
+    # named its devices, or another class).
+    planned_devices: bool = False
 
     def describe(self) -> str:
         devices = f"{_count(len(self.devices), 'device')} ({', '.join(self.devices)})" \
@@ -89,6 +92,9 @@ def mismatch(built: BuiltStrategy, planned: PlannedReplicas) -> str | None:
     elif built.kind == "MirroredStrategy" and planned.multi_worker:
         fix = ("MirroredStrategy mirrors one worker's devices: use "
                "tf.distribute.MultiWorkerMirroredStrategy() (or mgpu_env.strategy())")
+    elif built.kind == "MirroredStrategy" and built.planned_devices:
+        return (f"{line}: the script set up {_count(len(built.devices), 'device')} itself "
+                "before it built the strategy, and MirroredStrategy() took those")
     elif built.kind == "MirroredStrategy":
         fix = ("drop its devices argument: tf.distribute.MirroredStrategy() takes the "
                "planned devices")
@@ -106,7 +112,8 @@ def describe_strategy(strategy: Any) -> BuiltStrategy:
         devices = ()
     name = type(strategy).__name__
     return BuiltStrategy(PUBLIC_NAMES.get(name, name), devices,
-                         int(strategy.num_replicas_in_sync))
+                         int(strategy.num_replicas_in_sync),
+                         bool(getattr(strategy, "_mgpu_planned_devices", False)))
 
 
 def watch(planned: PlannedReplicas) -> None:
