@@ -62,7 +62,7 @@ KERAS_2_ONLY_KEYWORDS: dict[str, frozenset[str]] = {
     "predict": frozenset({"max_queue_size", "use_multiprocessing", "workers"}),
     "train_on_batch": frozenset({"reset_metrics"}),
     "test_on_batch": frozenset({"reset_metrics"}),
-    "save_weights": frozenset({"options"}),
+    "save_weights": frozenset({"options", "save_format"}),
     "load_weights": frozenset({"by_name", "options"}),
     "compile": frozenset({"pss_evaluation_shards", "sample_weight_mode",
                           "experimental_steps_per_execution"}),

@@ -264,9 +264,10 @@ class _Visitor(ast.NodeVisitor):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else (
             func.id if isinstance(func, ast.Name) else "")
-        receiver = _dotted(func.value) if isinstance(func, ast.Attribute) else None
-        if receiver is not None:
-            receiver = self._expand(receiver)
+        # A method's receiver as written ("" for one that is not a name: `model().save`);
+        # None for a plain function call.
+        receiver = (self._expand(_dotted(func.value) or "")
+                    if isinstance(func, ast.Attribute) else None)
         if (why := breaks.file_rule(node, receiver, self.constants)) is not None:
             self._add("keras_2", _shown_call(node), node, why=why)
         elif (found := breaks.call_rule(node, receiver)) is not None:
@@ -294,7 +295,7 @@ class _Visitor(ast.NodeVisitor):
 def _shown_call(node: ast.Call) -> str:
     """The call as written, shortened for one line."""
     text = ast.unparse(node)
-    return text if len(text) <= 70 else text[:67] + "..."
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _bound_once(tree: ast.AST) -> dict[str, ast.AST]:
