@@ -322,10 +322,11 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
                target: Target | None = None) -> None:
     if runtime is None:
         return
-    notes = [policy_note(runtime, scan)]
+    notes: list[str | None] = []
     if "tensorflow" in sys.modules:  # a script that never imported it built no strategy
         notes.append(strategy_watch.end_line(planned(runtime),
                                              strategy_watch.built_strategies()))
+    notes.append(policy_note(runtime, scan))
     if err is not None and target is not None:
         notes.append(keras_note(err, sys.modules, runtime.keras, target,
                                 cluster=runtime.cluster is not None, scan=scan))
