@@ -30,9 +30,8 @@ How the decisions reach a script that knows nothing of mgpu:
   the planned devices and all-reduce (`_plan_mirrored_defaults`), checked against the
   devices that exist when it is built (a script may split the devices itself: then those
   are used, and a note says so). Arguments the script passes win.
-- what the script built: every tf.distribute strategy it builds is said on stderr as it is
-  built (class, devices, replicas in sync), with a warning and the fix when its replicas
-  are not the plan's, and again after the script (`runtime/strategy_watch.py`).
+- what the script built: each strategy, as it is built and after the script, with the fix
+  when its replicas are not the plan's (`runtime/strategy_watch.py`).
 """
 
 from __future__ import annotations
@@ -189,8 +188,7 @@ def summary(runtime: Runtime, target: Target, scan: ScriptScan | None = None) ->
     lines.append(f"  precision: {runtime.precision.reason}")
     if runtime.keras.version == "2" or runtime.settings.keras != "auto":
         lines.append(f"  keras: {runtime.keras.reason}")
-    if scan is not None and scan.keras_3_import is None and (
-            why := scan.keras_2_why()) is not None:
+    if scan is not None and scan.keras_3_import is None and (why := scan.keras_2_why()):
         lines.append(f"  keras 2 code: {why}")
     lines.extend(f"  note: {note}" for note in runtime.notes)
     if scan is not None:
@@ -228,9 +226,7 @@ def _plan_mirrored_defaults(plan: StrategyPlan) -> None:
         _mgpu_plan = plan
 
         def __init__(self, devices: Any = None, cross_device_ops: Any = None) -> None:
-            # Read by strategy_watch while the base constructor runs: fewer devices than
-            # planned then come from the devices that exist, not from the script's list.
-            self._mgpu_planned_devices = devices is None
+            self._mgpu_planned_devices = devices is None  # for strategy_watch's fix
             if devices is None:
                 planned, changed = mirrored_devices(plan)
                 if changed is not None:
@@ -322,11 +318,9 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
                target: Target | None = None) -> None:
     if runtime is None:
         return
-    notes: list[str | None] = []
-    if "tensorflow" in sys.modules:  # a script that never imported it built no strategy
-        notes.append(strategy_watch.end_line(planned(runtime),
-                                             strategy_watch.built_strategies()))
-    notes.append(policy_note(runtime, scan))
+    # A script that never imported TensorFlow built no strategy: nothing to say.
+    ran = strategy_watch.end_line(planned(runtime)) if "tensorflow" in sys.modules else None
+    notes = [ran, policy_note(runtime, scan)]
     if err is not None and target is not None:
         notes.append(keras_note(err, sys.modules, runtime.keras, target,
                                 cluster=runtime.cluster is not None, scan=scan))
@@ -379,14 +373,12 @@ def keras_note(
     - tf.keras is Keras 3, and the error is one Keras 2 code meets there (`keras_2_error`),
       or, between workers, any error raised in Keras 3 (keras-team/keras#20585): rerun with
       KERAS=2, the command spelled out;
-    - tf.keras is Keras 3 because KERAS=auto found nothing that needs Keras 2
-      (`keras.by_default`), and the `scan` says the script is `tf.keras` code that does not
-      import Keras 3 itself: whatever the error, Keras 2 code the scan could not see is the
-      likely cause, and KERAS=2 the one thing to try; the known errors name the cause;
+    - tf.keras is Keras 3 because KERAS=auto saw no Keras 2 code (`keras.by_default`), and
+      the `scan` says the script is `tf.keras` code: whatever the error, rerun with KERAS=2
+      (Keras 2 code the scan could not see is the likely cause);
     - tf.keras is Keras 2 but the script imported Keras 3 itself (`import keras`) and the
       error came from it: change that import.
-    None otherwise (the script's own error, or a script that imports Keras 3 itself, which
-    KERAS=2 would not change)."""
+    None otherwise, and for a script that imports Keras 3 itself (KERAS=2 leaves it)."""
     cause = keras_2_error(err)
     raised_in_keras_3 = keras_3_loaded(modules) and _raised_by_keras_3(err, modules["keras"])
     if keras.version == "2":

@@ -153,10 +153,13 @@ def built_strategies() -> tuple[BuiltStrategy, ...]:
     return tuple(_BUILT)
 
 
-def end_line(planned: PlannedReplicas, built: tuple[BuiltStrategy, ...]) -> str | None:
-    """The strategy that ran, for the line after the script: the last one built (a script
-    builds the one it trains with last), how many it built, and the plan when they differ.
-    A script that built none ran on TensorFlow's default strategy: one device."""
+def end_line(planned: PlannedReplicas,
+             built: tuple[BuiltStrategy, ...] | None = None) -> str | None:
+    """The strategy that ran, for the line after the script: the last one `built` (this
+    process's by default; a script builds the one it trains with last), how many it built,
+    and the plan when they differ. A script that built none ran on TensorFlow's default
+    strategy: one device."""
+    built = built_strategies() if built is None else built
     if not built:
         if planned.replicas == 1:
             return None

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tests.keras2_scripts.measure [--repo PATH] [NAME...]   # repo root
 
-Each script of tests/test_keras2_scripts.py's SCRIPTS runs once, in turn, on 2 logical CPUs
+Each script of tests/support/corpus.py's SCRIPTS runs once, in turn, on 2 logical CPUs
 with its stand-in data (as the test runs it), and one line says:
 - what it did: `trained` (exit 0), `told` (failed, and mgpu's last line gives the KERAS=2
   command), `bare` (failed without that line);
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.test_keras2_scripts import RERUN_MARK, SCRIPTS, Script, run_script
+from tests.support.corpus import RERUN_MARK, SCRIPTS, Script, run_script
 
 PLANNED = re.compile(r"(\d+) replica\(s\) \(")
 IN_SYNC = re.compile(r"strategy that ran: (.*?), (\d+) replicas? in sync|strategy that ran: "
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
     if args.repo:
-        import tests.test_keras2_scripts as corpus
+        import tests.support.corpus as corpus
 
         corpus.OFFLINE = corpus.OFFLINE.replace(str(corpus.REPO), args.repo)
     chosen = [s for s in SCRIPTS if not args.names or s.name in args.names]
