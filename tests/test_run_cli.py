@@ -323,12 +323,14 @@ def test_real_strategies_are_recorded_as_they_are_built(
     tf.distribute.MirroredStrategy(list(logical_cpus[:2]))
     tf.distribute.MirroredStrategy([logical_cpus[0]])
     tf.distribute.OneDeviceStrategy(logical_cpus[1])
+    tf.distribute.MirroredStrategy([logical_cpus[0]])  # the same again: said once
     tf.distribute.get_strategy()  # TensorFlow's default: not the script's
     built = strategy_watch.built_strategies()
     assert [(b.kind, b.devices, b.replicas) for b in built] == [
         ("MirroredStrategy", ("CPU:0", "CPU:1"), 2),
         ("MirroredStrategy", ("CPU:0",), 1),
         ("OneDeviceStrategy", ("CPU:1",), 1),
+        ("MirroredStrategy", ("CPU:0",), 1),
     ]
     err = capsys.readouterr().err.splitlines()
     assert err[0] == ("mgpu run: strategy: the script built MirroredStrategy on 2 devices "

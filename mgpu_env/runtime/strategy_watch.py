@@ -139,11 +139,13 @@ def _record(strategy: Any, planned: PlannedReplicas) -> None:
         built = describe_strategy(strategy)
     except Exception:  # a strategy this cannot read: the script's run is what matters
         return
-    first = not _BUILT
+    said = {*_BUILT}  # a script that builds the same strategy 9 times is told once
     _BUILT.append(built)
+    if built in said:
+        return
     if (different := mismatch(built, planned)) is not None:
         print(f"mgpu run: warning: {different}", file=sys.stderr, flush=True)
-    elif first or built != _BUILT[-2]:
+    else:
         print(f"mgpu run: strategy: the script built {built.describe()}, as planned",
               file=sys.stderr, flush=True)
 
