@@ -14,11 +14,20 @@ tests/tutorials/offline lets the MNIST stand-in pass Keras' hash check, and
 tests/keras2_scripts/offline serves `tfds.load('mnist')` from the same file. Sizes are per
 script: as small as its code allows (the mixed-precision guide reshapes to 60000 x 784).
 
-Measured here (TensorFlow 2.21, Keras 3.15, tf_keras 2.21; GPUS=none VIRTUAL_DEVICES=2):
-before the source scan, KERAS=auto gave every one Keras 3 on one machine and 4 of the 11
-trained; now 8 train under KERAS=auto (4 of them on tf_keras, chosen from their source) and
-3 fail in Keras 3 code the scan cannot see (a checkpoint path in a variable, `compile`
-outside the scope) and end with the KERAS=2 note, whose command trains all 3.
+Measured here (TensorFlow 2.21, Keras 3.15, tf_keras 2.21; GPUS=none VIRTUAL_DEVICES=2;
+`.venv/bin/python -m tests.keras2_scripts.measure`, with `--repo` on a checkout of 9dbc031
+for "before"): before the source scan, KERAS=auto gave every one Keras 3 on one machine and
+4 of the first 11 trained. Before the Keras 3 break rules (9dbc031), of the 13 now here 9
+trained (4 on tf_keras chosen at the start), 3 ended with the KERAS=2 note (2 of them only
+at their first save, after training) and 1, keras-io's 2020 guide, failed with a bare
+traceback at its first checkpoint ("The filepath provided must end in `.keras`"). Now 12
+train (7 on tf_keras chosen from their source before the first step, each with the line and
+why) and 1 (`compile` outside the scope, which the source does not show) ends with the note
+when `fit` starts, before its first step; its command trains it. The replicas each one ran
+with, as its strategy says, against the 2 planned: 2 for the 6 that build
+MirroredStrategy(); 1 for the 6 that build none (TensorFlow's default strategy: mgpu's end
+line says so, with the fix); 2 of 4 planned for the distributed-input tutorial, which splits
+the CPU in 2 itself (said at the strategy and at the end).
 """
 
 from __future__ import annotations
