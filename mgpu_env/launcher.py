@@ -160,7 +160,7 @@ def prepare(runtime: Runtime) -> None:
     require_ready(runtime)
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
-    strategy_watch.watch(planned(runtime))
+    strategy_watch.watch(planned(runtime), quiet=runtime.settings.quiet)
     if runtime.cluster is not None and runtime.keras.version == "2":
         _true_batch_metrics_between_workers()
     api.adopt(runtime, tensorflow_prepared=True)
@@ -319,7 +319,8 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
     if runtime is None:
         return
     # A script that never imported TensorFlow built no strategy: nothing to say.
-    ran = strategy_watch.end_line(planned(runtime)) if "tensorflow" in sys.modules else None
+    ran = (strategy_watch.end_line(planned(runtime), quiet=runtime.settings.quiet)
+           if "tensorflow" in sys.modules else None)
     notes = [ran, policy_note(runtime, scan)]
     if err is not None and target is not None:
         notes.append(keras_note(err, sys.modules, runtime.keras, target,

@@ -302,6 +302,9 @@ def test_each_way_a_script_strategy_can_differ_from_the_plan_has_its_words_and_f
     none = end_line(gpus, ())
     assert none is not None and "none built, so TensorFlow's default (one device" in none
     assert end_line(PlannedReplicas(1, "the plan has 1", False), ()) is None
+    # QUIET=1: only what differs from the plan.
+    assert end_line(gpus, (agrees,), quiet=True) is None
+    assert end_line(gpus, (mwms,), quiet=True) == end_line(gpus, (mwms,))
 
 
 def test_real_strategies_are_recorded_as_they_are_built(

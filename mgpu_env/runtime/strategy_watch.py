@@ -116,9 +116,10 @@ def describe_strategy(strategy: Any) -> BuiltStrategy:
                          bool(getattr(strategy, "_mgpu_planned_devices", False)))
 
 
-def watch(planned: PlannedReplicas) -> None:
-    """Record (and say on stderr) every TF 2 strategy built from now on in this process.
-    Imports TensorFlow; a second call only changes the plan compared against."""
+def watch(planned: PlannedReplicas, *, quiet: bool = False) -> None:
+    """Record (and say on stderr) every TF 2 strategy built from now on in this process;
+    `quiet` (QUIET=1): only those that differ from the plan. Imports TensorFlow; a second
+    call only changes the plan compared against."""
     from tensorflow.python.distribute import distribute_lib
 
     base: Any = distribute_lib.StrategyBase
@@ -127,14 +128,14 @@ def watch(planned: PlannedReplicas) -> None:
     def __init__(self: Any, extended: Any) -> None:
         original(self, extended)
         if isinstance(self, distribute_lib.Strategy) and type(self).__name__ != DEFAULT_STRATEGY:
-            _record(self, planned)
+            _record(self, planned, quiet)
 
     __init__._mgpu_original = original  # type: ignore[attr-defined]
     __init__.__doc__ = original.__doc__
     base.__init__ = __init__
 
 
-def _record(strategy: Any, planned: PlannedReplicas) -> None:
+def _record(strategy: Any, planned: PlannedReplicas, quiet: bool) -> None:
     try:
         built = describe_strategy(strategy)
     except Exception:  # a strategy this cannot read: the script's run is what matters
@@ -145,7 +146,7 @@ def _record(strategy: Any, planned: PlannedReplicas) -> None:
         return
     if (different := mismatch(built, planned)) is not None:
         print(f"mgpu run: warning: {different}", file=sys.stderr, flush=True)
-    else:
+    elif not quiet:
         print(f"mgpu run: strategy: the script built {built.describe()}, as planned",
               file=sys.stderr, flush=True)
 
@@ -155,12 +156,12 @@ def built_strategies() -> tuple[BuiltStrategy, ...]:
     return tuple(_BUILT)
 
 
-def end_line(planned: PlannedReplicas,
-             built: tuple[BuiltStrategy, ...] | None = None) -> str | None:
+def end_line(planned: PlannedReplicas, built: tuple[BuiltStrategy, ...] | None = None,
+             *, quiet: bool = False) -> str | None:
     """The strategy that ran, for the line after the script: the last one `built` (this
     process's by default; a script builds the one it trains with last), how many it built,
     and the plan when they differ. A script that built none ran on TensorFlow's default
-    strategy: one device."""
+    strategy: one device. `quiet` (QUIET=1): None when it ran as planned."""
     built = built_strategies() if built is None else built
     if not built:
         if planned.replicas == 1:
@@ -171,6 +172,8 @@ def end_line(planned: PlannedReplicas,
     last = built[-1]
     more = f" (the last of {len(built)} built)" if len(built) > 1 else ""
     different = mismatch(last, planned)
+    if different is None and quiet:
+        return None
     return (f"mgpu run: strategy that ran: {last.describe()}{more}; "
             + (different if different is not None else f"as planned ({planned.by})"))
 
