@@ -243,3 +243,21 @@ def test_a_script_that_imports_keras_3_itself_is_not_told_to_rerun_with_keras_2(
                                scan=own_keras) is None
     assert launcher.keras_note(ValueError("x"), {}, choose(multi_worker=False), TARGET,
                                cluster=False, scan=own_keras) is None
+
+
+def test_the_start_summary_says_why_keras_3_would_fail_on_the_scripts_code(
+    tmp_path: Path,
+) -> None:
+    scan = scanned(tmp_path, "import tensorflow as tf\nm = tf.keras.Sequential()\n"
+                             "m.save('saved_model/my_model')\n")
+    runtime = runtime_of(HOSTS, command="run")
+    target = launcher.Target("train.py", False, (), Path("train.py"))
+    lines = launcher.summary(runtime, target, scan)
+    (why,) = [line for line in lines if line.startswith("  keras 2 code: ")]
+    assert why.endswith("train.py:3: Keras 3 saves a model only to a .keras or .h5 file, not "
+                        "a SavedModel folder (model.export() writes one)"), why
+    # A script that imports Keras 3 itself: its note, not this line.
+    own = scanned(tmp_path, "import keras\nimport tensorflow as tf\n"
+                            "tf.keras.Sequential().save('saved_model/my_model')\n")
+    assert not any(line.startswith("  keras 2 code: ")
+                   for line in launcher.summary(runtime, target, own))
