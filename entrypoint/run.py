@@ -49,7 +49,8 @@ def command(
 
     Its exit code is mgpu's; an exception shows the script's traceback and exits 1.
     Inside it, `mgpu_env.strategy()` is the strategy the settings describe, and a plain
-    `tf.distribute.MirroredStrategy()` takes the selected devices.
+    `tf.distribute.MirroredStrategy()` takes the selected devices; each strategy the script
+    builds is said on stderr, with the fix when its replicas are not the plan's.
     """
     if target and target[0].startswith("-"):
         # Unknown options pass through to the script, so one before it lands here.

@@ -30,6 +30,8 @@ How the decisions reach a script that knows nothing of mgpu:
   the planned devices and all-reduce (`_plan_mirrored_defaults`), checked against the
   devices that exist when it is built (a script may split the devices itself: then those
   are used, and a note says so). Arguments the script passes win.
+- what the script built: each strategy, as it is built and after the script, with the fix
+  when its replicas are not the plan's (`runtime/strategy_watch.py`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from typing import Any
 from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import with_role
-from mgpu_env.runtime import Runtime
+from mgpu_env.runtime import Runtime, strategy_watch
 from mgpu_env.runtime.keras import (
     MULTI_WORKER_ISSUE,
     KerasChoice,
@@ -158,9 +160,16 @@ def prepare(runtime: Runtime) -> None:
     require_ready(runtime)
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
+    strategy_watch.watch(planned(runtime), quiet=runtime.settings.quiet)
     if runtime.cluster is not None and runtime.keras.version == "2":
         _true_batch_metrics_between_workers()
     api.adopt(runtime, tensorflow_prepared=True)
+
+
+def planned(runtime: Runtime) -> strategy_watch.PlannedReplicas:
+    """The replicas the run's settings planned, to hold the script's strategy against."""
+    return strategy_watch.planned_replicas(runtime.strategy_plan, runtime.replicas,
+                                           runtime.role.num_workers)
 
 
 def summary(runtime: Runtime, target: Target, scan: ScriptScan | None = None) -> list[str]:
@@ -179,6 +188,8 @@ def summary(runtime: Runtime, target: Target, scan: ScriptScan | None = None) ->
     lines.append(f"  precision: {runtime.precision.reason}")
     if runtime.keras.version == "2" or runtime.settings.keras != "auto":
         lines.append(f"  keras: {runtime.keras.reason}")
+    if scan is not None and scan.keras_3_import is None and (why := scan.keras_2_why()):
+        lines.append(f"  keras 2 code: {why}")
     lines.extend(f"  note: {note}" for note in runtime.notes)
     if scan is not None:
         lines.extend(f"  note: {note}" for note in scan.notes())
@@ -215,6 +226,7 @@ def _plan_mirrored_defaults(plan: StrategyPlan) -> None:
         _mgpu_plan = plan
 
         def __init__(self, devices: Any = None, cross_device_ops: Any = None) -> None:
+            self._mgpu_planned_devices = devices is None  # for strategy_watch's fix
             if devices is None:
                 planned, changed = mirrored_devices(plan)
                 if changed is not None:
@@ -306,10 +318,13 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
                target: Target | None = None) -> None:
     if runtime is None:
         return
-    notes = [policy_note(runtime, scan)]
+    # A script that never imported TensorFlow built no strategy: nothing to say.
+    ran = (strategy_watch.end_line(planned(runtime), quiet=runtime.settings.quiet)
+           if "tensorflow" in sys.modules else None)
+    notes = [ran, policy_note(runtime, scan)]
     if err is not None and target is not None:
         notes.append(keras_note(err, sys.modules, runtime.keras, target,
-                                cluster=runtime.cluster is not None))
+                                cluster=runtime.cluster is not None, scan=scan))
     for note in notes:
         if note is not None:
             print(note, file=sys.stderr, flush=True)
@@ -351,7 +366,7 @@ def policy_note(runtime: Runtime, scan: ScriptScan | None = None) -> str | None:
 
 def keras_note(
     err: BaseException, modules: Mapping[str, Any], keras: KerasChoice, target: Target,
-    *, cluster: bool,
+    *, cluster: bool, scan: ScriptScan | None = None,
 ) -> str | None:
     """After a script failed: what its traceback does not say when the cause is Keras 2
     code in Keras 3, and the one change that fixes it. `modules`: sys.modules.
@@ -359,9 +374,12 @@ def keras_note(
     - tf.keras is Keras 3, and the error is one Keras 2 code meets there (`keras_2_error`),
       or, between workers, any error raised in Keras 3 (keras-team/keras#20585): rerun with
       KERAS=2, the command spelled out;
+    - tf.keras is Keras 3 because KERAS=auto saw no Keras 2 code (`keras.by_default`), and
+      the `scan` says the script is `tf.keras` code: whatever the error, rerun with KERAS=2
+      (Keras 2 code the scan could not see is the likely cause);
     - tf.keras is Keras 2 but the script imported Keras 3 itself (`import keras`) and the
       error came from it: change that import.
-    None otherwise (the script's own error)."""
+    None otherwise, and for a script that imports Keras 3 itself (KERAS=2 leaves it)."""
     cause = keras_2_error(err)
     raised_in_keras_3 = keras_3_loaded(modules) and _raised_by_keras_3(err, modules["keras"])
     if keras.version == "2":
@@ -372,15 +390,22 @@ def keras_note(
             f"mgpu run: note: tf.keras is Keras 2 here, but the script imported Keras 3 "
             f"(`import keras`){why}.\n  Fix: use `tf.keras`, or `import tf_keras as keras`."
         )
+    if scan is not None and scan.keras_3_import is not None:
+        return None  # its `keras` is Keras 3 under KERAS=2 too: the start summary said so
     if cause is None and cluster and raised_in_keras_3:
         cause = MULTI_WORKER_ISSUE
-    if cause is None:
-        return None
     words = ["mgpu", "run", *(["-m"] if target.is_module else []), target.name, *target.args]
+    rerun = f"Fix: rerun with Keras 2 (tf_keras): KERAS=2 {shlex.join(words)}"
+    if cause is not None:
+        return (f"mgpu run: note: this is Keras 2 code meeting Keras 3 ({cause}); tf.keras "
+                f"is Keras 3 here ({keras.reason}). {rerun}")
+    if not keras.by_default or scan is None or scan.tf_keras_use is None:
+        return None
     return (
-        f"mgpu run: note: this is Keras 2 code meeting Keras 3 ({cause}); tf.keras is "
-        f"Keras 3 here ({keras.reason}). Fix: rerun with Keras 2 (tf_keras): "
-        f"KERAS=2 {shlex.join(words)}"
+        f"mgpu run: note: the script is tf.keras code ({scan.tf_keras_use.describe()}) and "
+        f"failed under Keras 3, which KERAS=auto chose; tf.keras code written before "
+        f"TensorFlow 2.16 is Keras 2 code, which fails in Keras 3 in ways its source does "
+        f"not show. {rerun}"
     )
 
 

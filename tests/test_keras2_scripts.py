@@ -14,114 +14,32 @@ tests/tutorials/offline lets the MNIST stand-in pass Keras' hash check, and
 tests/keras2_scripts/offline serves `tfds.load('mnist')` from the same file. Sizes are per
 script: as small as its code allows (the mixed-precision guide reshapes to 60000 x 784).
 
-Measured here (TensorFlow 2.21, Keras 3.15, tf_keras 2.21; GPUS=none VIRTUAL_DEVICES=2):
-before the source scan, KERAS=auto gave every one Keras 3 on one machine and 4 of the 11
-trained; now 8 train under KERAS=auto (4 of them on tf_keras, chosen from their source) and
-3 fail in Keras 3 code the scan cannot see (a checkpoint path in a variable, `compile`
-outside the scope) and end with the KERAS=2 note, whose command trains all 3.
+Measured here (TensorFlow 2.21, Keras 3.15, tf_keras 2.21; GPUS=none VIRTUAL_DEVICES=2;
+`.venv/bin/python -m tests.keras2_scripts.measure`, with `--repo` on a checkout of 9dbc031
+for "before"): before the source scan, KERAS=auto gave every one Keras 3 on one machine and
+4 of the first 11 trained. Before the Keras 3 break rules (9dbc031), of the 13 now here 9
+trained (4 on tf_keras chosen at the start), 3 ended with the KERAS=2 note (2 of them only
+at their first save, after training) and 1, keras-io's 2020 guide, failed with a bare
+traceback at its first checkpoint ("The filepath provided must end in `.keras`"). Now 12
+train (7 on tf_keras chosen from their source before the first step, each with the line and
+why) and 1 (`compile` outside the scope, which the source does not show) ends with the note
+when `fit` starts, before its first step; its command trains it. The replicas each one ran
+with, as its strategy says, against the 2 planned: 2 for the 6 that build
+MirroredStrategy(); 1 for the 6 that build none (TensorFlow's default strategy: mgpu's end
+line says so, with the fix); 2 of 4 planned for the distributed-input tutorial, which splits
+the CPU in 2 itself (said at the strategy and at the end).
 """
 
 from __future__ import annotations
 
-import gzip
 import shlex
-import struct
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tests.support.run_process import REPO, start
+from tests.support.corpus import CORPUS, RERUN_MARK, SCRIPTS, Script, run_script
 
 pytestmark = pytest.mark.slow
-CORPUS = REPO / "tests" / "keras2_scripts"
-OFFLINE = f"{REPO / 'tests' / 'tutorials' / 'offline'}:{CORPUS / 'offline'}:{REPO}"
-RERUN_MARK = "Fix: rerun with Keras 2 (tf_keras): "
-# A script runs in about 2 minutes on 2 idle cores; several times that on a busy machine.
-SCRIPT_TIMEOUT_S = 1200
-
-
-@dataclass(frozen=True)
-class Script:
-    name: str
-    data: str  # "mnist" or "fashion_mnist"
-    train: int  # stand-in samples
-    test: int
-    keras: str  # the Keras KERAS=auto gives it: "2" (the source scan) or "3"
-    trains: bool  # True: exit 0 under KERAS=auto; False: ends with the KERAS=2 note
-    done: str  # a line of its output that only its last step prints
-    settings: tuple[tuple[str, str], ...] = ()  # beyond VIRTUAL_DEVICES=2
-    says: str = ""  # a note mgpu must print on stderr
-
-
-SCRIPTS = [
-    Script("tfdocs_custom_training.py", "fashion_mnist", 1536, 256, "2", True,
-           "Accuracy after restoring the saved model without strategy"),
-    # It splits the CPU in 2 itself: with 4 planned, MirroredStrategy() takes the 2 there are.
-    Script("tfdocs_distributed_input.py", "none", 0, 0, "3", True, "PerReplica:{",
-           (("VIRTUAL_DEVICES", "4"),), "TensorFlow lists 2 CPU device(s), not the 4 planned"),
-    Script("tfdocs_distributed_keras.py", "mnist", 512, 256, "3", True, "Eval Accuracy"),
-    Script("tfdocs_2023_distributed_keras.py", "mnist", 512, 256, "3", False, "Eval Accuracy"),
-    Script("tfdocs_mixed_precision.py", "mnist", 60000, 10000, "2", True, "Epoch 4: loss="),
-    Script("tfdocs_save_and_load.py", "mnist", 1000, 1000, "3", True, "Restored model"),
-    Script("tfdocs_2023_save_and_load.py", "mnist", 1000, 1000, "3", False,
-           "Restored model, accuracy"),
-    Script("tfdocs_quickstart_advanced.py", "mnist", 512, 256, "3", True, "Epoch 5, Loss"),
-    Script("tfdocs_2023_quickstart_advanced.py", "mnist", 512, 256, "2", True,
-           "Epoch 5, Loss"),
-    # It compiles outside the strategy's scope: Keras 3 refuses at fit (the scan cannot tell).
-    Script("course_basic_mirrored_strategy.py", "mnist", 512, 256, "3", False, "Epoch 12/12"),
-    Script("course_multi_gpu_mirrored_strategy.py", "fashion_mnist", 512, 256, "2", True,
-           "Epoch 10, Loss"),
-]
-
-
-def stand_in(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Noise plus a bright row per label: learnable, so the loss falls as it would."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 10, samples).astype(np.uint8)
-    images = rng.integers(0, 64, (samples, 28, 28)).astype(np.uint8)
-    images[np.arange(samples), 2 + 2 * labels.astype(np.int64), :] = 255
-    return images, labels
-
-
-def write_mnist(home: Path, train: int, test: int) -> Path:
-    path = home / ".keras" / "datasets" / "mnist.npz"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    (x_train, y_train), (x_test, y_test) = stand_in(train, 0), stand_in(test, 1)
-    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
-    return path
-
-
-def write_fashion_mnist(home: Path, train: int, test: int) -> None:
-    """The four IDX files Keras reads (labels: 8-byte header; images: 16-byte header)."""
-    folder = home / ".keras" / "datasets" / "fashion-mnist"
-    folder.mkdir(parents=True, exist_ok=True)
-    for prefix, (images, labels) in (("train", stand_in(train, 0)),
-                                     ("t10k", stand_in(test, 1))):
-        with gzip.open(folder / f"{prefix}-labels-idx1-ubyte.gz", "wb") as out:
-            out.write(struct.pack(">II", 2049, labels.size) + labels.tobytes())
-        with gzip.open(folder / f"{prefix}-images-idx3-ubyte.gz", "wb") as out:
-            out.write(struct.pack(">IIII", 2051, labels.size, 28, 28) + images.tobytes())
-
-
-def run_script(tmp_path: Path, script: Script,
-               **settings: str) -> subprocess.CompletedProcess[str]:
-    home = tmp_path / "home"
-    environment = {"PYTHONPATH": OFFLINE, "QUIET": "0", "VIRTUAL_DEVICES": "2",
-                   **dict(script.settings), **settings}
-    if script.data == "mnist":
-        environment["TUTORIAL_MNIST"] = str(write_mnist(home, script.train, script.test))
-    elif script.data == "fashion_mnist":
-        write_fashion_mnist(home, script.train, script.test)
-    process = start(tmp_path, [str(CORPUS / script.name)], **environment)
-    try:
-        stdout, stderr = process.communicate(timeout=SCRIPT_TIMEOUT_S)
-    finally:
-        process.kill()
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def rerun_settings(stderr: str, script: Path) -> dict[str, str]:
@@ -143,6 +61,9 @@ def test_each_public_script_trains_under_keras_auto_or_ends_with_the_note(
     if script.keras == "2":
         assert "keras: KERAS=auto: the script uses what only Keras 2 has" in summary
     assert script.says in summary
+    if script.keras == "2":  # before the first step: the line that says why
+        assert "  keras 2 code: `" in summary and ": Keras 3" in summary
+    assert f"mgpu run: strategy that ran: {script.ran}" in summary, summary[-3000:]
     if script.trains:
         assert result.returncode == 0, result.stderr[-4000:]
         assert script.done in result.stdout, result.stdout[-3000:]

@@ -14,6 +14,7 @@ from mgpu_env.doctor.checks import check_keras
 from mgpu_env.doctor.facts import KerasFacts
 from mgpu_env.runtime import Execution
 from mgpu_env.runtime.keras import KerasChoice, choose_keras
+from mgpu_env.runtime.source_scan import ScriptScan, scan_script
 from tests.support.runtimes import runtime_of
 
 HOSTS = {"WORKER_HOSTS": "127.0.0.1:2222,127.0.0.1:2223", "WORKER_INDEX": "0",
@@ -193,3 +194,70 @@ def test_the_doctor_says_which_keras_a_run_gets() -> None:
         choose("2", installed=False)
     bad = check_keras(SimpleNamespace(keras=KerasFacts(error=str(raised.value))))  # type: ignore[arg-type]
     assert bad.status == "error" and bad.bad_setting and "pip install" in bad.fix
+
+
+def test_only_keras_3_that_auto_fell_back_to_counts_as_chosen_by_default() -> None:
+    assert choose(multi_worker=False).by_default  # auto, nothing asked, tf_keras installed
+    assert not choose("3", multi_worker=False).by_default  # asked for
+    assert not choose(multi_worker=False, user_legacy="0").by_default  # the user's own
+    assert not choose(multi_worker=False, installed=False).by_default  # KERAS=2 would fail
+    assert not choose(multi_worker=False, command="train").by_default  # mgpu's own loop
+    assert not choose().by_default  # Keras 2 between workers
+
+
+def scanned(tmp_path: Path, source: str) -> ScriptScan:
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    return scan_script(path)
+
+
+def test_any_error_of_a_tf_keras_script_under_default_keras_3_ends_with_keras_2(
+    tmp_path: Path,
+) -> None:
+    one_machine = choose(multi_worker=False)
+    tf_code = scanned(tmp_path, "import tensorflow as tf\nmodel = tf.keras.Sequential()\n")
+    got = launcher.keras_note(FileNotFoundError("data.csv"), {}, one_machine, TARGET,
+                              cluster=False, scan=tf_code)
+    assert got is not None and len(got.splitlines()) == 1
+    assert "the script is tf.keras code (`tf.keras.Sequential` at " in got
+    assert "train.py:2) and failed under Keras 3, which KERAS=auto chose" in got
+    assert got.endswith("Fix: rerun with Keras 2 (tf_keras): KERAS=2 mgpu run train.py "
+                        "--epochs 2")
+    # Keras 3 asked for (KERAS=3 or TF_USE_LEGACY_KERAS=0): the script's own error stays its.
+    for asked in (choose("3", multi_worker=False), choose(multi_worker=False, user_legacy="0")):
+        assert launcher.keras_note(FileNotFoundError("x"), {}, asked, TARGET, cluster=False,
+                                   scan=tf_code) is None
+    # A script that is not tf.keras code gets nothing.
+    plain = scanned(tmp_path, "import tensorflow as tf\nx = tf.constant(1)\n")
+    assert launcher.keras_note(FileNotFoundError("x"), {}, one_machine, TARGET,
+                               cluster=False, scan=plain) is None
+
+
+def test_a_script_that_imports_keras_3_itself_is_not_told_to_rerun_with_keras_2(
+    tmp_path: Path,
+) -> None:
+    own_keras = scanned(tmp_path, "import keras\nimport tensorflow as tf\n"
+                                  "m = tf.keras.Sequential()\n")
+    known = AttributeError("'Mean' object has no attribute 'reset_states'")
+    assert launcher.keras_note(known, {}, choose(multi_worker=False), TARGET, cluster=False,
+                               scan=own_keras) is None
+    assert launcher.keras_note(ValueError("x"), {}, choose(multi_worker=False), TARGET,
+                               cluster=False, scan=own_keras) is None
+
+
+def test_the_start_summary_says_why_keras_3_would_fail_on_the_scripts_code(
+    tmp_path: Path,
+) -> None:
+    scan = scanned(tmp_path, "import tensorflow as tf\nm = tf.keras.Sequential()\n"
+                             "m.save('saved_model/my_model')\n")
+    runtime = runtime_of(HOSTS, command="run")
+    target = launcher.Target("train.py", False, (), Path("train.py"))
+    lines = launcher.summary(runtime, target, scan)
+    (why,) = [line for line in lines if line.startswith("  keras 2 code: ")]
+    assert why.endswith("train.py:3: Keras 3 saves a model only to a .keras or .h5 file, not "
+                        "a SavedModel folder (model.export() writes one)"), why
+    # A script that imports Keras 3 itself: its note, not this line.
+    own = scanned(tmp_path, "import keras\nimport tensorflow as tf\n"
+                            "tf.keras.Sequential().save('saved_model/my_model')\n")
+    assert not any(line.startswith("  keras 2 code: ")
+                   for line in launcher.summary(runtime, target, own))

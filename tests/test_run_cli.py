@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -243,3 +244,101 @@ def test_plain_python_bad_settings_raise_the_same_message(
     monkeypatch.setenv("VIRTUAL_DEVICES", "lots")
     with pytest.raises(ConfigError, match="VIRTUAL_DEVICES='lots'"):
         api.runtime()
+
+
+# ------------------------------------------------------------- the strategy that ran
+
+
+def test_the_plan_is_said_in_the_words_of_the_setting_that_chose_it() -> None:
+    from mgpu_env.runtime.strategy import StrategyPlan
+    from mgpu_env.runtime.strategy_watch import planned_replicas
+
+    def plan(devices: int, device_type: str, physical: int, kind: str = "mirrored") -> Any:
+        names = tuple(f"/device:{device_type}:{i}" for i in range(devices))
+        return StrategyPlan(kind, names, device_type, physical, "ring", "test")  # type: ignore[arg-type]
+
+    assert planned_replicas(plan(2, "GPU", 2), 2, 1).by == "GPUS selected 2"
+    assert planned_replicas(plan(2, "CPU", 1), 2, 1).by == "VIRTUAL_DEVICES planned 2"
+    assert planned_replicas(plan(4, "GPU", 2), 4, 1).by == "VIRTUAL_DEVICES planned 4"
+    assert planned_replicas(plan(1, "CPU", 1), 1, 1).by == "the plan has 1"
+    between = planned_replicas(plan(2, "GPU", 2, "multi_worker"), 4, 2)
+    assert between.by == "2 workers x 2 device(s) planned 4" and between.multi_worker
+
+
+def test_each_way_a_script_strategy_can_differ_from_the_plan_has_its_words_and_fix() -> None:
+    from mgpu_env.runtime.strategy_watch import (
+        BuiltStrategy,
+        PlannedReplicas,
+        end_line,
+        mismatch,
+    )
+
+    gpus = PlannedReplicas(2, "GPUS selected 2", multi_worker=False)
+    cluster = PlannedReplicas(4, "2 workers x 2 device(s) planned 4", multi_worker=True)
+    mwms = BuiltStrategy("MultiWorkerMirroredStrategy", ("GPU:0",), 1)
+    named = BuiltStrategy("MirroredStrategy", ("GPU:0",), 1)
+    split_itself = BuiltStrategy("MirroredStrategy", ("CPU:0",), 1, planned_devices=True)
+    one = BuiltStrategy("OneDeviceStrategy", ("GPU:0",), 1)
+    more = BuiltStrategy("MirroredStrategy", ("GPU:0", "GPU:1", "GPU:2"), 3)
+    agrees = BuiltStrategy("MirroredStrategy", ("GPU:0", "GPU:1"), 2)
+    assert mismatch(agrees, gpus) is None
+    said = mismatch(mwms, gpus)
+    assert said is not None and said.startswith(
+        "the script's MultiWorkerMirroredStrategy uses 1 device (1 replica in sync); "
+        "GPUS selected 2. Fix: ") and "tf.distribute.MirroredStrategy()" in said
+    assert "drop its devices argument" in (mismatch(named, gpus) or "")
+    assert "the script set up 1 device itself" in (mismatch(split_itself, gpus) or "")
+    assert "Fix:" not in (mismatch(split_itself, gpus) or "Fix:")
+    assert "use tf.distribute.MirroredStrategy()" in (mismatch(one, gpus) or "")
+    assert "MultiWorkerMirroredStrategy()" in (mismatch(agrees, cluster) or "")
+    assert mismatch(more, gpus) == ("the script's MirroredStrategy uses 3 devices "
+                                    "(3 replicas in sync); GPUS selected 2")
+    # The end line: the last one built, or none at all.
+    assert end_line(gpus, (mwms, agrees)) == (
+        "mgpu run: strategy that ran: MirroredStrategy on 2 devices (GPU:0, GPU:1), 2 replicas"
+        " in sync (the last of 2 built); as planned (GPUS selected 2)")
+    assert "; the script's MultiWorkerMirroredStrategy uses 1 device" in (
+        end_line(gpus, (mwms,)) or "")
+    none = end_line(gpus, ())
+    assert none is not None and "none built, so TensorFlow's default (one device" in none
+    assert end_line(PlannedReplicas(1, "the plan has 1", False), ()) is None
+    # QUIET=1: only what differs from the plan.
+    assert end_line(gpus, (agrees,), quiet=True) is None
+    assert end_line(gpus, (mwms,), quiet=True) == end_line(gpus, (mwms,))
+
+
+def test_real_strategies_are_recorded_as_they_are_built(
+    logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import tensorflow as tf
+    from tensorflow.python.distribute import distribute_lib
+
+    from mgpu_env.runtime import strategy_watch
+
+    # Restore TensorFlow's constructor, and forget what was built, after the test.
+    monkeypatch.setattr(distribute_lib.StrategyBase, "__init__",
+                        distribute_lib.StrategyBase.__init__)
+    monkeypatch.setattr(strategy_watch, "_BUILT", [])
+    planned = strategy_watch.PlannedReplicas(2, "VIRTUAL_DEVICES planned 2", False)
+    strategy_watch.watch(planned)
+    strategy_watch.watch(planned)  # twice: still one wrapper
+    tf.distribute.MirroredStrategy(list(logical_cpus[:2]))
+    tf.distribute.MirroredStrategy([logical_cpus[0]])
+    tf.distribute.OneDeviceStrategy(logical_cpus[1])
+    tf.distribute.MirroredStrategy([logical_cpus[0]])  # the same again: said once
+    tf.distribute.get_strategy()  # TensorFlow's default: not the script's
+    built = strategy_watch.built_strategies()
+    assert [(b.kind, b.devices, b.replicas) for b in built] == [
+        ("MirroredStrategy", ("CPU:0", "CPU:1"), 2),
+        ("MirroredStrategy", ("CPU:0",), 1),
+        ("OneDeviceStrategy", ("CPU:1",), 1),
+        ("MirroredStrategy", ("CPU:0",), 1),
+    ]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("mgpu run: strategy: the script built MirroredStrategy on 2 devices "
+                      "(CPU:0, CPU:1), 2 replicas in sync, as planned")
+    assert err[1].startswith("mgpu run: warning: the script's MirroredStrategy uses 1 device "
+                             "(1 replica in sync); VIRTUAL_DEVICES planned 2. Fix: drop its")
+    assert err[2].startswith("mgpu run: warning: the script's OneDeviceStrategy uses 1 device")
+    assert len(err) == 3

@@ -471,3 +471,56 @@ def test_a_script_that_splits_the_cpu_itself_gets_the_real_devices_and_its_polic
     assert "the script set its own precision policy (`set_global_policy()` at own.py:7)" in \
         end[0] and "use mixed_float16, not float32" in end[0], end
     assert "own.py:16 calls apply_gradients with no LossScaleOptimizer" in end[1], end
+
+
+# What a public script of the Keras 2 era does that the plan does not know: a strategy of
+# its own (one replica), a SavedModel checkpoint it would write after training, and an error
+# of its own at the end.
+OWN_STRATEGY = """\
+import sys
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+print("STEP 1 in sync:", strategy.num_replicas_in_sync, flush=True)
+callback = tf.keras.callbacks.ModelCheckpoint(filepath="./ckpt/ckpt-{epoch}")
+raise RuntimeError(f"the script's own error, after {callback.__class__.__name__}")
+"""
+
+
+def test_the_strategy_the_script_built_and_keras_2_chosen_before_its_first_step(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "own.py", OWN_STRATEGY)
+    result = mgpu(tmp_path, [str(path), "--lr", "0.1"], VIRTUAL_DEVICES="2", QUIET="0")
+    assert result.returncode == 1, result.stderr[-3000:]
+    err = result.stderr
+    # Before its first line: Keras 2, the line and why.
+    assert "tf.keras Keras 2 (tf_keras)" in err.splitlines()[0], err[:2000]
+    assert "  keras 2 code: `tf.keras.callbacks.ModelCheckpoint(filepath='./ckpt/ckpt-{epoch}')`"\
+        " at own.py:5: Keras 3's ModelCheckpoint writes only .keras or .h5" in err, err[:3000]
+    assert "STEP 1 in sync: 1" in result.stdout
+    # At the strategy's construction, and at the end: one replica, where 2 were planned.
+    warning = ("mgpu run: warning: the script's MultiWorkerMirroredStrategy uses 1 device "
+               "(1 replica in sync); VIRTUAL_DEVICES planned 2. Fix: ")
+    assert warning in err
+    assert err.index(warning) < err.index("Traceback")
+    assert ("mgpu run: strategy that ran: MultiWorkerMirroredStrategy on 1 device (CPU:0), "
+            "1 replica in sync; the script's MultiWorkerMirroredStrategy uses 1 device") in err
+    assert err.strip().splitlines()[-1].startswith("mgpu run: strategy that ran:")
+
+
+def test_any_error_of_tf_keras_code_under_default_keras_3_ends_with_the_keras_2_command(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "plain.py", "import tensorflow as tf\n"
+                                       "model = tf.keras.Sequential([tf.keras.Input((2,))])\n"
+                                       "raise KeyError('a wording no list holds')\n")
+    result = mgpu(tmp_path, [str(path), "--data", "a b"], VIRTUAL_DEVICES="2")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mgpu run: note: the script is tf.keras code"), last
+    assert last.endswith(f"KERAS=2 mgpu run {path} --data 'a b'"), last
+    assert "mgpu run: strategy that ran: none built, so TensorFlow's default" in result.stderr
+    # The same script importing Keras 3 itself: KERAS=2 would not change it, so no note.
+    own = write(tmp_path, "own.py", "import keras\n" + path.read_text())
+    result = mgpu(tmp_path, [str(own)], VIRTUAL_DEVICES="2")
+    assert result.returncode == 1 and "KERAS=2" not in result.stderr, result.stderr[-2000:]

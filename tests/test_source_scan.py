@@ -58,12 +58,62 @@ GONE = [
      "tf.keras.wrappers.scikit_learn.KerasClassifier"),
     ("tf.keras.backend.get_session()", ".get_session()"),
 ]
-# Keras 2 code the scan cannot see (a path in a variable, a dtype's name), which the failure
-# note recognises after Keras 3 raised.
+# What Keras 3 refuses and tf_keras runs, found by the rules of runtime/keras_3_breaks.py
+# (snippet, the API a finding on its line shows): files a save, checkpoint or load names,
+# keywords and names Keras 3's tf.keras lacks, integer shapes, `optimizer.lr`.
+KERAS_3_REFUSES = [
+    ("model().save('/tmp/mgpu-scan-model')", "model().save('/tmp/mgpu-scan-model')"),
+    ("model().save('/tmp/mgpu-scan-sm', save_format='tf')",
+     "model().save('/tmp/mgpu-scan-sm', save_format='tf')"),
+    ("tf.keras.models.save_model(model(), '/tmp/mgpu-scan-fn')",
+     "tf.keras.models.save_model(model(), '/tmp/mgpu-scan-fn')"),
+    ("model().save_weights('/tmp/mgpu-scan-weights')",
+     "model().save_weights('/tmp/mgpu-scan-weights')"),
+    ("model().save_weights('/tmp/mgpu-scan-w.h5')", "model().save_weights('/tmp/mgpu-scan-w.h5')"),
+    ("tf.keras.callbacks.ModelCheckpoint('/tmp/mgpu-scan-ckpt', save_weights_only=True)",
+     "tf.keras.callbacks.ModelCheckpoint('/tmp/mgpu-scan-ckpt', save_weights_only=True)"),
+    ("tf.keras.callbacks.ModelCheckpoint(filepath='/tmp/mgpu-scan/ckpt-{epoch}')",
+     "tf.keras.callbacks.ModelCheckpoint(filepath='/tmp/mgpu-scan/ckpt-{epoch}')"),
+    ("m = model(); m.save('/tmp/mgpu-scan-sm2'); tf.keras.models.load_model('/tmp/mgpu-scan-sm2')",
+     "tf.keras.models.load_model('/tmp/mgpu-scan-sm2')"),
+    ("m = model(); m.save_weights('/tmp/mgpu-scan-lw'); m.load_weights('/tmp/mgpu-scan-lw')",
+     "m.load_weights('/tmp/mgpu-scan-lw')"),
+    ("tf.keras.Input(500)", "Input(500)"),
+    ("tf.keras.Input(shape=500)", "Input(500)"),
+    ("tf.keras.layers.InputLayer(input_shape=500)", "InputLayer(500)"),
+    ("model().fit(np.zeros((4, 2)), np.zeros((4, 1)), workers=2, verbose=0)",
+     ".fit(workers=...)"),
+    ("model().fit(np.zeros((4, 2)), np.zeros((4, 1)), use_multiprocessing=True, verbose=0)",
+     ".fit(use_multiprocessing=...)"),
+    ("model().evaluate(np.zeros((4, 2)), np.zeros((4, 1)), max_queue_size=2, verbose=0)",
+     ".evaluate(max_queue_size=...)"),
+    ("model().train_on_batch(np.zeros((4, 2)), np.zeros((4, 1)), reset_metrics=False)",
+     ".train_on_batch(reset_metrics=...)"),
+    ("m = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)]); "
+     "m.compile('sgd', 'mse', sample_weight_mode='temporal')",
+     ".compile(sample_weight_mode=...)"),
+    ("optimizer = tf.keras.optimizers.SGD(0.1); optimizer.lr", "optimizer.lr"),
+    ("m = model(); m.optimizer.lr", "m.optimizer.lr"),
+    ("tf.keras.backend.learning_phase()", "tf.keras.backend.learning_phase"),
+    ("from tensorflow.keras import backend as K; K.manual_variable_initialization(False)",
+     "K.manual_variable_initialization"),
+    ("tf.keras.layers.LocallyConnected2D(2, 3)", "tf.keras.layers.LocallyConnected2D"),
+    ("tf.keras.losses.mean_squared_error(np.zeros(2), np.zeros(2))",
+     "tf.keras.losses.mean_squared_error"),
+    ("tf.keras.constraints.RadialConstraint()", "tf.keras.constraints.RadialConstraint"),
+    ("tf.keras.layers.LSTM(2, time_major=True)", "LSTM(time_major=...)"),
+    ("tf.keras.layers.BatchNormalization(fused=True)", "BatchNormalization(fused=...)"),
+    ("tf.keras.layers.Dense(1, dynamic=True)", "Dense(dynamic=...)"),
+    ("tf.keras.layers.Layer().add_weight('w', (2,))", ".add_weight('name', ...)"),
+    ("optimizer = tf.keras.optimizers.SGD(); v = tf.Variable(1.0); "
+     "optimizer.minimize(lambda: v * v, [v])", ".minimize()"),
+    ("tf.keras.callbacks.experimental.BackupAndRestore('/tmp/mgpu-scan-backup')",
+     "tf.keras.callbacks.experimental.BackupAndRestore"),
+    ("tf.compat.v1.layers.Dense(2)", "tf.compat.v1.layers.Dense"),
+]
+# Keras 2 code the scan cannot see (a dtype's name, a TF op on a symbolic tensor), which the
+# failure note recognises after Keras 3 raised.
 SEEN_ONLY_WHEN_IT_FAILS = [
-    "model().save('/tmp/mgpu-scan-model')",
-    "model().save_weights('/tmp/mgpu-scan-weights')",
-    "tf.keras.callbacks.ModelCheckpoint('/tmp/mgpu-scan-ckpt', save_weights_only=True)",
     "tf.keras.layers.Dense(2)(tf.keras.Input((3,))).dtype.name",
     "tf.nn.relu(tf.keras.Input((3,)))",
     "import tf_keras; tf.keras.Sequential([tf_keras.layers.Dense(1)])",
@@ -101,6 +151,82 @@ def test_each_removed_api_gets_a_note_with_its_replacement(
     assert scan.keras_2_evidence() is None  # Keras 2 would not help
     (note,) = scan.notes()
     assert "gone from TensorFlow 2.21" in note and "use " in note
+
+
+@pytest.mark.parametrize(("snippet", "api"), KERAS_3_REFUSES)
+def test_each_keras_3_break_is_found_with_its_line_and_why(
+    tmp_path: Path, snippet: str, api: str
+) -> None:
+    path = write(tmp_path, "train.py", PRELUDE + snippet + "\n")
+    scan = scan_script(path)
+    line = PRELUDE.count("\n") + 1
+    found = {finding.api: finding for finding in scan.keras_2}
+    assert api in found and found[api].line == line, scan.keras_2
+    assert found[api].why.startswith(("Keras 3", "tf.compat.v1")), found[api].why
+    assert scan.keras_2_evidence() is not None and scan.removed == ()
+    assert scan.keras_2_why() is not None and ": " in scan.keras_2_why()  # type: ignore[operator]
+
+
+# Code that looks like a break and is not one (Keras 3 runs it, or it is not Keras at all),
+# and paths the source does not fix: the scan finds nothing.
+NOT_BREAKS = [
+    "model().save('m.keras')", "model().save('m.h5')", "model().save('m.hdf5')",
+    "model().save('m.keras', save_format='keras')", "model().save(args.out)",
+    "model().save_weights('w.weights.h5')", "model().save(f'{folder}/{name}')",
+    "tf.keras.callbacks.ModelCheckpoint('best.h5')",
+    "tf.keras.callbacks.ModelCheckpoint(f'{folder}/ckpt-{{epoch}}.keras')",
+    "tf.keras.callbacks.ModelCheckpoint('w.weights.h5', save_weights_only=True)",
+    "tf.keras.models.load_model('m.keras')", "model().load_weights(tf.train.latest_checkpoint(d))",
+    "np.save('array', np.zeros(2))", "image.save('picture.png')", "save('run')",
+    "checkpoint.save('./training_checkpoints/ckpt')", "manager.save()",
+    "tf.saved_model.save(model(), 'exported')", "model().export('exported')",
+    "tf.keras.Input(shape=(500,))", "tf.keras.layers.Dense(1, input_shape=(500,))",
+    "optimizer.learning_rate", "args.lr", "model().fit(x, y, epochs=2)",
+    "sklearn_model.fit(x, y)", "tf.keras.backend.clear_session()",
+    "tf.keras.backend.int_shape(x)", "tf.keras.losses.MeanSquaredError()",
+    "scipy.optimize.minimize(f, x0)",
+]
+
+
+@pytest.mark.parametrize("snippet", NOT_BREAKS)
+def test_keras_3_code_and_other_libraries_calls_are_not_breaks(
+    tmp_path: Path, snippet: str
+) -> None:
+    path = write(tmp_path, "train.py", PRELUDE + snippet + "\n")
+    assert scan_script(path).keras_2 == ()
+
+
+def test_a_path_is_followed_through_names_joins_and_formats(tmp_path: Path) -> None:
+    path = write(tmp_path, "train.py", PRELUDE + (
+        "checkpoint_dir = './training_checkpoints'\n"
+        "checkpoint_prefix = os.path.join(checkpoint_dir, 'ckpt_{epoch}')\n"
+        "tf.keras.callbacks.ModelCheckpoint(filepath=checkpoint_prefix, "
+        "save_weights_only=True)\n"
+        "model().save(checkpoint_dir + '/final')\n"
+        "model().save(pathlib.Path('out') / 'model')\n"
+        "model().save('runs/{}'.format(3))\n"
+        "twice = 'a.keras'\n"
+        "twice = 'b'\n"
+        "model().save(twice)\n"
+    ))
+    lines = [finding.line for finding in scan_script(path).keras_2]
+    start = PRELUDE.count("\n")
+    assert lines == [start + 3, start + 4, start + 5], lines  # `twice`: bound twice, unknown
+
+
+def test_the_scan_knows_whether_the_script_uses_tf_keras(tmp_path: Path) -> None:
+    uses = {
+        "import tensorflow as tf\nm = tf.keras.Sequential()\n": 2,
+        "from tensorflow import keras\n": 1,
+        "from tensorflow.keras import layers\n": 1,
+        "import tensorflow.keras.backend as K\n": 1,
+    }
+    for source, line in uses.items():
+        found = scan_script(write(tmp_path, "uses.py", source)).tf_keras_use
+        assert found is not None and found.line == line, source
+    for source in ("import keras\nkeras.Sequential()\n", "import tensorflow as tf\n"
+                   "tf.constant(1)\n", "import torch\n"):
+        assert scan_script(write(tmp_path, "other.py", source)).tf_keras_use is None, source
 
 
 def test_plain_keras_3_code_finds_nothing(tmp_path: Path) -> None:
@@ -192,7 +318,8 @@ print("RESULTS " + json.dumps(results))
 
 
 def run_each(tmp_path: Path, legacy: str) -> dict[str, list]:
-    snippets = [s for s, _ in KERAS_2_ONLY] + [s for s, _ in GONE] + SEEN_ONLY_WHEN_IT_FAILS
+    snippets = ([s for s, _ in KERAS_2_ONLY] + [s for s, _ in GONE]
+                + [s for s, _ in KERAS_3_REFUSES] + SEEN_ONLY_WHEN_IT_FAILS)
     data = write(tmp_path, "snippets.json", json.dumps([PRELUDE, snippets]))
     script = write(tmp_path, "check.py", CHECK_EACH)
     env = {**os.environ, "TF_USE_LEGACY_KERAS": legacy, "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -214,6 +341,9 @@ def test_the_catalogue_is_what_keras_3_and_tf_keras_really_do(tmp_path: Path) ->
         assert keras_2[snippet][0] == "ran", (snippet, keras_2[snippet])
     for snippet, _ in GONE:
         assert keras_3[snippet][0] == "failed" and keras_2[snippet][0] == "failed", snippet
+    for snippet, _ in KERAS_3_REFUSES:  # the rule, not an error string: Keras 3 refuses
+        assert keras_3[snippet][0] == "failed", (snippet, keras_3[snippet])
+        assert keras_2[snippet][0] == "ran", (snippet, keras_2[snippet])
     for snippet in SEEN_ONLY_WHEN_IT_FAILS:
         outcome, cause, text = keras_3[snippet]
         assert outcome == "failed" and cause is not None, (snippet, text)
@@ -242,3 +372,50 @@ def test_a_package_built_on_keras_3_keeps_keras_3(tmp_path: Path) -> None:
     scan = scan_script(path)
     assert scan.keras_2_evidence() is None
     assert "`import keras_hub` at train.py:1 imports Keras 3 itself" in scan.notes()[0]
+
+
+TABLES = """\
+import inspect, json, sys
+import tensorflow as tf
+import tf_keras
+from mgpu_env.runtime.keras_3_breaks import COMPARED_MODULES
+names = {}
+for module in COMPARED_MODULES:
+    old, new = tf_keras, tf.keras
+    for part in module.split("."):
+        old, new = getattr(old, part), getattr(new, part)
+    gone = sorted(n for n in dir(old) if not n.startswith("_")
+                  and not inspect.ismodule(getattr(old, n)) and not hasattr(new, n))
+    if gone:
+        names[module] = gone
+keywords = {}
+for method in ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "save_weights",
+               "load_weights", "compile"):
+    old = set(inspect.signature(getattr(tf_keras.Model, method)).parameters)
+    new = set(inspect.signature(getattr(tf.keras.Model, method)).parameters)
+    keywords[method] = sorted(old - new - {"kwargs"})
+print("TABLES " + json.dumps([tf.keras.__name__, names, keywords]))
+"""
+
+
+@pytest.mark.slow
+def test_the_tables_are_the_difference_between_the_two_keras(tmp_path: Path) -> None:
+    """KERAS_2_ONLY_NAMES is exactly what tf_keras has and Keras 3's tf.keras lacks, module by
+    module; KERAS_2_ONLY_KEYWORDS holds every keyword Model's signatures lost (compile's
+    sample_weight_mode and experimental_steps_per_execution went through **kwargs: the
+    catalogue above runs them)."""
+    from mgpu_env.runtime.keras_3_breaks import KERAS_2_ONLY_KEYWORDS, KERAS_2_ONLY_NAMES
+
+    script = write(tmp_path, "tables.py", TABLES)
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "0", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("TABLES ")]
+    assert lines, done.stderr[-3000:]
+    keras_name, names, keywords = json.loads(lines[-1][7:])
+    assert keras_name.startswith("keras"), keras_name  # Keras 3's tf.keras, not tf_keras
+    assert {m: sorted(n) for m, n in KERAS_2_ONLY_NAMES.items()} == names
+    for method, lost in keywords.items():
+        assert set(lost) <= KERAS_2_ONLY_KEYWORDS.get(method, frozenset()), (method, lost)
+    assert {m for m, lost in keywords.items() if lost} == set(KERAS_2_ONLY_KEYWORDS)

@@ -11,8 +11,9 @@ Code written for Keras 2 (`tf.keras` before TensorFlow 2.16) meets Keras 3 on on
 too: `metric.reset_states()`, `tf.keras.optimizers.legacy`, `get_scaled_loss`. `mgpu run`
 reads the script first (`runtime/source_scan.py`); what only Keras 2 has makes KERAS=auto
 choose tf_keras, with the API and its file:line in the reason. What the scan cannot see,
-the failure does: `keras_2_error` recognises the errors Keras 2 code meets in Keras 3, and
-the launcher's last line names KERAS=2 and the command.
+the failure does: a `tf.keras` script that fails under the Keras 3 KERAS=auto chose ends with
+KERAS=2 and the command, whatever the error (`KerasChoice.by_default`), and `keras_2_error`
+sharpens that line when it recognises the error.
 
 `choose_keras` is pure (the request, the run's shape and three facts in, a decision out);
 `tensorflow_keras` is the one way mgpu's own code reaches Keras once TensorFlow has started,
@@ -52,6 +53,10 @@ class KerasChoice:
     version: KerasVersion
     reason: str
     notes: tuple[str, ...] = ()
+    # Keras 3 because KERAS=auto found no reason for Keras 2 (nobody asked for Keras 3, and
+    # tf_keras is there): a tf.keras script that then fails may be Keras 2 code the scan
+    # did not see, and KERAS=2 is worth a try, whatever the error.
+    by_default: bool = False
 
     @property
     def label(self) -> str:
@@ -169,7 +174,8 @@ def _auto_keras(
             "2", f"KERAS=auto: the script uses what only Keras 2 has ({keras_2_code}), so "
                  "tf.keras is Keras 2 (tf_keras); KERAS=3 keeps Keras 3")
     where = "mgpu's own loop" if command != "run" else "one process"
-    return KerasChoice("3", f"KERAS=auto: Keras 3 ({where})")
+    return KerasChoice("3", f"KERAS=auto: Keras 3 ({where})",
+                       by_default=tf_keras_available and command == "run")
 
 
 def _require_tf_keras(what: str, alternative: str, available: bool) -> None:

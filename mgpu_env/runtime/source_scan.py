@@ -3,9 +3,14 @@
 `mgpu run` reads the script, and the local modules it imports, with `ast` (no import, no
 TensorFlow: a few milliseconds) for:
 
-- what only Keras 2 has (`KERAS_2_ONLY`): with KERAS=auto the script gets tf_keras, and the
-  summary names the API and its file:line. Each entry fails under Keras 3 and works under
-  tf_keras 2.21 (tests/test_source_scan.py runs both);
+- what only Keras 2 has, or what Keras 3 refuses (`runtime/keras_3_breaks.py`: the names and
+  keywords Keras 3's `tf.keras` lacks, a model saved or checkpointed to a SavedModel path,
+  `save_format=`, an integer shape, `optimizer.lr`...): with KERAS=auto the script gets
+  tf_keras at the start, not when its first checkpoint fails, and the summary names the API,
+  its file:line and why Keras 3 fails. Each rule fails under Keras 3 and works under tf_keras
+  2.21 (tests/test_source_scan.py runs both);
+- whether the script uses `tf.keras` at all (`tf_keras_use`): a script that does and fails
+  under the Keras 3 KERAS=auto chose ends with the KERAS=2 command, whatever its error;
 - what neither Keras has any more (`REMOVED`): KERAS=2 would not help, so the note names
   what replaces it;
 - `import keras` (Keras 3 itself, whatever TF_USE_LEGACY_KERAS says): tf_keras would then
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mgpu_env.runtime import keras_3_breaks as breaks
+
 TENSORFLOW_LINE = "2.21"
 # How many local modules the scan follows from the script, at most: a script's own helpers,
 # not a whole source tree.
@@ -44,6 +51,7 @@ class Finding:
     path: str  # the file as shown to the user (relative to the working folder if inside)
     line: int
     fix: str = ""  # for REMOVED: what replaces it
+    why: str = ""  # for Keras 2 code: why Keras 3 fails on it
 
     @property
     def where(self) -> str:
@@ -63,6 +71,7 @@ class ScriptScan:
     apply_gradients: Finding | None = None  # a custom training loop
     loss_scale_optimizer: bool = False  # LossScaleOptimizer is named somewhere
     sets_policy: Finding | None = None  # the script sets its own precision policy
+    tf_keras_use: Finding | None = None  # the first `tf.keras` (or `tensorflow.keras`)
     files: tuple[str, ...] = ()  # the files read
     unreadable: tuple[str, ...] = ()  # files that could not be parsed (a syntax error...)
     seconds: float = 0.0  # the time the scan took
@@ -75,6 +84,13 @@ class ScriptScan:
             return None
         more = len(self.keras_2) - 1
         return self.keras_2[0].describe() + (f" and {more} more" if more else "")
+
+    def keras_2_why(self) -> str | None:
+        """The first Keras 2 finding and why Keras 3 fails on it, for the start summary."""
+        if not self.keras_2:
+            return None
+        first = self.keras_2[0]
+        return f"{first.describe()}: {first.why}" if first.why else first.describe()
 
     def notes(self) -> list[str]:
         """One line each for the start summary: removed APIs, and Keras 2 code that imports
@@ -98,18 +114,26 @@ class ScriptScan:
 
 # Attribute chains (dotted, matched at the end of what the source writes) that only Keras 2
 # has. `tf.keras.X`, `keras.X`, `from tensorflow.keras.X import` and `K.X` all match.
-KERAS_2_CHAINS = (
-    "optimizers.legacy",
-    "optimizers.experimental",
-    "layers.experimental",
-    "keras.experimental",
-)
+KERAS_2_CHAINS = {
+    "optimizers.legacy": "Keras 3 has no optimizers.legacy",
+    "optimizers.experimental": "Keras 3 has no optimizers.experimental",
+    "layers.experimental": "Keras 3 has no layers.experimental",
+    "keras.experimental": "Keras 3 has no tf.keras.experimental",
+    "callbacks.experimental": "Keras 3 has no callbacks.experimental",
+    "compat.v1.layers": "tf.compat.v1.layers is built on Keras 2 (\"not available with "
+                        "Keras 3\")",
+}
 # Methods only Keras 2 objects have (Keras 3 metrics have `reset_state`; its optimizers and
 # LossScaleOptimizer have neither the generators nor get_scaled_loss).
-KERAS_2_METHODS = (
-    "reset_states", "fit_generator", "evaluate_generator", "predict_generator",
-    "get_scaled_loss", "get_unscaled_gradients",
-)
+KERAS_2_METHODS = {
+    "reset_states": "Keras 3 metrics have reset_state(), not reset_states()",
+    "fit_generator": "Keras 3 models have no fit_generator(): fit() takes generators",
+    "evaluate_generator": "Keras 3 models have no evaluate_generator()",
+    "predict_generator": "Keras 3 models have no predict_generator()",
+    "get_scaled_loss": "Keras 3's LossScaleOptimizer has scale_loss(), not get_scaled_loss()",
+    "get_unscaled_gradients": "Keras 3's LossScaleOptimizer unscales by itself",
+    "add_update": "Keras 3 layers have no add_update()",
+}
 # tf_keras-based packages whose layers Keras 3 refuses ("Only instances of `keras.Layer`").
 KERAS_2_PACKAGES = ("tensorflow_hub",)
 # Keras 3 itself, and packages built on it: their objects do not mix with tf_keras'.
@@ -163,21 +187,39 @@ class _Visitor(ast.NodeVisitor):
         self.loss_scale_optimizer = False
         self.sets_policy: Finding | None = None
         self.imports: list[tuple[str, int]] = []  # (module, level) for local modules
+        self.tf_keras_use: Finding | None = None
+        self.aliases: dict[str, str] = {}  # K -> tensorflow.keras.backend
+        self.constants: dict[str, ast.AST] = {}  # names bound once: text_tail reads them
         self._seen: set[tuple[str, int]] = set()
 
     def _add(self, kind: FindingKind, api: str, node: ast.AST, fix: str = "",
-             key: str = "") -> None:
+             key: str = "", why: str = "") -> None:
         # One finding per rule and line: `a.b.c.d` is visited as `a.b.c.d` and `a.b.c`.
         line = getattr(node, "lineno", 0)
         if (key or api, line) in self._seen:
             return
         self._seen.add((key or api, line))
-        finding = Finding(kind, api, self.shown, line, fix)
+        finding = Finding(kind, api, self.shown, line, fix, why)
         (self.keras_2 if kind == "keras_2" else self.removed).append(finding)
 
+    def _expand(self, dotted: str) -> str:
+        """`K.x` as `tensorflow.keras.backend.x` when the file imported K so."""
+        head, _, rest = dotted.partition(".")
+        full = self.aliases.get(head)
+        return dotted if full is None else (f"{full}.{rest}" if rest else full)
+
     def _check_dotted(self, dotted: str, node: ast.AST) -> None:
-        if (chain := _chain_match(dotted, KERAS_2_CHAINS)) is not None:
-            self._add("keras_2", dotted, node, key=chain)
+        full = self._expand(dotted)
+        if self.tf_keras_use is None and any(
+                word in f".{full}." for word in (".tf.keras.", ".tensorflow.keras.")):
+            self.tf_keras_use = Finding("keras_2", dotted, self.shown,
+                                        getattr(node, "lineno", 0))
+        if (chain := _chain_match(full, KERAS_2_CHAINS)) is not None:
+            self._add("keras_2", dotted, node, key=chain, why=KERAS_2_CHAINS[chain])
+        elif (why := breaks.missing_name(full)) is not None:
+            self._add("keras_2", dotted, node, why=why)
+        elif (found := breaks.attribute_rule(full)) is not None:
+            self._add("keras_2", found[0], node, why=found[1])
         elif (chain := _chain_match(dotted, REMOVED_CHAINS)) is not None:
             self._add("removed", dotted, node, REMOVED_CHAINS[chain], key=chain)
         if dotted.split(".")[-1] == "LossScaleOptimizer":
@@ -185,6 +227,8 @@ class _Visitor(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
+            if alias.asname and "keras" in alias.name.split("."):
+                self.aliases[alias.asname] = alias.name
             self._module(alias.name, node)
             self.imports.append((alias.name, 0))
 
@@ -193,6 +237,8 @@ class _Visitor(ast.NodeVisitor):
         if node.level == 0:
             self._module(module, node)
             for alias in node.names:
+                if "keras" in f"{module}.{alias.name}".split("."):
+                    self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
                 self._module(f"{module}.{alias.name}", node, names_only=True)
         for alias in node.names:
             self.imports.append((f"{module}.{alias.name}" if module else alias.name,
@@ -218,9 +264,17 @@ class _Visitor(ast.NodeVisitor):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else (
             func.id if isinstance(func, ast.Name) else "")
+        # A method's receiver as written ("" for one that is not a name: `model().save`);
+        # None for a plain function call.
+        receiver = (self._expand(_dotted(func.value) or "")
+                    if isinstance(func, ast.Attribute) else None)
+        if (why := breaks.file_rule(node, receiver, self.constants)) is not None:
+            self._add("keras_2", _shown_call(node), node, why=why)
+        elif (found := breaks.call_rule(node, receiver)) is not None:
+            self._add("keras_2", found[0], node, why=found[1])
         if isinstance(func, ast.Attribute):
             if name in KERAS_2_METHODS:
-                self._add("keras_2", f".{name}()", node)
+                self._add("keras_2", f".{name}()", node, why=KERAS_2_METHODS[name])
             elif name in REMOVED_METHODS:
                 self._add("removed", f".{name}()", node, REMOVED_METHODS[name])
             elif name == "apply_gradients" and self.apply_gradients is None:
@@ -229,12 +283,32 @@ class _Visitor(ast.NodeVisitor):
         if name in ("set_global_policy", "set_policy") and self.sets_policy is None:
             self.sets_policy = Finding("keras_2", f"{name}()", self.shown, node.lineno)
         if name in OPTIMIZER_NAMES and any(k.arg == "lr" for k in node.keywords):
-            self._add("keras_2", f"{name}(lr=...)", node)
+            self._add("keras_2", f"{name}(lr=...)", node,
+                      why="Keras 3 optimizers take learning_rate=, not lr=")
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
         if node.id == "LossScaleOptimizer":
             self.loss_scale_optimizer = True
+
+
+def _shown_call(node: ast.Call) -> str:
+    """The call as written, shortened for one line."""
+    text = ast.unparse(node)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _bound_once(tree: ast.AST) -> dict[str, ast.AST]:
+    """Names assigned exactly once in the file (`path = "ckpt/cp.ckpt"`), with their value:
+    a checkpoint path is most often a name. A name bound twice could be either: left out."""
+    values: dict[str, ast.AST] = {}
+    twice: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Name):
+            name = node.targets[0].id
+            (twice.add(name) if name in values else values.__setitem__(name, node.value))
+    return {name: value for name, value in values.items() if name not in twice}
 
 
 def _shown(path: Path) -> str:
@@ -282,6 +356,7 @@ def scan_script(path: Path, roots: tuple[Path, ...] = ()) -> ScriptScan:
             unreadable.append(_shown(current))
             continue
         visitor = _Visitor(_shown(current))
+        visitor.constants = _bound_once(tree)
         visitor.visit(tree)
         visitors.append(visitor)
         for module, level in visitor.imports:
@@ -295,6 +370,7 @@ def scan_script(path: Path, roots: tuple[Path, ...] = ()) -> ScriptScan:
         apply_gradients=next((v.apply_gradients for v in visitors if v.apply_gradients), None),
         loss_scale_optimizer=any(v.loss_scale_optimizer for v in visitors),
         sets_policy=next((v.sets_policy for v in visitors if v.sets_policy), None),
+        tf_keras_use=next((v.tf_keras_use for v in visitors if v.tf_keras_use), None),
         files=tuple(v.shown for v in visitors),
         unreadable=tuple(unreadable),
         seconds=time.perf_counter() - started,

@@ -1,0 +1,187 @@
+"""The strategy a script really built, against the replicas the plan gave it.
+
+`mgpu run`'s start summary says what the settings planned (`2 x logical CPU, 2 replica(s)`);
+a script that builds `MultiWorkerMirroredStrategy()` in one process, or names its devices
+(`MirroredStrategy(['/device:GPU:0'])`), trains on fewer. The only place that knows is the
+strategy itself, so after TensorFlow is imported `watch` wraps the one constructor every
+TF 2 strategy runs, `StrategyBase.__init__` (MirroredStrategy, MultiWorkerMirroredStrategy,
+OneDeviceStrategy, TPU and parameter-server strategies all call it with their `extended`,
+already holding the devices): a wrapper over `__init__` changes nothing the strategy does,
+where one over `scope()` would run on every `with`. Each strategy the script builds is
+recorded (class, devices, `num_replicas_in_sync`) and said on stderr as it is built, with a
+warning and the fix when it differs from the plan; `end_line` says it again after the
+script. TensorFlow's own default strategy (no `scope()` at all) is a `StrategyV1` and is
+not recorded: a run that built none is told so at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from mgpu_env.runtime.strategy import StrategyPlan
+
+# One process holds one run: the strategies it built, in order.
+_BUILT: list[BuiltStrategy] = []
+# TensorFlow's public names for classes it exports under another (tf.distribute.
+# MultiWorkerMirroredStrategy is collective_all_reduce_strategy.CollectiveAllReduceStrategy).
+PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}
+# TensorFlow's own strategy outside every scope(): never the script's.
+DEFAULT_STRATEGY = "_DefaultDistributionStrategy"
+
+
+def _count(number: int, word: str) -> str:
+    return f"{number} {word}" if number == 1 else f"{number} {word}s"
+
+
+@dataclass(frozen=True)
+class BuiltStrategy:
+    """A strategy the script built: its class, devices and replicas in sync."""
+
+    kind: str  # the class name: MirroredStrategy
+    devices: tuple[str, ...]  # short device names: CPU:0, GPU:1
+    replicas: int  # num_replicas_in_sync (every worker's, between workers)
+    # MirroredStrategy() without devices, given the plan's by `mgpu run` (False: the script
+    # named its devices, or another class).
+    planned_devices: bool = False
+
+    def describe(self) -> str:
+        devices = f"{_count(len(self.devices), 'device')} ({', '.join(self.devices)})" \
+            if self.devices else "its devices"
+        return f"{self.kind} on {devices}, {_count(self.replicas, 'replica')} in sync"
+
+
+@dataclass(frozen=True)
+class PlannedReplicas:
+    """What the settings planned, in the words of the setting that decided it."""
+
+    replicas: int  # every worker's
+    by: str  # "GPUS selected 2", "VIRTUAL_DEVICES planned 2", "2 workers x 1 planned 2"
+    multi_worker: bool
+
+
+def planned_replicas(plan: StrategyPlan, replicas: int, workers: int) -> PlannedReplicas:
+    """The plan's replicas and the setting that chose them: `replicas` is the run's total
+    (`Runtime.replicas`), `workers` the cluster's size (1 for one process)."""
+    if workers > 1:
+        by = f"{workers} workers x {plan.local_replicas} device(s) planned {replicas}"
+    elif plan.logical_split:
+        by = f"VIRTUAL_DEVICES planned {replicas}"
+    elif plan.device_type == "GPU":
+        by = f"GPUS selected {replicas}"
+    else:
+        by = f"the plan has {replicas}"
+    return PlannedReplicas(replicas, by, plan.kind == "multi_worker")
+
+
+def mismatch(built: BuiltStrategy, planned: PlannedReplicas) -> str | None:
+    """The difference between what the script built and the plan, and the fix where there
+    is one; None when the replicas agree."""
+    if built.replicas == planned.replicas:
+        return None
+    line = (f"the script's {built.kind} uses "
+            f"{_count(len(built.devices) or built.replicas, 'device')} "
+            f"({_count(built.replicas, 'replica')} in sync); {planned.by}")
+    if built.replicas > planned.replicas:
+        return line
+    if built.kind == "MultiWorkerMirroredStrategy" and not planned.multi_worker:
+        fix = ("MultiWorkerMirroredStrategy in one process mirrors one CPU (or this "
+               "machine's GPUs): use tf.distribute.MirroredStrategy() (or "
+               "mgpu_env.strategy()), which takes the planned devices")
+    elif built.kind == "MirroredStrategy" and planned.multi_worker:
+        fix = ("MirroredStrategy mirrors one worker's devices: use "
+               "tf.distribute.MultiWorkerMirroredStrategy() (or mgpu_env.strategy())")
+    elif built.kind == "MirroredStrategy" and built.planned_devices:
+        return (f"{line}: the script set up {_count(len(built.devices), 'device')} itself "
+                "before it built the strategy, and MirroredStrategy() took those")
+    elif built.kind == "MirroredStrategy":
+        fix = ("drop its devices argument: tf.distribute.MirroredStrategy() takes the "
+               "planned devices")
+    else:
+        fix = "use tf.distribute.MirroredStrategy() (or mgpu_env.strategy())"
+    return f"{line}. Fix: {fix}"
+
+
+def describe_strategy(strategy: Any) -> BuiltStrategy:
+    """Class, devices and replicas of a built tf.distribute strategy."""
+    try:
+        devices = tuple(str(name).rsplit("device:", 1)[-1]
+                        for name in strategy.extended.worker_devices)
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        devices = ()
+    name = type(strategy).__name__
+    return BuiltStrategy(PUBLIC_NAMES.get(name, name), devices,
+                         int(strategy.num_replicas_in_sync),
+                         bool(getattr(strategy, "_mgpu_planned_devices", False)))
+
+
+def watch(planned: PlannedReplicas, *, quiet: bool = False) -> None:
+    """Record (and say on stderr) every TF 2 strategy built from now on in this process;
+    `quiet` (QUIET=1): only those that differ from the plan. Imports TensorFlow; a second
+    call only changes the plan compared against."""
+    from tensorflow.python.distribute import distribute_lib
+
+    base: Any = distribute_lib.StrategyBase
+    original = getattr(base.__init__, "_mgpu_original", base.__init__)
+
+    def __init__(self: Any, extended: Any) -> None:
+        original(self, extended)
+        if isinstance(self, distribute_lib.Strategy) and type(self).__name__ != DEFAULT_STRATEGY:
+            _record(self, planned, quiet)
+
+    __init__._mgpu_original = original  # type: ignore[attr-defined]
+    __init__.__doc__ = original.__doc__
+    base.__init__ = __init__
+
+
+def _record(strategy: Any, planned: PlannedReplicas, quiet: bool) -> None:
+    try:
+        built = describe_strategy(strategy)
+    except Exception:  # a strategy this cannot read: the script's run is what matters
+        return
+    said = {*_BUILT}  # a script that builds the same strategy 9 times is told once
+    _BUILT.append(built)
+    if built in said:
+        return
+    if (different := mismatch(built, planned)) is not None:
+        print(f"mgpu run: warning: {different}", file=sys.stderr, flush=True)
+    elif not quiet:
+        print(f"mgpu run: strategy: the script built {built.describe()}, as planned",
+              file=sys.stderr, flush=True)
+
+
+def built_strategies() -> tuple[BuiltStrategy, ...]:
+    """The strategies built in this process since `watch`, in order."""
+    return tuple(_BUILT)
+
+
+def end_line(planned: PlannedReplicas, built: tuple[BuiltStrategy, ...] | None = None,
+             *, quiet: bool = False) -> str | None:
+    """The strategy that ran, for the line after the script: the last one `built` (this
+    process's by default; a script builds the one it trains with last), how many it built,
+    and the plan when they differ. A script that built none ran on TensorFlow's default
+    strategy: one device. `quiet` (QUIET=1): None when it ran as planned."""
+    built = built_strategies() if built is None else built
+    if not built:
+        if planned.replicas == 1:
+            return None
+        return (f"mgpu run: strategy that ran: none built, so TensorFlow's default (one "
+                f"device, 1 replica); {planned.by}. Fix: build tf.distribute."
+                f"MirroredStrategy() (or mgpu_env.strategy()) and the model in its scope()")
+    last = built[-1]
+    more = f" (the last of {len(built)} built)" if len(built) > 1 else ""
+    different = mismatch(last, planned)
+    if different is None and quiet:
+        return None
+    return (f"mgpu run: strategy that ran: {last.describe()}{more}; "
+            + (different if different is not None else f"as planned ({planned.by})"))
+
+
+def _reset() -> None:
+    """Forget the strategies built (tests)."""
+    _BUILT.clear()
+
+
+__all__ = ["BuiltStrategy", "PlannedReplicas", "built_strategies", "describe_strategy",
+           "end_line", "mismatch", "planned_replicas", "watch"]
