@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.runtime import Runtime, build_runtime
-from mgpu_env.training.run.finished import finished_run, latest_checkpoint_epoch
+from mgpu_env.training.run.finished import finished_run
 from mgpu_env.training.run.resume import resolve_run_settings
+from mgpu_env.training.run.rundir import latest_checkpoint_epoch
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -501,7 +501,8 @@ def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
 ) -> None:
     from mgpu_env.training.run.loop import run_training
     from mgpu_env.training.run.plan import plan_training
-    from mgpu_env.training.run.prepare import prepare
+    from mgpu_env.training.run.prepare import PreparedRun
+    from mgpu_env.training.run.report import Reporter
 
     # The whole test: its global batch on 1, 2 and 4 replicas is
     # test_every_replica_count_trains_on_the_same_global_batches["rows"].
@@ -509,12 +510,17 @@ def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
         {"GPUS": "none", "VIRTUAL_DEVICES": str(LOGICAL_CPUS), "DATASET": streaming_loader,
          "EPOCHS": "2", "BATCH_SIZE": "16", "OUTPUT_DIR": str(tmp_path / "run")}, {},
     )
-    prepared = prepare(plan_training(runtime_of(resolved)))
-    plan = prepared.plan
+    shown: list[PreparedRun] = []
+
+    def show(prepared: PreparedRun) -> Reporter:
+        shown.append(prepared)
+        return Reporter()
+
+    metrics = run_training(plan_training(runtime_of(resolved)), show).metrics
+    plan = shown[0].data_plan
     assert (plan.train_size, plan.test_size, plan.steps_per_epoch) == (700, 200, 10)
     assert plan.input_shape == (8, 8, 1) and plan.num_classes == 3
-    assert plan.feed_plan.kind == "row_stream"
-    metrics = run_training(prepared).metrics
+    assert plan.feed.kind == "row_stream"
     assert metrics["epochs_completed"] == 2 and metrics["test_samples"] == 200
     assert [e["epoch"] for e in metrics["history"]] == [1, 2]
     assert 0.0 <= metrics["test_accuracy"] <= 1.0

@@ -25,7 +25,7 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import SettingsErrors
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.training.input.data import load_arrays, resolve_dataset
-from mgpu_env.training.run.plan import run_identity
+from mgpu_env.training.run.identity import run_identity
 from mgpu_env.training.step import user_code
 from tests.support.runtimes import runtime_of
 
@@ -191,7 +191,10 @@ def test_a_loader_that_breaks_the_contract_is_a_config_error(
     assert f"DATASET={name}:load" in str(caught.value)
 
 
-def test_the_cli_refuses_a_bad_loader_with_exit_2(user_module: Write, tmp_path: Path) -> None:
+def test_the_cli_refuses_a_bad_loader_with_exit_2(
+    user_module: Write, tmp_path: Path, logical_cpus: tuple[str, ...]
+) -> None:
+    # The dry run prepares TensorFlow's devices before it calls a loader: split them first.
     name = user_module("cli_loader", "def load():\n    return 'data'\n")
     result = CliRunner().invoke(app, ["train", "--dry-run"], env={
         "GPUS": "none", "DATASET": f"{name}:load", "OUTPUT_DIR": str(tmp_path / "run")})

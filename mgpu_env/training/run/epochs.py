@@ -26,7 +26,7 @@ from mgpu_env.training.input.feed import Feed
 from mgpu_env.training.input.order import STEPS_PER_CALL
 from mgpu_env.training.multiworker import WorkerSession
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.plan import TRAIN_SETTINGS, TrainPlan
+from mgpu_env.training.run.plan import TRAIN_SETTINGS, DataPlan, TrainPlan
 from mgpu_env.training.run.report import Reporter
 from mgpu_env.training.run.signals import Interrupted, StopRequest
 from mgpu_env.training.step.build import Trainer
@@ -59,6 +59,7 @@ class Run:
     been trained so far."""
 
     plan: TrainPlan
+    data_plan: DataPlan  # the feed and the steps per epoch the data's sizes decided
     trainer: Trainer
     saved: Checkpoints
     session: WorkerSession
@@ -83,7 +84,7 @@ class Run:
 
     def train_epoch(self, epoch: int) -> None:
         """One epoch, in calls of at most STEPS_PER_CALL steps, then its record."""
-        steps, per_epoch = self.trainer.steps, self.plan.steps_per_epoch
+        steps, per_epoch = self.trainer.steps, self.data_plan.steps_per_epoch
         run_steps = self.feed.runner(steps, epoch)
         steps.reset_train_metrics()
         self.reporter.epoch_begin(epoch + 1, self.plan.settings.epochs, per_epoch)
@@ -112,7 +113,7 @@ class Run:
     ]:
         """metrics.json: the run's results, its plan and its settings."""
         plan = self.plan
-        described = plan.describe()
+        described = plan.describe(self.data_plan)
         return {
             "schema_version": rundir.SCHEMA_VERSION,
             "status": "finished",
@@ -178,7 +179,7 @@ def stop_if_requested(run: Run, call: CallEnd) -> None:
     """Mid-epoch state is not saved: resuming restarts this epoch from the last completed
     one, so a resumed run trains exactly like an uninterrupted one. (At the epoch's end the
     checkpoint is saved first: the next epoch's start stops.)"""
-    if run.stop.requested and call.done < run.plan.steps_per_epoch:
+    if run.stop.requested and call.done < run.data_plan.steps_per_epoch:
         raise_interrupted(run, call.epoch)
 
 

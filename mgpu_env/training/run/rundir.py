@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +43,8 @@ SETTINGS_FILE = "settings.json"
 MODEL_FILE = "model.keras"
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "logs"
+# The `checkpoint` index file's line naming the latest checkpoint (`ckpt-<epoch>` here).
+_LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.MULTILINE)
 # Files whose presence marks a folder as an mgpu run (or something we must not overwrite).
 _RUN_MARKERS = (RUN_FILE, METRICS_FILE, MODEL_FILE, CHECKPOINT_DIR)
 
@@ -252,20 +255,33 @@ def write_history(folder: Path, history: list[dict[str, Any]]) -> None:
                       {"schema_version": SCHEMA_VERSION, "epochs": history})
 
 
-def completed_epochs(folder: RunFolder) -> int:
-    """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
-    if folder.fresh:
-        return 0
-    from mgpu_env.hardware.tfimport import import_tensorflow
-
-    tf = import_tensorflow()
-
-    latest = tf.train.latest_checkpoint(str(folder.checkpoint_dir))
-    if latest is None:
-        return 0
+def latest_checkpoint_epoch(output_dir: Path) -> int | None:
+    """The epoch of the latest checkpoint in `output_dir`, read from the `checkpoint` index
+    file tf.train.CheckpointManager keeps (a text-format CheckpointState whose
+    `model_checkpoint_path` names the latest, `ckpt-<epoch>`), without TensorFlow: the one
+    reader of it (the plan's resume epoch, the "nothing to do" answer; the loop's
+    CheckpointManager then restores that checkpoint). None when there is no index or it
+    cannot be read. ConfigError for a name mgpu does not write."""
+    directory = output_dir / CHECKPOINT_DIR
     try:
-        return int(latest.rsplit("-", 1)[1])
+        text = (directory / "checkpoint").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = _LATEST_RE.search(text)
+    if found is None:
+        return None
+    latest = Path(found.group(1))
+    latest = latest if latest.is_absolute() else directory / latest
+    try:
+        return int(latest.name.rsplit("-", 1)[1])
     except (IndexError, ValueError):
         raise ConfigError(
             f"{latest} is not a checkpoint mgpu wrote. Fix: choose another OUTPUT_DIR."
         ) from None
+
+
+def completed_epochs(folder: RunFolder) -> int:
+    """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
+    if folder.fresh:
+        return 0
+    return latest_checkpoint_epoch(folder.path) or 0
