@@ -23,7 +23,6 @@ from mgpu_env.bench.sweep import plan_devices, plan_points, run_bench
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import SettingsErrors
-from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.training.input.data import load_arrays, resolve_dataset
 from mgpu_env.training.run.identity import run_identity
 from mgpu_env.training.step import user_code
@@ -48,12 +47,6 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Wri
     yield write
     for name in written:
         sys.modules.pop(name, None)
-
-
-@pytest.fixture
-def logical_cpus() -> tuple[str, ...]:
-    pytest.importorskip("tensorflow")
-    return apply_split(DeviceSplit("CPU", 1, 4))
 
 
 # ------------------------------------------------------------------------------ settings
