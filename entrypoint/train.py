@@ -25,8 +25,8 @@ from entrypoint.options import (
 )
 from mgpu_env import training
 from mgpu_env.api import start_process
-from mgpu_env.training.run.messages import plural
 from mgpu_env.training.run.resume import resolve_run_settings
+from mgpu_env.training.shared.messages import plural
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
     from mgpu_env.runtime import Runtime

@@ -472,11 +472,11 @@ def streaming_loader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logical_cpus: tuple[str, ...]
 ) -> str:
     """A loader of tf.data.Datasets over the (lowered) read limit: they stream."""
-    from mgpu_env.training.step import user_code
+    from mgpu_env.training.input.data import loader
 
     (tmp_path / "big_rows.py").write_text(STREAMING_LOADER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(user_code, "READ_LIMIT_BYTES", 100 * (8 * 8 * 4 + 4))
+    monkeypatch.setattr(loader, "READ_LIMIT_BYTES", 100 * (8 * 8 * 4 + 4))
     yield "big_rows:load"
     sys.modules.pop("big_rows", None)
 
@@ -484,15 +484,14 @@ def streaming_loader(
 def test_a_loaders_stream_over_the_read_limit_is_not_read_into_memory(
     streaming_loader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training.input.data import Arrays, Streamed, load_data, resolve_dataset
-    from mgpu_env.training.step import user_code
+    from mgpu_env.training.input.data import Arrays, Streamed, load_data, loader, resolve_dataset
 
     data = load_data(resolve_dataset(streaming_loader, None, {}), seed=0)
     assert isinstance(data, Streamed)
     # One counting pass found what the plan needs: sizes, sample shape, classes.
     assert (data.train_size, data.test_size) == (700, 200)
     assert (data.sample_shape, data.num_classes) == ((8, 8, 1), 3)
-    monkeypatch.setattr(user_code, "READ_LIMIT_BYTES", 2 * 1024**3)
+    monkeypatch.setattr(loader, "READ_LIMIT_BYTES", 2 * 1024**3)
     assert isinstance(load_data(resolve_dataset(streaming_loader, None, {}), seed=0), Arrays)
 
 

@@ -23,7 +23,7 @@ from mgpu_env.bench.sweep import plan_devices, plan_points, run_bench
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import SettingsErrors
-from mgpu_env.training.input.data import load_arrays, resolve_dataset
+from mgpu_env.training.input.data import load_arrays, loader, resolve_dataset
 from mgpu_env.training.run.identity import run_identity
 from mgpu_env.training.step import user_code
 from tests.support.runtimes import runtime_of
@@ -129,7 +129,7 @@ def test_the_working_folder_is_searched_like_python_dash_m(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     try:
-        assert user_code.import_hook("cwd_hook_mod:load", "DATASET", user_code.DATA_CONTRACT)() == 1
+        assert user_code.import_hook("cwd_hook_mod:load", "DATASET", loader.DATA_CONTRACT)() == 1
     finally:
         sys.modules.pop("cwd_hook_mod", None)
 

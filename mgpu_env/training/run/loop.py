@@ -30,10 +30,18 @@ from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.hardware.tfimport import import_tensorflow
 from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
-from mgpu_env.training.input.feed import make_feed
+from mgpu_env.training.input.feed import Feed, make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.epochs import AFTER_CALL, AFTER_EPOCH, Checkpoints, Run
+from mgpu_env.training.run.epochs import (
+    Checkpoints,
+    Run,
+    Stopping,
+    after_call_actions,
+    after_epoch_actions,
+    before_epoch_actions,
+    run_metrics,
+)
 from mgpu_env.training.run.finished import FinishedRun
 from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
 from mgpu_env.training.run.prepare import PreparedRun, prepare
@@ -199,19 +207,17 @@ class _Start:
 
 def _train(prepared: PreparedRun, start: _Start) -> TrainResult:
     """Start the prepared run (model, checkpoints, feed), train its epochs, finish it."""
-    run = _start_run(prepared, start)
+    run, saved = _start_run(prepared, start)
     run.train()
-    if run.stop.requested and run.plan.settings.epochs > run.start_epoch:
+    if start.stop.requested and prepared.plan.settings.epochs > run.start_epoch:
         # The signal came during the last epoch's save: everything is saved, so finish.
-        run.reporter.note("Stop requested after the last epoch was saved; finishing the run")
-    return _finish(run, start.started)
+        start.reporter.note("Stop requested after the last epoch was saved; finishing the run")
+    return _finish(prepared, run, saved, start)
 
 
-def _start_run(prepared: PreparedRun, start: _Start) -> Run:
+def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
     """The model and its steps, the restored checkpoint and the feed of the prepared data;
     settings.json records this start before any epoch."""
-    tf = import_tensorflow()  # imported (quietly) by `prepare`: the module
-
     # Iterating a distributed dataset inside tf.function reads its options in graph mode;
     # TensorFlow warns about that on every run, and it changes nothing here.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
@@ -235,35 +241,66 @@ def _start_run(prepared: PreparedRun, start: _Start) -> Run:
         )
     with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
         # Data kept on the devices is read (and checked) here, once.
-        feed = make_feed(trainer.strategy, data, prepared.data_plan.feed, plan.global_batch_size,
-                         settings.seed, deterministic=settings.data_deterministic)
+        feed = make_feed(trainer.strategy, data, prepared.data_plan.feed,
+                         plan.global_batch_size, settings.seed,
+                         deterministic=settings.data_deterministic)
+    outputs = _Outputs(trainer, saved, _summary_writer(plan))
+    return _epochs(prepared, start, outputs, feed, start_epoch), outputs
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """What the run writes with: the model's trainer, its checkpoints, TensorBoard's writer."""
+
+    trainer: Trainer
+    saved: Checkpoints
+    writer: Any  # tf.summary writer (a no-op one on a worker that is not the chief)
+
+
+def _summary_writer(plan: TrainPlan) -> Any:
+    tf = import_tensorflow()  # imported (quietly) by `prepare`: the module
+    if plan.is_chief:
+        return tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
+    return tf.summary.create_noop_writer()
+
+
+def _epochs(
+    prepared: PreparedRun, start: _Start, outputs: _Outputs, feed: Feed, start_epoch: int
+) -> Run:
+    """The epochs to train, with the actions around their steps, each given what it uses."""
+    plan, reporter = prepared.plan, start.reporter
+    stopping = Stopping(start.stop, plan.settings.epochs, plan.settings.learning_rate,
+                        plan.resume_command)
+    history = rundir.read_history(plan.output_dir, start_epoch) if start_epoch else []
+    per_epoch = prepared.data_plan.steps_per_epoch
     return Run(
-        plan, prepared.data_plan, trainer, saved, session, start.reporter, start.stop,
-        writer=tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
-        if plan.is_chief else tf.summary.create_noop_writer(),
-        data=data, feed=feed, start_epoch=start_epoch,
-        history=rundir.read_history(plan.output_dir, start_epoch) if start_epoch else [],
-        after_call=list(AFTER_CALL), after_epoch=list(AFTER_EPOCH),
+        outputs.trainer, prepared.data, feed, per_epoch, plan.global_batch_size, start_epoch,
+        stopping, history,
+        before_epoch=before_epoch_actions(reporter),
+        after_call=after_call_actions(start.session, outputs.trainer.steps, reporter,
+                                      stopping, per_epoch),
+        after_epoch=after_epoch_actions(history, outputs.saved, start.session, outputs.writer,
+                                        reporter, plan.output_dir if plan.is_chief else None),
     )
 
 
-def _finish(run: Run, started: float) -> TrainResult:
+def _finish(prepared: PreparedRun, run: Run, outputs: _Outputs, start: _Start) -> TrainResult:
     """Evaluate on the test set, then (chief) write the model and metrics.json."""
     import tensorflow as tf
 
-    plan = run.plan
-    test_loss, test_accuracy = _evaluate(plan, run.trainer, run.session, run.data)
-    with run.writer.as_default(step=plan.settings.epochs):
-        tf.summary.scalar("test_accuracy", test_accuracy)
-    run.writer.flush()
-    metrics = run.metrics(test_loss, test_accuracy, time.time() - started)
+    plan = prepared.plan
+    test = _evaluate(plan, outputs.trainer, start.session, prepared.data)
+    with outputs.writer.as_default(step=plan.settings.epochs):
+        tf.summary.scalar("test_accuracy", test[1])
+    outputs.writer.flush()
+    metrics = run_metrics(plan, prepared.data_plan, run, test, time.time() - start.started)
     if run.start_epoch == plan.settings.epochs and plan.finished is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.
         return TrainResult.nothing_to_do(plan.finished)
     if plan.is_chief:
         rundir.atomic_save(
-            plan.output_dir / rundir.MODEL_FILE, lambda path: run.trainer.model.save(path),
+            plan.output_dir / rundir.MODEL_FILE, lambda path: outputs.trainer.model.save(path),
             ".keras",
         )
         rundir.atomic_write_json(plan.output_dir / rundir.METRICS_FILE, metrics)

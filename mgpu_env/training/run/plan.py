@@ -33,8 +33,8 @@ from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.finished import FinishedRun, finished_in
 from mgpu_env.training.run.identity import RunIdentity, identify
-from mgpu_env.training.run.messages import unwritable_folder
 from mgpu_env.training.run.resume import resume_note
+from mgpu_env.training.shared.messages import unwritable_folder
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
 SCHEMA_VERSION = 1

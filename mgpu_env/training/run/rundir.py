@@ -12,8 +12,9 @@ Layout:
     metrics.json    the run's results, written only by a run that finished
 
 Every JSON file and the model are written to a temporary file in the same folder and then
-`os.replace`d over the old one, which is atomic on POSIX filesystems: a kill -9 at any
-moment leaves either the old file or the new one, never half of one.
+`os.replace`d over the old one (`training.shared.atomic`), which is atomic on POSIX
+filesystems: a kill -9 at any moment leaves either the old file or the new one, never half
+of one.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,16 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.folders import RUNS_ROOT
+
+# The atomic writes and the checkpoint phrase live below run/ (input/ uses them too); here
+# under their old names for the code that reaches them through the run folder.
+from mgpu_env.training.shared.atomic import (  # noqa: F401
+    atomic_save,
+    atomic_write_json,
+    atomic_write_text,
+    temp_beside,
+)
+from mgpu_env.training.shared.messages import checkpoint_kept  # noqa: F401
 
 # The layout of the run folder's JSON files (run.json, history.json, settings.json,
 # metrics.json), in each as `schema_version`; raised when a key is removed or changes meaning.
@@ -81,56 +91,6 @@ def finished_as_asked(metrics: Mapping[str, Any] | None, epochs: int) -> bool:
     asks for them has nothing to train. The one test of "already finished", for the answer
     before TensorFlow (`finished.finished_run`) and the plan's (`TrainPlan.finished_before`)."""
     return metrics is not None and metrics.get("epochs_completed") == epochs
-
-
-def checkpoint_kept(epoch: int) -> str:
-    """What a run stopped during `epoch` (0-based) leaves to resume from, for its message:
-    every completed epoch is checkpointed, the one being trained never."""
-    return f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed"
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def _temp_beside(path: Path, suffix: str) -> tuple[int, str]:
-    """A temporary file in `path`'s folder (so os.replace stays atomic), mode as open() gives."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=suffix, dir=path.parent)
-    os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600 files; outputs are for sharing
-    return handle, temp
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers (and a crash) see the old or the new file."""
-    handle, temp = _temp_beside(path, ".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-def atomic_save(path: Path, save: Callable[[Path], None], suffix: str) -> None:
-    """Let `save` write a temporary file next to `path` (ending in `suffix`), then replace."""
-    handle, temp = _temp_beside(path, suffix)
-    os.close(handle)
-    try:
-        save(Path(temp))
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -216,7 +176,7 @@ def claim_run_folder(folder: RunFolder, identity: Mapping[str, Any]) -> None:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     path = folder.path / RUN_FILE
-    handle, temp = _temp_beside(path, ".tmp")
+    handle, temp = temp_beside(path, ".tmp")
     with os.fdopen(handle, "w", encoding="utf-8") as out:
         out.write(json.dumps(record, indent=2) + "\n")
         out.flush()
