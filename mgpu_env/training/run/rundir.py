@@ -6,7 +6,7 @@ Layout:
     checkpoints/    tf.train.CheckpointManager's files, one per completed epoch
     history.json    per-epoch loss, accuracy and samples/s, rewritten after every epoch
     settings.json   the settings of the latest start, each with where it came from (a
-                    resume takes them where the user sets none: training/resume.py)
+                    resume takes them where the user sets none: run/resume.py)
     logs/           TensorBoard event files (per-epoch scalars)
     model.keras     the trained model, written once training has finished
     metrics.json    the run's results, written only by a run that finished
@@ -88,8 +88,8 @@ def run_folder(settings: Settings) -> Path:
 
 def finished_as_asked(metrics: Mapping[str, Any] | None, epochs: int) -> bool:
     """Whether a finished run's metrics.json says it trained `epochs` epochs: a start that
-    asks for them has nothing to train. The one test of "already finished", for the answer
-    before TensorFlow (`finished.finished_run`) and the plan's (`TrainPlan.finished_before`)."""
+    asks for them has nothing to train. Part of the one test of "already finished"
+    (`finished.finished_in`)."""
     return metrics is not None and metrics.get("epochs_completed") == epochs
 
 
