@@ -17,9 +17,9 @@ from mgpu_env.training.input.data import Arrays, DataSizes, FileData, Streamed
 from mgpu_env.training.input.data.sets import FilePart, Layout, RowStream
 from mgpu_env.training.input.feedplan import plan_feed
 from mgpu_env.training.input.keep import GIB, KeepLimit
+from tests.support.children import REPO
 from tests.support.filedata import write_npy
 
-REPO = Path(__file__).resolve().parent.parent
 MNIST_BYTES = 60_000 * 785 * 4  # float32 samples of 784 values and int32 labels
 
 
