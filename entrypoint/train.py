@@ -24,21 +24,23 @@ from entrypoint.options import (
     say,
     with_settings,
 )
+from mgpu_env import training
 from mgpu_env.api import start_process
-from mgpu_env.training.run.finished import finished_run, read_finished
-from mgpu_env.training.run.messages import plural
 from mgpu_env.training.run.resume import resolve_run_settings
+from mgpu_env.training.shared.messages import plural
 
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
+    from mgpu_env.runtime import Runtime
     from mgpu_env.training.run.loop import TrainResult
-    from mgpu_env.training.run.plan import TrainPlan
+    from mgpu_env.training.run.plan import DataPlan, TrainPlan
+    from mgpu_env.training.run.prepare import PreparedRun
     from mgpu_env.training.run.report import Reporter
 
 
-def plan_lines(plan: TrainPlan, verbose: bool = False) -> list[str]:
+def plan_lines(plan: TrainPlan, data: DataPlan, verbose: bool = False) -> list[str]:
     """The one-screen start summary (also what --dry-run prints): the settings that were
     set, and how many kept their defaults (all of them with `verbose`)."""
-    info = plan.describe()
+    info = plan.describe(data)
     devices = ", ".join(info["devices"])
     physical = ", ".join(info["physical_devices"])
     role = plan.strategy.role
@@ -59,14 +61,14 @@ def plan_lines(plan: TrainPlan, verbose: bool = False) -> list[str]:
         f"  replicas       {plan.replicas} ({plan.strategy.kind})",
         *([f"  cluster        {line}"] if (line := plan.runtime.cluster_line()) else []),
         f"  batch          {plan.per_replica_batch_size} per replica, "
-        f"{plan.global_batch_size} global, {plural(plan.steps_per_epoch, 'step')} per epoch",
+        f"{plan.global_batch_size} global, {plural(data.steps_per_epoch, 'step')} per epoch",
         f"  precision      {plan.precision.policy} ({plan.precision.reason})",
         f"  all-reduce     {plan.strategy.cross_device_ops} ({plan.strategy.reason})",
         f"  xla            {'on (forward and backward pass)' if plan.xla else 'off'}",
-        f"  dataset        {plan.dataset.describe()}: {plan.train_size} train, "
-        f"{plan.test_size} test",
-        f"  feed           {plan.feed_plan.kind} ({plan.feed_plan.why})",
-        f"  model          {_model_line(plan)}",
+        f"  dataset        {plan.dataset.describe()}: {data.train_size} train, "
+        f"{data.test_size} test",
+        f"  feed           {data.feed.kind} ({data.feed.why})",
+        f"  model          {_model_line(plan.model, data)}",
         f"  epochs         {plan.settings.epochs}, {resume}",
         f"  output         {output}",
     ]
@@ -108,11 +110,11 @@ def interactive(stream: TextIO, environ: Mapping[str, str]) -> bool:
     return stream.isatty() and not environ.get("NO_COLOR")
 
 
-def _model_line(plan: TrainPlan) -> str:
-    shape = f"input {plan.input_shape}, {plan.num_classes} classes"
-    if plan.model == "mlp":
+def _model_line(model: str, data: DataPlan) -> str:
+    shape = f"input {data.input_shape}, {data.num_classes} classes"
+    if model == "mlp":
         return f"mlp (the tutorial's MLP), {shape}"
-    return f"{plan.model} (your builder), {shape}"
+    return f"{model} (your builder), {shape}"
 
 
 def _reporter(quiet: bool, plan: TrainPlan) -> Reporter:
@@ -158,46 +160,38 @@ def command(
     resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
     runtime = start_process(resolved, "train")  # a GPU the machine lacks: exit 2
     TAG.set_for(runtime)
-    if not dry_run and (finished := finished_run(runtime)) is not None:
-        say(finished.message())  # said before TensorFlow loads: there is nothing to train
-        return
-
-    # TensorFlow may be imported only from here on: CUDA_VISIBLE_DEVICES is set.
-    from mgpu_env.doctor import require_ready
-    from mgpu_env.training.run.loop import run_training
-    from mgpu_env.training.run.plan import check_output_dir, plan_training
-    from mgpu_env.training.run.prepare import PreparedRun, dry_run_plan, prepare
-
-    check_output_dir(runtime)  # an unwritable run folder: exit 2 before anything slow
-    require_ready(runtime, wait_for_peers=not dry_run)  # the doctor's pre-flight
-    plan = plan_training(runtime, dry_run=dry_run)  # pure: no TensorFlow, no data read
-    run: PreparedRun | TrainPlan = plan
     if dry_run:
-        plan = dry_run_plan(plan)  # a loader's or a folder's sizes; a user's model checked
-    elif plan.sizes is None:
-        # Its sizes (for the summary) are known only by loading it: prepared now, once. A
-        # built-in set's run is prepared by the loop, under its signal handling.
-        run = prepare(plan)
-        plan = run.plan
-    if dry_run and as_json:
-        typer.echo(json.dumps(plan.to_dict(), indent=2))
+        plan, data = training.dry_run(runtime, preflight=_preflight)
+        if as_json:
+            typer.echo(json.dumps(plan.to_dict(data), indent=2))
+            return
+        say("mgpu train: dry run, nothing is trained or written")
+        for line in plan_lines(plan, data, verbose):
+            say(line)
         return
-    say("mgpu train: dry run, nothing is trained or written" if dry_run else "mgpu train")
-    for line in plan_lines(plan, verbose):
-        say(line)
-    if dry_run:
-        return
-    _say_result(run_training(run, _reporter(resolved.settings.quiet, plan), started), plan)
+
+    def show(prepared: PreparedRun) -> Reporter:
+        say("mgpu train")
+        for line in plan_lines(prepared.plan, prepared.data_plan, verbose):
+            say(line)
+        return _reporter(resolved.settings.quiet, prepared.plan)
+
+    result = training.train(runtime, preflight=_preflight, show=show, started=started)
+    _say_result(result, runtime.strategy_plan.role.is_chief)
 
 
+def _preflight(runtime: Runtime, wait_for_peers: bool) -> None:
+    """The doctor's pre-flight (looked up when called: tests replace it)."""
+    from mgpu_env import doctor
 
-def _say_result(result: TrainResult, plan: TrainPlan) -> None:
+    doctor.require_ready(runtime, wait_for_peers=wait_for_peers)
+
+
+def _say_result(result: TrainResult, is_chief: bool) -> None:
     """The last lines of a run: what it reached and where its outputs are, or that the run
     folder already held the finished run."""
-    if result.already_finished:
-        found = read_finished(result.output_dir)
-        say(found.message() if found else
-            f"Nothing to do: {result.output_dir} already holds a finished run.")
+    if result.finished is not None:
+        say(result.finished.message())
         return
     say(
         f"Done: test accuracy {result.test_accuracy:.4f}, "
@@ -205,7 +199,7 @@ def _say_result(result: TrainResult, plan: TrainPlan) -> None:
         f"{result.training_time_s:.1f} s (the epochs), wall time {result.wall_time_s:.1f} s "
         "(start-up included)"
     )
-    if plan.strategy.role.is_chief:
+    if is_chief:
         say(
             f"  outputs in {result.output_dir} (metrics.json, model.keras, checkpoints/, logs/)"
         )

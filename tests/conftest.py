@@ -9,9 +9,10 @@ from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
-from mgpu_env import api, runtime
+from mgpu_env import api
 from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import cudalibs, nvml
+from mgpu_env.runtime import decisions
 from tests.support.fake_nvml import FakeNvml, fake_with
 from tests.support.runtimes import logical_cpu_devices, logical_cpus_applied
 
@@ -127,7 +128,7 @@ def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cudalibs, "collect_in_process", lambda environ=None: cuda_stack())
     # NCCL loads wherever GPUs are selected, as in the image (tests of the probe itself call
     # cudalibs.nccl_loadable directly).
-    monkeypatch.setattr(runtime, "nccl_available", lambda gpus: bool(gpus))
+    monkeypatch.setattr(decisions, "nccl_available", lambda gpus: bool(gpus))
     # CUDA's driver API initialises wherever NVML lists GPUs (tests of the probe itself, and
     # the catalogue of real failures, use fake libcuda.so.1 files built with gcc).
     from mgpu_env.hardware import cudadriver

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 # (or a loader's tf.data set streams from its pipeline), as data over 2 GiB does.
 STREAMING = (
     "import runpy, sys; import mgpu_env.training.input.keep as k; "
-    "import mgpu_env.training.step.user_code as h; "
+    "import mgpu_env.training.input.data.loader as h; "
     "k.keep_limit = lambda *a, **kw: k.KeepLimit(0, 'test'); h.READ_LIMIT_BYTES = 0; "
     "sys.argv = ['mgpu', 'train']; "
     "runpy.run_module('entrypoint', run_name='__main__')"

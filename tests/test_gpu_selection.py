@@ -142,7 +142,7 @@ sys.path.insert(0, {repo!r})
 from tests.support.fake_nvml import fake_with
 import mgpu_env.hardware.nvml as nvml
 nvml.load_library = lambda: fake_with(2)
-import mgpu_env.runtime as launch
+import mgpu_env.runtime.execution as launch
 seen = {{}}
 original = launch.apply_environment
 def spy(environment, environ):

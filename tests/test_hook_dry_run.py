@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.children import REPO
 from tests.support.filedata import write_npy
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 # What everyone writes: `import keras` at the top, the model built from it.

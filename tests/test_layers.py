@@ -2,7 +2,8 @@
 
 config, hardware  <  runtime (the decisions, the cluster among them)  <  training, doctor,
 bench  <  launcher, api, entrypoint. The doctor and training never import each other (the
-commands run the pre-flight), and the runtime imports nothing of training.
+commands run the pre-flight), and the runtime imports nothing of training. Inside training,
+its folders import one way too: shared < step < input < run (multiworker under run).
 """
 
 from __future__ import annotations
@@ -63,6 +64,44 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from mgpu_env.training import plan\n")
     assert "mgpu_env.training.plan" in imported_modules(module)
+
+
+# training/'s folders, one way: shared < step < input < run (multiworker beside input, under
+# run). The step knows nothing of where its batches come from; the input runs the steps it is
+# given (its feeds call `step.loops`) and calls the user's loader through `step.user_code`'s
+# import; the run plans, prepares and trains with all of them. `shared` holds what the
+# folders share (message pieces, atomic writes, the tutorial data's shape), below them all.
+TRAINING = "mgpu_env.training"
+TRAINING_FORBIDDEN = {
+    "shared": ("step", "input", "multiworker", "run"),
+    "step": ("input", "multiworker", "run"),
+    "input": ("multiworker", "run"),
+    "multiworker": ("input", "run"),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(TRAINING_FORBIDDEN))
+def test_trainings_folders_import_one_way(folder: str) -> None:
+    above = tuple(f"{TRAINING}.{name}" for name in TRAINING_FORBIDDEN[folder])
+    paths = sorted((PACKAGE / "training" / folder).rglob("*.py"))
+    assert paths, f"training/{folder} has no modules"
+    crossings = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in paths
+        for name in sorted(imported_modules(path))
+        if name in above or name.startswith(tuple(f"{a}." for a in above))
+    ]
+    assert not crossings, "\n".join(crossings)
+
+
+def test_the_folder_check_would_see_input_importing_run(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from mgpu_env.training.run import rundir\n"
+                      "from mgpu_env.training.runtime_like import x\n")
+    above = tuple(f"{TRAINING}.{name}" for name in TRAINING_FORBIDDEN["input"])
+    found = [name for name in sorted(imported_modules(module))
+             if name in above or name.startswith(tuple(f"{a}." for a in above))]
+    assert found == ["mgpu_env.training.run", "mgpu_env.training.run.rundir"]
 
 
 def test_no_module_is_over_the_line_budget() -> None:

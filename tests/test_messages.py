@@ -27,8 +27,8 @@ from mgpu_env.hardware.folders import folder_access
 from mgpu_env.training.input.data.files import load_files
 from mgpu_env.training.input.data.sets import DatasetChoice
 from mgpu_env.training.multiworker.backstop import probe, stuck_message
-from mgpu_env.training.run.messages import plural, unwritable_folder
 from mgpu_env.training.run.signals import Interrupted
+from mgpu_env.training.shared.messages import plural, unwritable_folder
 from tests.support.filedata import write_npy, write_tfrecords
 from tests.support.runfolders import completed_epochs
 
@@ -251,7 +251,7 @@ OWN_FOLDER = """
 import os, sys
 from pathlib import Path
 from mgpu_env.hardware.folders import folder_access
-from mgpu_env.training.run.messages import unwritable_folder
+from mgpu_env.training.shared.messages import unwritable_folder
 os.setgroups([]); os.setgid(65534); os.setuid(65534)
 print(unwritable_folder(folder_access(Path(sys.argv[1]))))
 """

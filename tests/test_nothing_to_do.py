@@ -15,20 +15,17 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.runtime import Runtime, build_runtime
-from mgpu_env.training.run.finished import finished_run, latest_checkpoint_epoch
+from mgpu_env.training.run.finished import finished_run
 from mgpu_env.training.run.resume import resolve_run_settings
+from mgpu_env.training.run.rundir import latest_checkpoint_epoch
+from tests.support.children import REPO
+from tests.support.train_process import train_env
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
 def _env(output_dir: Path, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "MGPU_DEBUG")}
-    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none", DATASET="digits",
-               QUIET="1", EPOCHS="1", OUTPUT_DIR=str(output_dir),
-               HOME=str(output_dir.parent / "home"))
-    env.update(settings)
-    return env
+    return train_env(output_dir, **{"EPOCHS": "1", **settings})
 
 
 def _train(output_dir: Path, **settings: str) -> subprocess.CompletedProcess[str]:

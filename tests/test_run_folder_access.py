@@ -22,9 +22,9 @@ from mgpu_env.doctor.checks import check_run_folder
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware.folders import FolderAccess, folder_access
 from mgpu_env.hardware.nvml import GpuListing, NvmlSnapshot
+from tests.support.children import REPO
 from tests.support.runtimes import runtime_of
 
-REPO = Path(__file__).resolve().parent.parent
 NOBODY = 65534
 AS_NOBODY = """
 import os, sys

@@ -11,7 +11,7 @@ import pytest
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.plan import run_identity
+from mgpu_env.training.run.identity import run_identity
 
 IDENTITY = run_identity(resolve_settings({}, {}).settings, "digits", "float32", 64)
 

@@ -472,11 +472,11 @@ def streaming_loader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logical_cpus: tuple[str, ...]
 ) -> str:
     """A loader of tf.data.Datasets over the (lowered) read limit: they stream."""
-    from mgpu_env.training.step import user_code
+    from mgpu_env.training.input.data import loader
 
     (tmp_path / "big_rows.py").write_text(STREAMING_LOADER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(user_code, "READ_LIMIT_BYTES", 100 * (8 * 8 * 4 + 4))
+    monkeypatch.setattr(loader, "READ_LIMIT_BYTES", 100 * (8 * 8 * 4 + 4))
     yield "big_rows:load"
     sys.modules.pop("big_rows", None)
 
@@ -484,15 +484,14 @@ def streaming_loader(
 def test_a_loaders_stream_over_the_read_limit_is_not_read_into_memory(
     streaming_loader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training.input.data import Arrays, Streamed, load_data, resolve_dataset
-    from mgpu_env.training.step import user_code
+    from mgpu_env.training.input.data import Arrays, Streamed, load_data, loader, resolve_dataset
 
     data = load_data(resolve_dataset(streaming_loader, None, {}), seed=0)
     assert isinstance(data, Streamed)
     # One counting pass found what the plan needs: sizes, sample shape, classes.
     assert (data.train_size, data.test_size) == (700, 200)
     assert (data.sample_shape, data.num_classes) == ((8, 8, 1), 3)
-    monkeypatch.setattr(user_code, "READ_LIMIT_BYTES", 2 * 1024**3)
+    monkeypatch.setattr(loader, "READ_LIMIT_BYTES", 2 * 1024**3)
     assert isinstance(load_data(resolve_dataset(streaming_loader, None, {}), seed=0), Arrays)
 
 
@@ -501,7 +500,8 @@ def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
 ) -> None:
     from mgpu_env.training.run.loop import run_training
     from mgpu_env.training.run.plan import plan_training
-    from mgpu_env.training.run.prepare import prepare
+    from mgpu_env.training.run.prepare import PreparedRun
+    from mgpu_env.training.run.report import Reporter
 
     # The whole test: its global batch on 1, 2 and 4 replicas is
     # test_every_replica_count_trains_on_the_same_global_batches["rows"].
@@ -509,12 +509,17 @@ def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
         {"GPUS": "none", "VIRTUAL_DEVICES": str(LOGICAL_CPUS), "DATASET": streaming_loader,
          "EPOCHS": "2", "BATCH_SIZE": "16", "OUTPUT_DIR": str(tmp_path / "run")}, {},
     )
-    prepared = prepare(plan_training(runtime_of(resolved)))
-    plan = prepared.plan
+    shown: list[PreparedRun] = []
+
+    def show(prepared: PreparedRun) -> Reporter:
+        shown.append(prepared)
+        return Reporter()
+
+    metrics = run_training(plan_training(runtime_of(resolved)), show).metrics
+    plan = shown[0].data_plan
     assert (plan.train_size, plan.test_size, plan.steps_per_epoch) == (700, 200, 10)
     assert plan.input_shape == (8, 8, 1) and plan.num_classes == 3
-    assert plan.feed_plan.kind == "row_stream"
-    metrics = run_training(prepared).metrics
+    assert plan.feed.kind == "row_stream"
     assert metrics["epochs_completed"] == 2 and metrics["test_samples"] == 200
     assert [e["epoch"] for e in metrics["history"]] == [1, 2]
     assert 0.0 <= metrics["test_accuracy"] <= 1.0

@@ -23,9 +23,8 @@ from mgpu_env.bench.sweep import plan_devices, plan_points, run_bench
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import SettingsErrors
-from mgpu_env.hardware.devices import DeviceSplit, apply_split
-from mgpu_env.training.input.data import load_arrays, resolve_dataset
-from mgpu_env.training.run.plan import run_identity
+from mgpu_env.training.input.data import load_arrays, loader, resolve_dataset
+from mgpu_env.training.run.identity import run_identity
 from mgpu_env.training.step import user_code
 from tests.support.runtimes import runtime_of
 
@@ -48,12 +47,6 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Wri
     yield write
     for name in written:
         sys.modules.pop(name, None)
-
-
-@pytest.fixture
-def logical_cpus() -> tuple[str, ...]:
-    pytest.importorskip("tensorflow")
-    return apply_split(DeviceSplit("CPU", 1, 4))
 
 
 # ------------------------------------------------------------------------------ settings
@@ -136,7 +129,7 @@ def test_the_working_folder_is_searched_like_python_dash_m(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     try:
-        assert user_code.import_hook("cwd_hook_mod:load", "DATASET", user_code.DATA_CONTRACT)() == 1
+        assert user_code.import_hook("cwd_hook_mod:load", "DATASET", loader.DATA_CONTRACT)() == 1
     finally:
         sys.modules.pop("cwd_hook_mod", None)
 
@@ -191,7 +184,10 @@ def test_a_loader_that_breaks_the_contract_is_a_config_error(
     assert f"DATASET={name}:load" in str(caught.value)
 
 
-def test_the_cli_refuses_a_bad_loader_with_exit_2(user_module: Write, tmp_path: Path) -> None:
+def test_the_cli_refuses_a_bad_loader_with_exit_2(
+    user_module: Write, tmp_path: Path, logical_cpus: tuple[str, ...]
+) -> None:
+    # The dry run prepares TensorFlow's devices before it calls a loader: split them first.
     name = user_module("cli_loader", "def load():\n    return 'data'\n")
     result = CliRunner().invoke(app, ["train", "--dry-run"], env={
         "GPUS": "none", "DATASET": f"{name}:load", "OUTPUT_DIR": str(tmp_path / "run")})

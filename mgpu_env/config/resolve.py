@@ -251,7 +251,7 @@ def resolve_settings(
     errors: list[str] = []
     env_decl = BY_ENV["ENV_FILE"]
     env_file: Path | None = None
-    env_file_text, env_file_source = _pick(env_decl, flags, environ, {}, None, {}, None)
+    env_file_text, env_file_source = _Sources(flags, environ).pick(env_decl)
     try:
         env_file = env_decl.parse(env_file_text)
     except SettingError as err:
@@ -263,10 +263,9 @@ def resolve_settings(
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    sources_of = _Sources(flags, environ, file_values, env_file, recorded or {}, recorded_from)
     for declaration in DECLARATIONS:
-        text, source = _pick(
-            declaration, flags, environ, file_values, env_file, recorded or {}, recorded_from
-        )
+        text, source = sources_of.pick(declaration)
         sources[declaration.env] = source
         try:
             values[declaration.field_name] = declaration.parse(text)
@@ -285,24 +284,31 @@ def resolve_settings(
     return ResolvedSettings(settings, sources, env_file, file_values, warnings, unknown)
 
 
-def _pick(
-    declaration: Declaration,
-    flags: Mapping[str, str | None],
-    environ: Mapping[str, str],
-    file_values: Mapping[str, str],
-    env_file: Path | None,
-    recorded: Mapping[str, str],
-    recorded_from: Path | None,
-) -> tuple[str, str]:
-    flag_value = flags.get(declaration.env)
-    if flag_value is not None:
-        return flag_value, _source_label("flag", declaration, env_file)
-    if declaration.env in environ:
-        return environ[declaration.env], _source_label("environment", declaration, env_file)
-    if declaration.env in file_values:
-        return file_values[declaration.env], _source_label("file", declaration, env_file)
-    if declaration.env in recorded:
-        return recorded[declaration.env], _source_label(
-            "record", declaration, env_file, recorded_from
-        )
-    return declaration.default, "default"
+@dataclass(frozen=True)
+class _Sources:
+    """Where a setting's text can come from, highest precedence first: the flags, the
+    process environment, the settings file (its values; its path names the source), a
+    resumed run's record (its values; its folder names the source), the default."""
+
+    flags: Mapping[str, str | None]
+    environ: Mapping[str, str]
+    file_values: Mapping[str, str] = field(default_factory=dict)
+    env_file: Path | None = None
+    recorded: Mapping[str, str] = field(default_factory=dict)
+    recorded_from: Path | None = None
+
+    def pick(self, declaration: Declaration) -> tuple[str, str]:
+        """The setting's text and its source's label, from the first source that has it."""
+        name, env_file = declaration.env, self.env_file
+        flag_value = self.flags.get(name)
+        if flag_value is not None:
+            return flag_value, _source_label("flag", declaration, env_file)
+        if name in self.environ:
+            return self.environ[name], _source_label("environment", declaration, env_file)
+        if name in self.file_values:
+            return self.file_values[name], _source_label("file", declaration, env_file)
+        if name in self.recorded:
+            return self.recorded[name], _source_label(
+                "record", declaration, env_file, self.recorded_from
+            )
+        return declaration.default, "default"

@@ -3,24 +3,15 @@ no setting, no TF_CPP_MIN_LOG_LEVEL, no GPU mask."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from mgpu_env.config.settings import DECLARATIONS
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.children import child_env
 
 
 def clean_env(tmp_path: Path, **settings: str) -> dict[str, str]:
-    drop = {d.env for d in DECLARATIONS} | {
-        "TF_CPP_MIN_LOG_LEVEL", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES", "TF_CONFIG",
-        "TF_ENABLED_DEVICE_TYPES", "NO_COLOR", "FORCE_COLOR",
-    }
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path / "home"), **settings)
-    return env
+    return child_env(tmp_path / "home", **settings)
 
 
 def mgpu(tmp_path: Path, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:

@@ -5,25 +5,19 @@ no GPUs, an empty Keras cache."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.children import REPO, child_env  # noqa: F401  (REPO: for the tests that import it from here)
+
 TIMEOUT_S = 300
 
 
 def run_env(tmp_path: Path, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TF_CONFIG", "MGPU_DEBUG", "CUDA_VISIBLE_DEVICES",
-                        "TF_USE_LEGACY_KERAS", "KERAS_HOME")}
-    env.update(
-        PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none", QUIET="1",
-        HOME=str(tmp_path / "home"),
-    )
-    env.update(settings)
-    return env
+    return child_env(tmp_path / "home", **{
+        "TF_CPP_MIN_LOG_LEVEL": "2", "GPUS": "none", "QUIET": "1", **settings,
+    })
 
 
 def finish(workers: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:

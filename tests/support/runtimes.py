@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.nvml import GpuInfo, GpuListing, NvmlSnapshot
-from mgpu_env.runtime import Runtime, build_runtime
-from mgpu_env.runtime.keras import Command
+from mgpu_env.runtime.decisions import Machine, Runtime, decide_runtime, probe_machine
+from mgpu_env.runtime.keras import Command, tf_keras_installed
 
 # TensorFlow's devices are fixed by the first test that starts its runtime in a process:
 # every in-process test that uses TensorFlow asks for this split first (the session-wide
@@ -36,17 +37,16 @@ def runtime_of(
         resolved = settings
     else:
         resolved = resolve_settings(dict(settings), {})
-    return build_runtime(
-        resolved, {} if environ is None else environ, command=command,
-        snapshot=NvmlSnapshot(GpuListing(tuple(gpus))), cpu_flags=PLAIN_CPU,
-        nccl=nccl and bool(gpus),
-    )
+    machine = Machine({} if environ is None else environ, NvmlSnapshot(GpuListing(tuple(gpus))),
+                      PLAIN_CPU, tf_keras_installed(), nccl=nccl and bool(gpus))
+    return decide_runtime(resolved, machine, command=command)
 
 
 def runtime_for(gpus: str, environ: Mapping[str, str]) -> Runtime:
     """The runtime `mgpu train` builds for GPUS=`gpus` on the fake NVML installed."""
-    return build_runtime(resolve_settings({"GPUS": gpus}, {}), environ, command="train",
-                         cpu_flags=PLAIN_CPU)
+    resolved = resolve_settings({"GPUS": gpus}, {})
+    machine = dataclasses.replace(probe_machine(resolved.settings, environ), cpu_flags=PLAIN_CPU)
+    return decide_runtime(resolved, machine, command="train")
 
 
 def logical_cpu_devices() -> tuple[str, ...]:

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.children import REPO
+
 START_SCRIPT = REPO / "tests" / "slurm" / "start-slurm.sh"
 EXIT_CANNOT = 3
 # Installing the packages (first use on a fresh machine) dominates; starting takes ~1 s.

@@ -4,30 +4,20 @@ an empty Keras cache; each run its own process (the device split is set once per
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tests.support.children import child_env
 from tests.support.runfolders import completed_epochs
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def train_env(output_dir: Path, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "MGPU_DEBUG")}
-    env.update(
-        PYTHONPATH=str(REPO),
-        TF_CPP_MIN_LOG_LEVEL="2",
-        GPUS="none",
-        DATASET="digits",
-        QUIET="1",
-        OUTPUT_DIR=str(output_dir),
-        HOME=str(output_dir.parent / "home"),  # an empty Keras cache
-    )
-    env.update(settings)
-    return env
+    return child_env(output_dir.parent / "home", **{
+        "TF_CPP_MIN_LOG_LEVEL": "2", "GPUS": "none", "DATASET": "digits", "QUIET": "1",
+        "OUTPUT_DIR": str(output_dir), **settings,
+    })
 
 
 def start(output_dir: Path, *args: str, **settings: str) -> subprocess.Popen[str]:

@@ -4,7 +4,6 @@ way out."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -15,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.children import child_env
+
 RUN_TIMEOUT_S = 240
 WORKER_TIMEOUT_S = "40"
 
@@ -32,26 +32,15 @@ def free_ports(count: int) -> list[int]:
 
 
 def worker_env(tmp_path: Path, hosts: str, index: int, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "MGPU_DEBUG")}
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
-    env.update(
-        PYTHONPATH=str(REPO),
-        TF_CPP_MIN_LOG_LEVEL="2",
-        GPUS="none",
-        DATASET="digits",
-        QUIET="1",
-        BATCH_SIZE="16",
-        EPOCHS="2",
-        WORKER_HOSTS=hosts,
-        WORKER_INDEX=str(index),
-        WORKER_TIMEOUT=WORKER_TIMEOUT_S,
-        OUTPUT_DIR=str(tmp_path / f"out{index}"),
-        HOME=str(tmp_path / "home"),  # an empty Keras cache
-        TMPDIR=str(scratch),  # where non-chief workers put their scratch checkpoints
-    )
-    env.update(settings)
-    return env
+    return child_env(tmp_path / "home", **{
+        "TF_CPP_MIN_LOG_LEVEL": "2", "GPUS": "none", "DATASET": "digits", "QUIET": "1",
+        "BATCH_SIZE": "16", "EPOCHS": "2", "WORKER_HOSTS": hosts, "WORKER_INDEX": str(index),
+        "WORKER_TIMEOUT": WORKER_TIMEOUT_S, "OUTPUT_DIR": str(tmp_path / f"out{index}"),
+        "TMPDIR": str(scratch),  # where non-chief workers put their scratch checkpoints
+        **settings,
+    })
 
 
 @contextmanager

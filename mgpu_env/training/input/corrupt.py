@@ -18,7 +18,7 @@ from mgpu_env.config.errors import RunFailed
 from mgpu_env.training.input.data import Data, FileData
 from mgpu_env.training.input.data.files import cache_path
 from mgpu_env.training.input.data.verify import BadRecord, Split, bad_records
-from mgpu_env.training.run.rundir import checkpoint_kept
+from mgpu_env.training.shared.messages import checkpoint_kept
 
 # The bad files a message lists by name; more are counted.
 LISTED = 3

@@ -24,7 +24,7 @@ from mgpu_env.training.input.order import (
     each_device,
     epoch_order,
 )
-from mgpu_env.training.run.messages import FILE_KIND_NOUNS
+from mgpu_env.training.shared.messages import FILE_KIND_NOUNS
 from mgpu_env.training.step.loops import LoopCache, iterator_loop, run_chunk
 from mgpu_env.training.step.steps import ReplicaStep, StepFunctions
 

@@ -10,7 +10,6 @@ resumes or refuses with its own message.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,7 @@ from typing import Any
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime import Runtime
 from mgpu_env.training.run import rundir
-
-# The `checkpoint` index file tf.train.CheckpointManager keeps (a text-format
-# CheckpointState): its first line names the latest checkpoint, `ckpt-<epoch>` here.
-_LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"\s*$', re.MULTILINE)
+from mgpu_env.training.run.identity import RunIdentity, identify
 
 
 @dataclass(frozen=True)
@@ -60,39 +56,28 @@ def read_finished(output_dir: Path) -> FinishedRun | None:
     return FinishedRun(output_dir, finished_at, metrics)
 
 
-def latest_checkpoint_epoch(output_dir: Path) -> int | None:
-    """The epoch of the latest checkpoint, read from the `checkpoint` index file without
-    TensorFlow; None when there is none or it cannot be read."""
-    try:
-        text = (output_dir / rundir.CHECKPOINT_DIR / "checkpoint").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+def finished_in(start: RunIdentity, epochs: int) -> FinishedRun | None:
+    """The run `start` names, finished already with `epochs` epochs, from its folder's files;
+    None whenever that is not certain (the usual path then decides): metrics.json says it
+    finished `epochs` epochs, the latest checkpoint is of that epoch, and run.json's
+    identity is this start's. The one test of "already finished"; imports no TensorFlow."""
+    finished = read_finished(start.output_dir)
+    if finished is None or not rundir.finished_as_asked(finished.metrics, epochs):
         return None
-    found = _LATEST_RE.search(text)
-    return int(found.group(1)) if found else None
+    try:
+        if rundir.latest_checkpoint_epoch(start.output_dir) != epochs:
+            return None
+        stored = rundir.read_json(start.output_dir / rundir.RUN_FILE)
+    except ConfigError:
+        return None
+    if not stored or stored.get("identity") != start.values:
+        return None
+    return finished
 
 
 def finished_run(runtime: Runtime) -> FinishedRun | None:
-    """This start's run, finished already, in its OUTPUT_DIR; None whenever that is not
-    certain from the folder's files (the usual path then decides). Imports no TensorFlow."""
-    from mgpu_env.training.input.data.resolve import resolve_dataset
-    from mgpu_env.training.run.plan import output_dir_of, run_identity
-
-    settings = runtime.settings
+    """This start's run, finished already, for one process (a cluster goes on: the chief's
+    state decides for every worker); None whenever that is not certain."""
     if runtime.strategy_plan.role.num_workers != 1:
-        return None  # a cluster goes on: the chief's state decides for every worker
-    output_dir = output_dir_of(runtime)
-    finished = read_finished(output_dir)
-    if finished is None or not rundir.finished_as_asked(finished.metrics, settings.epochs):
         return None
-    if latest_checkpoint_epoch(output_dir) != settings.epochs:
-        return None
-    try:
-        stored = rundir.read_json(output_dir / rundir.RUN_FILE)
-        dataset = resolve_dataset(settings.dataset, settings.data_dir)
-    except ConfigError:
-        return None
-    identity = run_identity(settings, dataset.name, runtime.precision.policy,
-                            settings.batch_size * runtime.replicas)
-    if not stored or stored.get("identity") != identity:
-        return None
-    return finished
+    return finished_in(identify(runtime), runtime.settings.epochs)

@@ -1,8 +1,10 @@
 """`mgpu train`'s loop: train as planned, checkpoint every epoch, write the outputs.
 
-`run_training(run, reporter)` trains a prepared run (`prepare.prepare`: TensorFlow started,
-the data loaded; a plan is prepared here, once) and returns a `TrainResult`, or raises
-ConfigError (exit 2), RunFailed (exit 1) or `Interrupted` (exit 128 + signal number).
+`run_training(plan, show)` prepares the plan (`prepare.prepare`: TensorFlow started, the
+data loaded, the feed decided; here, under the run's signal handling, for every kind of
+data), hands the prepared run to `show` (the command prints its summary there and returns
+how progress is shown), trains it and returns a `TrainResult`, or raises ConfigError
+(exit 2), RunFailed (exit 1) or `Interrupted` (exit 128 + signal number).
 
 Faults: a checkpoint is saved after every epoch (tf.train.CheckpointManager writes the
 data files first and the `checkpoint` index file last, by rename, so a kill -9 mid-save
@@ -18,6 +20,7 @@ from __future__ import annotations
 import signal
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +30,19 @@ from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.tfprobes.tfimport import import_tensorflow
 from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
-from mgpu_env.training.input.feed import make_feed
+from mgpu_env.training.input.feed import Feed, make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.epochs import AFTER_CALL, AFTER_EPOCH, Checkpoints, Run
+from mgpu_env.training.run.epochs import (
+    Checkpoints,
+    Run,
+    Stopping,
+    after_call_actions,
+    after_epoch_actions,
+    before_epoch_actions,
+    run_metrics,
+)
+from mgpu_env.training.run.finished import FinishedRun
 from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
 from mgpu_env.training.run.prepare import PreparedRun, prepare
 from mgpu_env.training.run.report import Reporter
@@ -42,11 +54,20 @@ CHECKPOINTS_KEPT = 3
 
 @dataclass
 class TrainResult:
-    """What a run produced; `metrics` is what metrics.json holds."""
+    """What a run produced; `metrics` is what metrics.json holds. `finished`: the run its
+    folder held finished already (nothing was trained; `metrics` are that run's)."""
 
     output_dir: Path
     metrics: dict[str, Any]
-    already_finished: bool = False
+    finished: FinishedRun | None = None
+
+    @classmethod
+    def nothing_to_do(cls, finished: FinishedRun) -> TrainResult:
+        return cls(finished.output_dir, finished.metrics, finished)
+
+    @property
+    def already_finished(self) -> bool:
+        return self.finished is not None
 
     @property
     def test_accuracy(self) -> float:
@@ -68,22 +89,18 @@ class TrainResult:
 
 
 def run_training(
-    run: PreparedRun | TrainPlan, reporter: Reporter | None = None, started: float | None = None
+    plan: TrainPlan, show: Callable[[PreparedRun], Reporter] | None = None,
+    started: float | None = None,
 ) -> TrainResult:
-    """Train as planned; checkpoint every epoch; write the outputs when done. `run`: a
-    prepared run, or a plan this prepares (once, under the run's signal handling).
-    `started` (`time.time()`): when the command started, the start of the wall time
-    (default: now).
+    """Prepare the plan (once, under the run's signal handling), show it (`show` returns
+    what reports the progress; default: nothing), train it, checkpoint every epoch, write
+    the outputs when done. `started` (`time.time()`): when the command started, the start
+    of the wall time (default: now).
 
     Raises ConfigError (bad data, an unreadable checkpoint), RunFailed (TensorFlow failed)
     or Interrupted (a signal stopped the run; the command to resume is in the message).
     """
-    reporter = reporter or Reporter()
     started = time.time() if started is None else started
-    plan = run.plan if isinstance(run, PreparedRun) else run
-    # A multi-worker run goes on even when finished: the chief's state decides for all.
-    if plan.strategy.role.num_workers == 1 and (done := plan.finished_before) is not None:
-        return TrainResult(plan.output_dir, done, already_finished=True)
     stop = StopRequest()
     multi_worker = plan.strategy.kind == "multi_worker"
     session = WorkerSession(
@@ -91,7 +108,9 @@ def run_training(
     )
     with stop_on_signals(stop):
         try:
-            result = _train(run, _Start(started, reporter, stop, session))
+            prepared = prepare(plan)
+            reporter = show(prepared) if show is not None else Reporter()
+            result = _train(prepared, _Start(started, reporter, stop, session))
             session.close(succeeded=True)
             return result
         except (ConfigError, RunFailed):
@@ -119,23 +138,24 @@ def run_training(
             session.close(succeeded=False)
 
 
-def _start(plan: TrainPlan, session: WorkerSession, arrays: Data) -> Trainer:
+def _start(prepared: PreparedRun, session: WorkerSession) -> Trainer:
     """The strategy (TensorFlow's devices and precision are prepared), then model,
     optimizer and steps."""
     from mgpu_env.runtime.keras import tensorflow_keras
     from mgpu_env.training.step.model import model_builder
 
+    plan, shape = prepared.plan, prepared.data_plan
     tensorflow_keras().utils.set_random_seed(plan.settings.seed)
     session.join()
     strategy = plan.runtime.execution.make_strategy()
     session.after_strategy(strategy, agreement_values(
         plan.settings, plan.chosen, local_replicas=plan.strategy.local_replicas,
-        train_samples=arrays.train_size, steps_per_epoch=plan.steps_per_epoch,
+        train_samples=shape.train_size, steps_per_epoch=shape.steps_per_epoch,
     ))
     return build_trainer(
         strategy,
         # MODEL: the tutorial's MLP, or the user's builder (checked against the data's shape).
-        model_builder(plan.model, plan.settings.seed, plan.input_shape, plan.num_classes),
+        model_builder(plan.model, plan.settings.seed, shape.input_shape, shape.num_classes),
         learning_rate=plan.settings.learning_rate, precision=plan.precision,
         global_batch_size=plan.global_batch_size, jit_compile=plan.xla,
     )
@@ -185,31 +205,26 @@ class _Start:
     session: WorkerSession
 
 
-def _train(prepared: PreparedRun | TrainPlan, start: _Start) -> TrainResult:
-    """Prepare the run (TensorFlow and the data, unless done; model, checkpoints, feed),
-    train its epochs, finish it."""
-    if isinstance(prepared, TrainPlan):
-        prepared = prepare(prepared)
-    run = _start_run(prepared, start)
+def _train(prepared: PreparedRun, start: _Start) -> TrainResult:
+    """Start the prepared run (model, checkpoints, feed), train its epochs, finish it."""
+    run, saved = _start_run(prepared, start)
     run.train()
-    if run.stop.requested and run.plan.settings.epochs > run.start_epoch:
+    if start.stop.requested and prepared.plan.settings.epochs > run.start_epoch:
         # The signal came during the last epoch's save: everything is saved, so finish.
-        run.reporter.note("Stop requested after the last epoch was saved; finishing the run")
-    return _finish(run, start.started)
+        start.reporter.note("Stop requested after the last epoch was saved; finishing the run")
+    return _finish(prepared, run, saved, start)
 
 
-def _start_run(prepared: PreparedRun, start: _Start) -> Run:
+def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
     """The model and its steps, the restored checkpoint and the feed of the prepared data;
     settings.json records this start before any epoch."""
-    tf = import_tensorflow()  # imported (quietly) by `prepare`: the module
-
     # Iterating a distributed dataset inside tf.function reads its options in graph mode;
     # TensorFlow warns about that on every run, and it changes nothing here.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
 
     plan, data = prepared.plan, prepared.data
     settings, session = plan.settings, start.session
-    trainer = _start(plan, session, data)
+    trainer = _start(prepared, session)
     saved, start_epoch = _restore_checkpoints(plan, trainer, session)
     if plan.is_chief:
         # What this start ran with, and why (flag, env, .env, default), before any epoch.
@@ -226,35 +241,66 @@ def _start_run(prepared: PreparedRun, start: _Start) -> Run:
         )
     with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
         # Data kept on the devices is read (and checked) here, once.
-        feed = make_feed(trainer.strategy, data, plan.feed_plan, plan.global_batch_size,
-                         settings.seed, deterministic=settings.data_deterministic)
+        feed = make_feed(trainer.strategy, data, prepared.data_plan.feed,
+                         plan.global_batch_size, settings.seed,
+                         deterministic=settings.data_deterministic)
+    outputs = _Outputs(trainer, saved, _summary_writer(plan))
+    return _epochs(prepared, start, outputs, feed, start_epoch), outputs
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """What the run writes with: the model's trainer, its checkpoints, TensorBoard's writer."""
+
+    trainer: Trainer
+    saved: Checkpoints
+    writer: Any  # tf.summary writer (a no-op one on a worker that is not the chief)
+
+
+def _summary_writer(plan: TrainPlan) -> Any:
+    tf = import_tensorflow()  # imported (quietly) by `prepare`: the module
+    if plan.is_chief:
+        return tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
+    return tf.summary.create_noop_writer()
+
+
+def _epochs(
+    prepared: PreparedRun, start: _Start, outputs: _Outputs, feed: Feed, start_epoch: int
+) -> Run:
+    """The epochs to train, with the actions around their steps, each given what it uses."""
+    plan, reporter = prepared.plan, start.reporter
+    stopping = Stopping(start.stop, plan.settings.epochs, plan.settings.learning_rate,
+                        plan.resume_command)
+    history = rundir.read_history(plan.output_dir, start_epoch) if start_epoch else []
+    per_epoch = prepared.data_plan.steps_per_epoch
     return Run(
-        plan, trainer, saved, session, start.reporter, start.stop,
-        writer=tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
-        if plan.is_chief else tf.summary.create_noop_writer(),
-        data=data, feed=feed, start_epoch=start_epoch,
-        history=rundir.read_history(plan.output_dir, start_epoch) if start_epoch else [],
-        after_call=list(AFTER_CALL), after_epoch=list(AFTER_EPOCH),
+        outputs.trainer, prepared.data, feed, per_epoch, plan.global_batch_size, start_epoch,
+        stopping, history,
+        before_epoch=before_epoch_actions(reporter),
+        after_call=after_call_actions(start.session, outputs.trainer.steps, reporter,
+                                      stopping, per_epoch),
+        after_epoch=after_epoch_actions(history, outputs.saved, start.session, outputs.writer,
+                                        reporter, plan.output_dir if plan.is_chief else None),
     )
 
 
-def _finish(run: Run, started: float) -> TrainResult:
+def _finish(prepared: PreparedRun, run: Run, outputs: _Outputs, start: _Start) -> TrainResult:
     """Evaluate on the test set, then (chief) write the model and metrics.json."""
     import tensorflow as tf
 
-    plan = run.plan
-    test_loss, test_accuracy = _evaluate(plan, run.trainer, run.session, run.data)
-    with run.writer.as_default(step=plan.settings.epochs):
-        tf.summary.scalar("test_accuracy", test_accuracy)
-    run.writer.flush()
-    metrics = run.metrics(test_loss, test_accuracy, time.time() - started)
-    if run.start_epoch == plan.settings.epochs and (done := plan.finished_before) is not None:
+    plan = prepared.plan
+    test = _evaluate(plan, outputs.trainer, start.session, prepared.data)
+    with outputs.writer.as_default(step=plan.settings.epochs):
+        tf.summary.scalar("test_accuracy", test[1])
+    outputs.writer.flush()
+    metrics = run_metrics(plan, prepared.data_plan, run, test, time.time() - start.started)
+    if run.start_epoch == plan.settings.epochs and plan.finished is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.
-        return TrainResult(plan.output_dir, done, already_finished=True)
+        return TrainResult.nothing_to_do(plan.finished)
     if plan.is_chief:
         rundir.atomic_save(
-            plan.output_dir / rundir.MODEL_FILE, lambda path: run.trainer.model.save(path),
+            plan.output_dir / rundir.MODEL_FILE, lambda path: outputs.trainer.model.save(path),
             ".keras",
         )
         rundir.atomic_write_json(plan.output_dir / rundir.METRICS_FILE, metrics)

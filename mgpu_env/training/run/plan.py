@@ -1,16 +1,19 @@
 """`mgpu train`'s plan: what a run will do, resolved from the runtime before anything trains.
 
 `plan_training(runtime)` adds to the runtime's decisions (devices, precision, all-reduce,
-cluster) what only training needs: the data set, the batches, the feed, the run folder and
-whether it resumes (the doctor's pre-flight has passed before: the command runs it). It is
-pure: no TensorFlow, no data read, no file written. A built-in data set's sizes are known
-(official); a loader's or a folder's are unknown (`sizes` None) until `prepare.prepare`
-loads the data and records them. `--dry-run` prints the plan and stops.
+cluster) what only training needs: the run (`identity.identify`: the folder, the data set,
+the batches), the keep limit, whether it resumes and whether it is finished already. It is
+pure: no TensorFlow, no network, no user code imported, no data read, no file written
+(tests/test_pure_plan.py runs it with all four refused). A built-in data set's sizes are
+known before it is read (official: `sizes`); a loader's or a folder's only by loading it.
+
+`DataPlan` is what the sizes decide, once they are known (`plan_data`): the feed and the
+steps per epoch. `prepare.prepare` decides it from the loaded data; a dry run of a built-in
+set from its official sizes.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,19 +21,20 @@ from typing import Any
 
 from mgpu_env import __version__
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.settings import DECLARATIONS, Settings, with_role
+from mgpu_env.config.settings import Settings, with_role
 from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.hardware.folders import folder_access
 from mgpu_env.runtime import Runtime
-from mgpu_env.runtime.cluster import peers
 from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training.input import keep
-from mgpu_env.training.input.data import Data, DatasetChoice, DataSizes, resolve_dataset
+from mgpu_env.training.input.data import Data, DatasetChoice, DataSizes
 from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.messages import unwritable_folder
+from mgpu_env.training.run.finished import FinishedRun, finished_in
+from mgpu_env.training.run.identity import RunIdentity, identify
 from mgpu_env.training.run.resume import resume_note
+from mgpu_env.training.shared.messages import unwritable_folder
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
 SCHEMA_VERSION = 1
@@ -50,58 +54,68 @@ KNOWN_SIZES = {
 
 
 @dataclass(frozen=True)
-class TrainPlan:
-    """Everything a run will do: the runtime's decisions plus the run's own."""
+class DataPlan:
+    """What the data's sizes decide (`plan_data`, once per run): the feed and the steps of an
+    epoch, with the sizes and shape the model and the summary read."""
 
-    runtime: Runtime
-    dataset: DatasetChoice
-    global_batch_size: int
-    output_dir: Path
-    folder: rundir.RunFolder
-    resume_epoch: int  # epochs already completed in output_dir (0 for a fresh run)
-    # The data's sizes and the feed decided from them: a built-in set's from the start; None
-    # for a loader's or a folder's until `prepare` has loaded it (never guessed).
-    sizes: DataSizes | None
-    feed: FeedPlan | None
-    notes: tuple[str, ...] = ()
-    keep: keep.KeepLimit = keep.FALLBACK  # the most training data kept on each device
-
-    @property
-    def known(self) -> DataSizes:
-        """The data's sizes; only a prepared run's plan (or a built-in set's) knows them."""
-        if self.sizes is None:
-            raise RuntimeError(f"{self.dataset.name}'s sizes are known once it is loaded: "
-                               "use the plan `prepare` returns")
-        return self.sizes
-
-    @property
-    def feed_plan(self) -> FeedPlan:
-        """The feed, decided with the sizes (`feedplan.plan_feed`)."""
-        if self.feed is None:
-            raise RuntimeError(f"{self.dataset.name}'s feed is decided once it is loaded: "
-                               "use the plan `prepare` returns")
-        return self.feed
+    sizes: DataSizes
+    feed: FeedPlan
 
     @property
     def train_size(self) -> int:
-        return self.known.train_size
+        return self.sizes.train_size
 
     @property
     def test_size(self) -> int:
-        return self.known.test_size
+        return self.sizes.test_size
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.feed_plan.steps_per_epoch
+        return self.feed.steps_per_epoch
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         """One sample's shape, as the model sees it."""
-        return self.known.sample_shape
+        return self.sizes.sample_shape
 
     @property
     def num_classes(self) -> int:
-        return self.known.num_classes
+        return self.sizes.num_classes
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """Everything a run will do that is known before its data is read: the runtime's
+    decisions plus the run's own."""
+
+    runtime: Runtime
+    start: RunIdentity  # the folder, the data set, the global batch, run.json's identity
+    folder: rundir.RunFolder
+    resume_epoch: int  # epochs already completed in output_dir (0 for a fresh run)
+    # metrics.json of this run when its folder holds it finished with EPOCHS epochs
+    # (`finished.finished_in`): nothing to train; a cluster's workers still meet, and keep it.
+    finished: FinishedRun | None
+    # A built-in data set's official sizes, known before it is read; None for a loader's or
+    # a folder's, known only by loading it (`prepare`).
+    sizes: DataSizes | None
+    notes: tuple[str, ...] = ()
+    keep: keep.KeepLimit = keep.FALLBACK  # the most training data kept on each device
+
+    @property
+    def dataset(self) -> DatasetChoice:
+        return self.start.dataset
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.start.global_batch_size
+
+    @property
+    def output_dir(self) -> Path:
+        return self.start.output_dir
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return self.start.values
 
     @property
     def model(self) -> str:
@@ -141,14 +155,6 @@ class TrainPlan:
         return self.strategy.role.is_chief
 
     @property
-    def finished_before(self) -> dict[str, Any] | None:
-        """metrics.json of this run when its folder holds it finished with EPOCHS epochs:
-        nothing to train (one process returns it at once; a cluster's workers still meet,
-        and keep it)."""
-        metrics = self.folder.finished_metrics
-        return metrics if rundir.finished_as_asked(metrics, self.settings.epochs) else None
-
-    @property
     def resume_command(self) -> str:
         """What a user runs to resume this run, for every message that stops it."""
         return f"OUTPUT_DIR={self.output_dir} mgpu train"
@@ -171,12 +177,12 @@ class TrainPlan:
         "source": "env"}}), for the start summary, --dry-run --json and settings.json."""
         return self.runtime.resolved.provenance(names)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, data: DataPlan) -> dict[str, Any]:
         """The whole plan as JSON-ready data: what `--dry-run --json` prints."""
         return {
             "schema_version": SCHEMA_VERSION,
             "mgpu_version": __version__,
-            **self.describe(),
+            **self.describe(data),
             "notes": list(self.notes),
             "warnings": list(self.runtime.resolved.warnings),
             "settings": self.settings_provenance(),
@@ -189,13 +195,8 @@ class TrainPlan:
         return {"DATASET": self.dataset.name, "MIXED_PRECISION": self.precision.policy,
                 "KERAS": self.runtime.keras.version}
 
-    @property
-    def identity(self) -> dict[str, Any]:
-        return run_identity(self.settings, self.dataset.name, self.precision.policy,
-                            self.global_batch_size)
-
-    def describe(self) -> dict[str, Any]:
-        """The plan as plain data, for the start summary and for metrics.json."""
+    def describe(self, data: DataPlan) -> dict[str, Any]:
+        """The plan and its data's as plain data, for the start summary and metrics.json."""
         return {
             "devices": list(self.strategy.devices),
             "device_type": self.device_type,
@@ -213,34 +214,16 @@ class TrainPlan:
             "dataset": self.dataset.name,
             "dataset_source": self.dataset.describe(),
             "model": self.model,
-            "input_shape": list(self.input_shape),
-            "num_classes": self.num_classes,
-            "train_samples": self.train_size,
-            "test_samples": self.test_size,
-            "steps_per_epoch": self.steps_per_epoch,
-            "feed": self.feed_plan.describe(),
+            "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes,
+            "train_samples": data.train_size,
+            "test_samples": data.test_size,
+            "steps_per_epoch": data.steps_per_epoch,
+            "feed": data.feed.describe(),
             "epochs": self.settings.epochs,
             "resume_from_epoch": self.resume_epoch,
             "output_dir": str(self.output_dir),
         }
-
-
-def run_identity(
-    settings: Settings, dataset: str, policy: str, global_batch_size: int
-) -> dict[str, Any]:
-    """What must match for a run folder to be resumed (EPOCHS may grow, devices may not):
-    the settings declared with the role "identity", with what the run chose for `auto`
-    (the data set, the precision policy), and the global batch."""
-    chosen: dict[str, Any] = {"DATASET": dataset, "MIXED_PRECISION": policy}
-    identity: dict[str, Any] = {"global_batch_size": global_batch_size}
-    for declaration in DECLARATIONS:
-        if "identity" not in declaration.roles:
-            continue
-        value = getattr(settings, declaration.field_name)
-        if declaration.identity_if_set and value == declaration.parse(declaration.default):
-            continue
-        identity[declaration.identity] = chosen.get(declaration.env, value)
-    return identity
 
 
 def is_chief(runtime: Runtime) -> bool:
@@ -254,9 +237,9 @@ def output_dir_of(runtime: Runtime) -> Path:
 
 
 def check_output_dir(runtime: Runtime) -> None:
-    """Refuse a run folder this user cannot write (ConfigError, exit 2). The command calls
-    it before anything slow (the pre-flight, a loader, TensorFlow): it would otherwise
-    fail at the first checkpoint."""
+    """Refuse a run folder this user cannot write (ConfigError, exit 2). `train` and
+    `dry_run` call it before anything slow (the pre-flight, a loader, TensorFlow): it would
+    otherwise fail at the first checkpoint."""
     if not is_chief(runtime):
         return
     access = folder_access(output_dir_of(runtime))
@@ -265,79 +248,71 @@ def check_output_dir(runtime: Runtime) -> None:
 
 
 def plan_training(
-    runtime: Runtime, environ: Mapping[str, str] | None = None, *, dry_run: bool = False
+    runtime: Runtime, environ: Mapping[str, str] | None = None, *,
+    looked_up: Iterable[str] = (),
 ) -> TrainPlan:
-    """Resolve the whole run on an applied runtime: pure (no TensorFlow, no data read, no
-    file written; a user's MODEL module is imported, to fail now if it cannot be).
+    """Resolve the whole run on an applied runtime: pure (no TensorFlow, no network, no
+    user code, no data read, no file written).
 
-    The command runs the doctor's pre-flight (`mgpu_env.doctor.require_ready`) first.
-    Raises ConfigError for settings that cannot work together on these devices.
-    `dry_run`: the peers of a cluster are looked up once and noted, not waited for.
+    First the run (`identity.identify`) and whether its folder holds it finished already
+    (then, for one process, nothing will be written: the folder's access is not checked);
+    then a folder this user cannot write is refused, before anything slow. `looked_up`:
+    notes of what the caller found on the network (a dry run's peers that do not
+    resolve), placed among the start's notes. Raises ConfigError for settings that cannot
+    work together on these devices, or a folder that holds another run.
     """
-    environ = os.environ if environ is None else environ
     settings = runtime.settings
-    output_dir = output_dir_of(runtime)
-    check_output_dir(runtime)
-    notes = _start_notes(runtime, dry_run)
-    dataset = resolve_dataset(settings.dataset, settings.data_dir, environ)
-    if dataset.note:
-        notes.append(dataset.note)
-    if settings.model != "mlp":
-        # A builder that cannot be imported fails now, in the plan (and the dry run), not
-        # after the data has loaded; it is called later, in the strategy's scope.
-        from mgpu_env.training.step import user_code
-
-        user_code.import_hook(settings.model, "MODEL", user_code.MODEL_CONTRACT)
+    start = identify(runtime, environ)
+    finished = finished_in(start, settings.epochs)
+    if finished is None or runtime.strategy_plan.role.num_workers != 1:
+        check_output_dir(runtime)
+    notes = _start_notes(runtime, looked_up)
+    if start.dataset.note:
+        notes.append(start.dataset.note)
     keep_limit = plan_keep(runtime, runtime.strategy_plan.role.num_workers)
     notes.append(keep_limit.note())
-    global_batch = settings.batch_size * runtime.replicas
-    # A loader's or a folder's sizes are known only by calling or counting it: `prepare`.
-    sizes = None if dataset.origin in ("hook", "files") else KNOWN_SIZES[dataset.name]
-    feed = None if sizes is None else feed_of(runtime, dataset, sizes, global_batch, keep_limit)
-    identity = run_identity(settings, dataset.name, runtime.precision.policy, global_batch)
-    folder = rundir.inspect_run_folder(output_dir, identity)
+    folder = rundir.inspect_run_folder(start.output_dir, start.values)
     resume_epoch = rundir.completed_epochs(folder)
     if resume_epoch > settings.epochs:
         raise ConfigError(
-            f"OUTPUT_DIR={output_dir} holds a run already trained for {resume_epoch} epochs, "
-            f"more than EPOCHS={settings.epochs}.\n"
+            f"OUTPUT_DIR={start.output_dir} holds a run already trained for {resume_epoch} "
+            f"epochs, more than EPOCHS={settings.epochs}.\n"
             f"  Fix: set EPOCHS to {resume_epoch} or more, or choose another OUTPUT_DIR."
         )
     return TrainPlan(
-        runtime=runtime, dataset=dataset, global_batch_size=global_batch,
-        output_dir=output_dir, folder=folder, resume_epoch=resume_epoch,
-        sizes=sizes, feed=feed, notes=tuple(notes), keep=keep_limit,
+        runtime=runtime, start=start, folder=folder, resume_epoch=resume_epoch,
+        finished=finished,
+        # A loader's or a folder's sizes are known only by calling or counting it: `prepare`.
+        sizes=None if start.dataset.origin in ("hook", "files") else KNOWN_SIZES[
+            start.dataset.name],
+        notes=tuple(notes), keep=keep_limit,
     )
 
 
-def feed_of(
-    runtime: Runtime, dataset: DatasetChoice, data: Data | DataSizes, global_batch: int,
-    keep_limit: keep.KeepLimit,
-) -> FeedPlan:
-    """The run's feed for this data (`feedplan.plan_feed`). Refuses a global batch larger
-    than the training samples."""
-    feed = plan_feed(data, keep_limit, global_batch, runtime.strategy_plan.role.num_workers)
+def plan_data(plan: TrainPlan, data: Data | DataSizes) -> DataPlan:
+    """The run's feed for this data (`feedplan.plan_feed`), decided once per run, from the
+    loaded data (`prepare`) or a built-in set's official sizes (a dry run). Refuses a global
+    batch larger than the training samples."""
+    runtime, global_batch = plan.runtime, plan.global_batch_size
+    feed = plan_feed(data, plan.keep, global_batch, runtime.strategy_plan.role.num_workers)
     if feed.steps_per_epoch == 0:
         batch, replicas, rows = runtime.settings.batch_size, runtime.replicas, data.train_size
         raise ConfigError(
             f"The global batch ({batch} x {replicas} replicas = {global_batch}) "
-            f"is larger than the {rows} training samples of {dataset.name}.\n"
+            f"is larger than the {rows} training samples of {plan.dataset.name}.\n"
             f"  Fix: set BATCH_SIZE to at most {rows // replicas}."
         )
-    return feed
+    sizes = data if isinstance(data, DataSizes) else DataSizes.of(data)
+    return DataPlan(sizes, feed)
 
 
-def _start_notes(runtime: Runtime, dry_run: bool) -> list[str]:
+def _start_notes(runtime: Runtime, looked_up: Iterable[str]) -> list[str]:
     """The summary's notes on the start: the runtime's, the settings a resumed run took from
-    its folder, peers a dry run could not resolve, and the strategy's."""
+    its folder, what the caller looked up (a dry run's peers), and the strategy's."""
     notes = list(runtime.notes)
     if (resumed := resume_note(runtime.resolved)) is not None:
         notes.insert(0, resumed)
-    if dry_run and runtime.cluster is not None:
-        missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
-        if missing:
-            notes.append(f"peers that do not resolve yet: {', '.join(missing)} (a real run "
-                         "waits up to WORKER_TIMEOUT for them)")
+    notes.extend(looked_up)
     if runtime.strategy_plan.note:
         notes.append(runtime.strategy_plan.note)
     return notes

@@ -6,23 +6,24 @@ Layout:
     checkpoints/    tf.train.CheckpointManager's files, one per completed epoch
     history.json    per-epoch loss, accuracy and samples/s, rewritten after every epoch
     settings.json   the settings of the latest start, each with where it came from (a
-                    resume takes them where the user sets none: training/resume.py)
+                    resume takes them where the user sets none: run/resume.py)
     logs/           TensorBoard event files (per-epoch scalars)
     model.keras     the trained model, written once training has finished
     metrics.json    the run's results, written only by a run that finished
 
 Every JSON file and the model are written to a temporary file in the same folder and then
-`os.replace`d over the old one, which is atomic on POSIX filesystems: a kill -9 at any
-moment leaves either the old file or the new one, never half of one.
+`os.replace`d over the old one (`training.shared.atomic`), which is atomic on POSIX
+filesystems: a kill -9 at any moment leaves either the old file or the new one, never half
+of one.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,16 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.folders import RUNS_ROOT
+
+# The atomic writes and the checkpoint phrase live below run/ (input/ uses them too); here
+# under their old names for the code that reaches them through the run folder.
+from mgpu_env.training.shared.atomic import (  # noqa: F401
+    atomic_save,
+    atomic_write_json,
+    atomic_write_text,
+    temp_beside,
+)
+from mgpu_env.training.shared.messages import checkpoint_kept  # noqa: F401
 
 # The layout of the run folder's JSON files (run.json, history.json, settings.json,
 # metrics.json), in each as `schema_version`; raised when a key is removed or changes meaning.
@@ -42,6 +53,8 @@ SETTINGS_FILE = "settings.json"
 MODEL_FILE = "model.keras"
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "logs"
+# The `checkpoint` index file's line naming the latest checkpoint (`ckpt-<epoch>` here).
+_LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.MULTILINE)
 # Files whose presence marks a folder as an mgpu run (or something we must not overwrite).
 _RUN_MARKERS = (RUN_FILE, METRICS_FILE, MODEL_FILE, CHECKPOINT_DIR)
 
@@ -75,59 +88,9 @@ def run_folder(settings: Settings) -> Path:
 
 def finished_as_asked(metrics: Mapping[str, Any] | None, epochs: int) -> bool:
     """Whether a finished run's metrics.json says it trained `epochs` epochs: a start that
-    asks for them has nothing to train. The one test of "already finished", for the answer
-    before TensorFlow (`finished.finished_run`) and the plan's (`TrainPlan.finished_before`)."""
+    asks for them has nothing to train. Part of the one test of "already finished"
+    (`finished.finished_in`)."""
     return metrics is not None and metrics.get("epochs_completed") == epochs
-
-
-def checkpoint_kept(epoch: int) -> str:
-    """What a run stopped during `epoch` (0-based) leaves to resume from, for its message:
-    every completed epoch is checkpointed, the one being trained never."""
-    return f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed"
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def _temp_beside(path: Path, suffix: str) -> tuple[int, str]:
-    """A temporary file in `path`'s folder (so os.replace stays atomic), mode as open() gives."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=suffix, dir=path.parent)
-    os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600 files; outputs are for sharing
-    return handle, temp
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers (and a crash) see the old or the new file."""
-    handle, temp = _temp_beside(path, ".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-def atomic_save(path: Path, save: Callable[[Path], None], suffix: str) -> None:
-    """Let `save` write a temporary file next to `path` (ending in `suffix`), then replace."""
-    handle, temp = _temp_beside(path, suffix)
-    os.close(handle)
-    try:
-        save(Path(temp))
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -213,7 +176,7 @@ def claim_run_folder(folder: RunFolder, identity: Mapping[str, Any]) -> None:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     path = folder.path / RUN_FILE
-    handle, temp = _temp_beside(path, ".tmp")
+    handle, temp = temp_beside(path, ".tmp")
     with os.fdopen(handle, "w", encoding="utf-8") as out:
         out.write(json.dumps(record, indent=2) + "\n")
         out.flush()
@@ -252,20 +215,33 @@ def write_history(folder: Path, history: list[dict[str, Any]]) -> None:
                       {"schema_version": SCHEMA_VERSION, "epochs": history})
 
 
-def completed_epochs(folder: RunFolder) -> int:
-    """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
-    if folder.fresh:
-        return 0
-    from mgpu_env.tfprobes.tfimport import import_tensorflow
-
-    tf = import_tensorflow()
-
-    latest = tf.train.latest_checkpoint(str(folder.checkpoint_dir))
-    if latest is None:
-        return 0
+def latest_checkpoint_epoch(output_dir: Path) -> int | None:
+    """The epoch of the latest checkpoint in `output_dir`, read from the `checkpoint` index
+    file tf.train.CheckpointManager keeps (a text-format CheckpointState whose
+    `model_checkpoint_path` names the latest, `ckpt-<epoch>`), without TensorFlow: the one
+    reader of it (the plan's resume epoch, the "nothing to do" answer; the loop's
+    CheckpointManager then restores that checkpoint). None when there is no index or it
+    cannot be read. ConfigError for a name mgpu does not write."""
+    directory = output_dir / CHECKPOINT_DIR
     try:
-        return int(latest.rsplit("-", 1)[1])
+        text = (directory / "checkpoint").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = _LATEST_RE.search(text)
+    if found is None:
+        return None
+    latest = Path(found.group(1))
+    latest = latest if latest.is_absolute() else directory / latest
+    try:
+        return int(latest.name.rsplit("-", 1)[1])
     except (IndexError, ValueError):
         raise ConfigError(
             f"{latest} is not a checkpoint mgpu wrote. Fix: choose another OUTPUT_DIR."
         ) from None
+
+
+def completed_epochs(folder: RunFolder) -> int:
+    """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
+    if folder.fresh:
+        return 0
+    return latest_checkpoint_epoch(folder.path) or 0

@@ -1,2 +1,2 @@
-"""The step: the model (the tutorial's or the user's, `hooks` holds the user's code),
-the compiled training and evaluation steps, and the trainer that holds them."""
+"""The step: the model (the tutorial's or the user's, `user_code` imports the user's
+builder), the compiled training and evaluation steps, and the trainer that holds them."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mgpu_env.training.input.data import CLASSES, FEATURES
+from mgpu_env.training.shared.shapes import CLASSES, FEATURES
 
 HIDDEN_UNITS = 64
 

@@ -7,7 +7,7 @@
   checked, cached; `read`: their tf.data pipelines.
 - `pipeline`: the test set for evaluation.
 
-`DATASET=package.module:function` is the user's loader (`training/step/user_code.py` has its
+`DATASET=package.module:function` is the user's loader (`loader.py` has its
 contract): any sample shape, any number of classes.
 """
 

@@ -54,7 +54,7 @@ from mgpu_env.training.input.data.sets import (
     check_finite,
     release_pages,
 )
-from mgpu_env.training.run.messages import npy_problem
+from mgpu_env.training.shared.messages import npy_problem
 
 LAYOUT_FILE = "dataset.json"
 CACHE_FILE = ".mgpu-dataset.json"
@@ -198,7 +198,7 @@ def read_cache(path: Path, key: str) -> dict[str, Any] | None:
 def write_cache(path: Path, counts: dict[str, Any]) -> None:
     """Store the counts (atomically: a reader sees the old file or the new one). A folder
     that cannot be written only costs the next run a recount."""
-    from mgpu_env.training.run.rundir import atomic_write_json
+    from mgpu_env.training.shared.atomic import atomic_write_json
 
     with contextlib.suppress(OSError):
         atomic_write_json(path, counts)

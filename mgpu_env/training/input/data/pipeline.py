@@ -31,7 +31,7 @@ def test_dataset(data: Data, global_batch_size: int) -> Any:
 
         batches = test_rows(data).batch(global_batch_size)
     elif isinstance(data, Streamed):
-        from mgpu_env.training.step.user_code import as_stream
+        from mgpu_env.training.input.data.loader import as_stream
 
         batches = as_stream(data.test).rows.batch(global_batch_size)  # too big to cache
     elif isinstance(data.x_test, np.memmap) or data.x_test.dtype != np.float32:

@@ -22,7 +22,7 @@ import numpy as np
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.training.input.data.sets import Arrays, FileData, FileKind, FilePart, Layout
-from mgpu_env.training.run.messages import plural, tensorflow_message
+from mgpu_env.training.shared.messages import plural, tensorflow_message
 
 # Files read at once, interleaved (and the records a TFRecord stream shuffles among).
 INTERLEAVE_FILES = 8

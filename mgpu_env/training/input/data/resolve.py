@@ -90,14 +90,14 @@ def load_data(choice: DatasetChoice, seed: int, *, in_process: bool = True,
         return load_files(choice.name, kind, folder,  # type: ignore[arg-type]
                           in_process=in_process, prepare=prepare)
     if choice.origin == "hook":
-        from mgpu_env.training.step import user_code
+        import mgpu_env.training.input.data.loader as loader
 
-        train, test = user_code.load_data(choice.name)
-        classes = user_code.num_classes(train, test)
-        if isinstance(train, user_code.RowStream):
+        train, test = loader.load_data(choice.name)
+        classes = loader.num_classes(train, test)
+        if isinstance(train, loader.RowStream):
             return Streamed(choice.name, train, test, classes)
-        if isinstance(test, user_code.RowStream):  # small training rows, a test set too big
-            return Streamed(choice.name, user_code.as_stream(train), test, classes)
+        if isinstance(test, loader.RowStream):  # small training rows, a test set too big
+            return Streamed(choice.name, loader.as_stream(train), test, classes)
         return Arrays(choice.name, *train, *test, classes)
     return read_built_in(choice, seed)
 

@@ -17,11 +17,13 @@ from typing import Any, Literal
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.training.run.messages import FILE_KIND_NOUNS
+from mgpu_env.training.shared.messages import FILE_KIND_NOUNS
+from mgpu_env.training.shared.shapes import (  # noqa: F401  (the data's names for them)
+    CLASSES,
+    FEATURES,
+    IMAGE_SIDE,
+)
 
-IMAGE_SIDE = 28
-FEATURES = IMAGE_SIDE * IMAGE_SIDE
-CLASSES = 10
 # Rows checked for NaN and infinity at a time: a bounded temporary, whatever the data's size.
 FINITE_CHUNK_ROWS = 65_536
 

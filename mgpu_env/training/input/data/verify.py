@@ -22,7 +22,7 @@ import numpy as np
 
 from mgpu_env.training.input.data.read import sample_fn
 from mgpu_env.training.input.data.sets import FileData, FilePart
-from mgpu_env.training.run.messages import tensorflow_message
+from mgpu_env.training.shared.messages import tensorflow_message
 
 # Indices of the readable records fetched from tf.data at a time.
 INDEX_BATCH = 65_536

@@ -1,0 +1,318 @@
+"""The runtime's decisions, made once from the resolved settings and the machine's facts
+(`Machine`), before TensorFlow: the GPU selection, the cluster, the device split, the
+precision, the all-reduce, the Keras, the environment (`decide_runtime`; `build_runtime`
+asks the machine first). `Runtime` holds them; nothing downstream decides them again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mgpu_env.config.resolve import ResolvedSettings, setting_error_message
+from mgpu_env.config.settings import BY_ENV, SettingError, Settings, SettingsErrors
+from mgpu_env.hardware import cpu, cudalibs, nvml
+from mgpu_env.hardware.devices import (
+    TF_DEVICE_TYPES,
+    DeviceSplit,
+    GpuSelection,
+    cuda_environment,
+    plan_split,
+    select_gpus,
+    task_share,
+)
+from mgpu_env.hardware.nvml import GpuInfo
+from mgpu_env.runtime.cluster import Cluster, decide_cluster
+from mgpu_env.runtime.execution import DEFAULT_TF_LOG_LEVEL, Execution
+from mgpu_env.runtime.keras import (
+    LEGACY_VARIABLE,
+    Command,
+    KerasChoice,
+    choose_keras,
+    tf_keras_installed,
+)
+from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
+from mgpu_env.runtime.strategy import (
+    StrategyPlan,
+    WorkerRole,
+    nccl_possible,
+    plan_strategy,
+)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The resolved settings and everything decided from them and the machine."""
+
+    resolved: ResolvedSettings
+    nvml: nvml.NvmlSnapshot
+    selection: GpuSelection
+    cluster: Cluster | None
+    execution: Execution
+    cpu_flags: frozenset[str]  # the CPU's instruction sets (bf16 or not)
+    nccl: bool  # NCCL can run between the selected GPUs
+    notes: tuple[str, ...] = ()
+
+    @property
+    def settings(self) -> Settings:
+        return self.resolved.settings
+
+    @property
+    def device_type(self) -> str:
+        return self.execution.split.device_type
+
+    @property
+    def split(self) -> DeviceSplit:
+        return self.execution.split
+
+    @property
+    def precision(self) -> PrecisionChoice:
+        return self.execution.precision
+
+    @property
+    def strategy_plan(self) -> StrategyPlan:
+        return self.execution.strategy
+
+    @property
+    def role(self) -> WorkerRole:
+        return self.execution.strategy.role
+
+    @property
+    def replicas(self) -> int:
+        """Every replica of the run: this process's devices times the workers."""
+        return self.strategy_plan.local_replicas * self.role.num_workers
+
+    @property
+    def keras(self) -> KerasChoice:
+        return self.execution.keras
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return self.execution.environment
+
+    def cluster_description(self) -> dict[str, Any] | None:
+        """`"cluster"` in the JSON outputs: engine, workers, index, chief; None for one
+        process."""
+        return None if self.cluster is None else self.cluster.describe()
+
+    def cluster_line(self) -> str | None:
+        """The cluster in one line for start summaries; None for one process."""
+        cluster = self.cluster
+        if cluster is None:
+            return None
+        chief = "the chief, writes the run" if self.role.is_chief else "writes nothing"
+        line = (f"{cluster.engine_name}: worker {cluster.index} of {cluster.num_workers} "
+                f"({cluster.address}; {chief})")
+        if cluster.node is not None:
+            tasks = cluster.node.tasks_on_node
+            devices = f"{len(self.selection.gpus)} GPU(s)" if self.selection.gpus else "the CPU"
+            line += (f"; one task on this node, with {devices}" if tasks == 1 else
+                     f"; {tasks} tasks on this node, this one with {devices}")
+        return line
+
+    def compute_capabilities(self) -> list[tuple[int, int] | None]:
+        return [gpu.compute_capability.value for gpu in self.selection.gpus]
+
+    def execution_for(
+        self, gpus: Sequence[GpuInfo], cuda_visible_devices: str | None, *,
+        virtual_devices: int, mixed_precision: str,
+    ) -> Execution:
+        """Another process's execution on some of this runtime's GPUs (a `mgpu bench`
+        point): the same rules and settings, other devices or precision."""
+        base = {k: v for k, v in self.environment.items()
+                if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", TF_DEVICE_TYPES)}
+        request = ExecutionRequest(virtual_devices, mixed_precision,
+                                   self.settings.cross_device_ops, self.keras, base)
+        return decide_execution(gpus, cuda_visible_devices, request, self.cpu_flags,
+                                self.nccl and bool(gpus))
+
+    def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
+        """Write the decided environment (GPUs, TF_CONFIG, the settings file's extras).
+
+        The one place mgpu changes the process environment; before TensorFlow is imported.
+        """
+        self.execution.apply(environ)
+
+
+def _select(resolved: ResolvedSettings, listing: nvml.GpuListing,
+            environ: Mapping[str, str], cluster: Cluster | None) -> GpuSelection:
+    """GPUS on this machine; this task's share of them when an engine started several
+    tasks here (Slurm's tasks per node)."""
+    request = resolved.settings.gpus
+    try:
+        selection = select_gpus(request, listing, environ)
+        if cluster is None or cluster.node is None:
+            return selection
+        return task_share(selection, cluster.node.local_id, cluster.node.tasks_on_node,
+                          len(listing.gpus))
+    except SettingError as err:
+        raise SettingsErrors(
+            [setting_error_message(BY_ENV["GPUS"], str(request),
+                                   resolved.sources.get("GPUS", "default"), str(err))]
+        ) from None
+
+
+def nccl_available(gpus: Sequence[GpuInfo]) -> bool:
+    """Whether NCCL can run here: GPUs selected, on Linux, and libnccl.so.2 really loads
+    from where TensorFlow looks for it (TensorFlow opens it only at the first NCCL
+    all-reduce, so a missing library would otherwise fail the run there)."""
+    return bool(gpus) and nccl_possible() and cudalibs.nccl_loadable()
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The machine's facts the decisions read, as one object: NVML's snapshot of the GPUs,
+    the CPU's instruction sets, whether NCCL loads (None: asked for the GPUs selected),
+    whether tf_keras is installed, and the process environment. `probe_machine` asks the
+    machine; tests and callers that have them pass canned ones."""
+
+    environ: Mapping[str, str]
+    snapshot: nvml.NvmlSnapshot
+    cpu_flags: frozenset[str]
+    tf_keras: bool
+    nccl: bool | None = None
+
+
+def probe_machine(
+    settings: Settings, environ: Mapping[str, str] | None = None, *,
+    snapshot: nvml.NvmlSnapshot | None = None,
+) -> Machine:
+    """Ask the machine: NVML (not at all with GPUS=none), the CPU's flags, tf_keras."""
+    if snapshot is None:
+        snapshot = (
+            nvml.NvmlSnapshot(nvml.GpuListing()) if settings.gpus.kind == "none"
+            else nvml.snapshot()
+        )
+    return Machine(os.environ if environ is None else environ, snapshot, cpu.cpu_flags(),
+                   tf_keras_installed())
+
+
+def build_runtime(
+    resolved: ResolvedSettings,
+    environ: Mapping[str, str] | None = None,
+    *,
+    command: Command,
+    snapshot: nvml.NvmlSnapshot | None = None,
+    keras_2_code: str | None = None,
+) -> Runtime:
+    """Decide everything once, on this machine (`probe_machine`; `snapshot` replaces
+    NVML's): `decide_runtime`. Imports no TensorFlow."""
+    machine = probe_machine(resolved.settings, environ, snapshot=snapshot)
+    return decide_runtime(resolved, machine, command=command, keras_2_code=keras_2_code)
+
+
+def decide_runtime(
+    resolved: ResolvedSettings, machine: Machine, *, command: Command,
+    keras_2_code: str | None = None,
+) -> Runtime:
+    """Decide everything once from the settings and the machine's facts; imports no
+    TensorFlow.
+
+    `command` says whose code uses Keras: "run" (a user's script: `mgpu run`, or the API
+    from plain python), "train" or "bench" (mgpu's own); it decides KERAS=auto between
+    workers. Raises SettingsErrors (a GPU the machine lacks) or ConfigError (settings that
+    cannot work together here): both exit 2. `keras_2_code`: what in `mgpu run`'s script
+    only Keras 2 has (`runtime.source_scan`), for KERAS=auto.
+    """
+    settings, environ = resolved.settings, machine.environ
+    decision = decide_cluster(settings, environ)
+    cluster = decision.cluster
+    selection = _select(resolved, machine.snapshot.listing, environ, cluster)
+    nccl = nccl_available(selection.gpus) if machine.nccl is None else machine.nccl
+    notes = [*decision.notes, *([selection.note] if selection.note else [])]
+    virtual_devices, note = _usable_virtual_devices(settings.virtual_devices, cluster,
+                                                    selection)
+    notes.extend(note)
+    environment = _process_environment(resolved, environ, cluster)
+    # The user's own TF_USE_LEGACY_KERAS: the process environment, else the settings file.
+    user_legacy = environ.get(LEGACY_VARIABLE, resolved.env_file_values.get(LEGACY_VARIABLE))
+    keras = choose_keras(
+        settings.keras, multi_worker=cluster is not None, command=command,
+        user_legacy=user_legacy, tf_keras_available=machine.tf_keras,
+        keras_2_code=keras_2_code,
+    )
+    notes.extend(keras.notes)
+    environment.update(keras.environment(user_legacy))
+    request = ExecutionRequest(
+        virtual_devices, settings.mixed_precision, settings.cross_device_ops, keras,
+        environment, cluster.role if cluster is not None else None,
+    )
+    execution = decide_execution(selection.gpus, selection.cuda_visible_devices, request,
+                                 machine.cpu_flags, nccl)
+    return Runtime(
+        resolved, machine.snapshot, selection, cluster, execution, machine.cpu_flags, nccl,
+        tuple(notes),
+    )
+
+
+def _usable_virtual_devices(
+    virtual_devices: int, cluster: Cluster | None, selection: GpuSelection
+) -> tuple[int, list[str]]:
+    """VIRTUAL_DEVICES as the run can use it, with a note when it cannot."""
+    if cluster is not None and not selection.gpus and virtual_devices >= 2:
+        # MultiWorkerMirroredStrategy mirrors over every local GPU, or over one CPU device:
+        # it never uses logical CPU devices, so splitting the CPU would only miscount the
+        # replicas (and the global batch).
+        return 0, [
+            f"VIRTUAL_DEVICES={virtual_devices} is not used between workers on the CPU: "
+            "MultiWorkerMirroredStrategy runs one replica per worker there"
+        ]
+    return virtual_devices, []
+
+
+def _process_environment(
+    resolved: ResolvedSettings, environ: Mapping[str, str], cluster: Cluster | None
+) -> dict[str, str]:
+    """The variables the run's process gets on top of `environ` (Keras' come later)."""
+    environment: dict[str, str] = {}
+    if cluster is not None:
+        # TensorFlow reads only the process environment; TF_CONFIG may have come from the
+        # settings file or a flag, or been built from WORKER_HOSTS.
+        environment["TF_CONFIG"] = cluster.tf_config()
+    # The settings file's other variables (NCCL_*, ...): the process environment wins, as
+    # with docker compose's env_file.
+    for key, value in resolved.env_file_values.items():
+        if key not in BY_ENV and key not in environ:
+            environment[key] = value
+    if "TF_CPP_MIN_LOG_LEVEL" not in environ and "TF_CPP_MIN_LOG_LEVEL" not in environment:
+        environment["TF_CPP_MIN_LOG_LEVEL"] = DEFAULT_TF_LOG_LEVEL
+    return environment
+
+
+@dataclass(frozen=True)
+class ExecutionRequest:
+    """What a process asks of its devices besides which GPUs: the settings' VIRTUAL_DEVICES,
+    MIXED_PRECISION and CROSS_DEVICE_OPS, its role in a cluster, the Keras decided, and the
+    environment it starts with (CUDA's variables are added for its GPUs)."""
+
+    virtual_devices: int
+    mixed_precision: str
+    cross_device_ops: str
+    keras: KerasChoice
+    base_environment: Mapping[str, str]
+    role: WorkerRole | None = None
+
+
+def decide_execution(
+    gpus: Sequence[GpuInfo], cuda_visible_devices: str | None, request: ExecutionRequest,
+    cpu_flags: frozenset[str], nccl: bool,
+) -> Execution:
+    """The device split, precision and strategy for these GPUs (none: the CPU), each by its
+    one rule, on a CPU with `cpu_flags` where NCCL runs or not. `decide_runtime` calls it for
+    the run; `Runtime.execution_for` for a subset."""
+    split = plan_split(request.virtual_devices, gpus)
+    precision = choose_precision(
+        request.mixed_precision, split.device_type,
+        [gpu.compute_capability.value for gpu in gpus], cpu_flags,
+    )
+    strategy = plan_strategy(
+        request.cross_device_ops, split.names, split.device_type, split.physical,
+        nccl_available=nccl, role=request.role,
+    )
+    environment = {
+        **request.base_environment,
+        **cuda_environment(cuda_visible_devices, uses_gpu=bool(gpus)),
+    }
+    return Execution(environment, split, precision, strategy, request.keras)

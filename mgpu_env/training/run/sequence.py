@@ -1,0 +1,82 @@
+"""`mgpu train` as one library call: `train(runtime)` owns the sequence from the applied
+runtime to the finished run, `dry_run(runtime)` the sequence to the plan it shows, as
+Keras' `fit()` and orbit's `Controller.train()` own theirs; the command only resolves the
+settings, calls one of them and renders what it returns.
+
+    plan      pure: the run, "already finished", the folder's access, the resume epoch
+    preflight the doctor's checks (passed in: training and the doctor never import each
+              other), which in a cluster wait for the peers' names to resolve
+    prepare   TensorFlow, the data, the feed: under the run's signal handling (loop.py)
+    train     the epochs, the outputs
+
+TensorFlow may be imported from here on only: the runtime has been applied
+(CUDA_VISIBLE_DEVICES and TF_CONFIG are set).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mgpu_env.runtime import Runtime
+from mgpu_env.runtime.cluster import peers
+from mgpu_env.training.run.plan import DataPlan, TrainPlan, plan_training
+
+if TYPE_CHECKING:
+    from mgpu_env.training.run.loop import TrainResult
+    from mgpu_env.training.run.prepare import PreparedRun
+    from mgpu_env.training.run.report import Reporter
+
+# The doctor's pre-flight (`mgpu_env.doctor.require_ready`): the runtime, and whether to
+# wait for a cluster's peers (a dry run only notes the missing ones).
+Preflight = Callable[[Runtime, bool], None]
+
+
+def train(
+    runtime: Runtime, *, preflight: Preflight,
+    show: Callable[[PreparedRun], Reporter] | None = None, started: float | None = None,
+) -> TrainResult:
+    """Train the run the applied runtime describes, or answer that its folder holds it
+    finished (`TrainResult.finished`, said before TensorFlow is imported).
+
+    `show`: called once the run is prepared (its data's sizes and feed known) and before
+    it trains; it returns what reports the progress (the command prints the start summary
+    there). `started` (`time.time()`): the wall time's start (default: now). Raises
+    ConfigError (exit 2), RunFailed (exit 1) or Interrupted (128 + the signal).
+    """
+    started = time.time() if started is None else started
+    plan = plan_training(runtime)  # pure: no TensorFlow, no network, no data read
+    # A cluster goes on even when finished: the chief's state decides for every worker.
+    if plan.finished is not None and plan.strategy.role.num_workers == 1:
+        from mgpu_env.training.run.loop import TrainResult
+
+        return TrainResult.nothing_to_do(plan.finished)
+    preflight(runtime, True)
+    from mgpu_env.training.run.loop import run_training
+
+    return run_training(plan, show, started)
+
+
+def dry_run(runtime: Runtime, *, preflight: Preflight) -> tuple[TrainPlan, DataPlan]:
+    """The plan `mgpu train --dry-run` shows, and what its data's sizes decide: nothing is
+    trained or written. The network is asked once (a cluster's peers that do not resolve
+    yet are noted, not waited for); a loader's or a folder's data is loaded for its sizes,
+    and a user's MODEL built on the CPU (`prepare.dry_run_data`)."""
+    from mgpu_env.training.run.prepare import dry_run_data
+
+    plan = plan_training(runtime, looked_up=unresolved_peers(runtime))
+    preflight(runtime, False)
+    return dry_run_data(plan)
+
+
+def unresolved_peers(runtime: Runtime) -> list[str]:
+    """A note on a cluster's peers whose names do not resolve yet (DNS, once, no wait): a
+    real run's pre-flight waits up to WORKER_TIMEOUT for them instead."""
+    if runtime.cluster is None:
+        return []
+    missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
+    if not missing:
+        return []
+    return [f"peers that do not resolve yet: {', '.join(missing)} (a real run "
+            "waits up to WORKER_TIMEOUT for them)"]

@@ -1,0 +1,2 @@
+"""What the training folders share, below all of them: message pieces, atomic writes, the
+tutorial data's shape. Imports nothing of input/, step/, run/ or multiworker/."""
