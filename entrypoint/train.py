@@ -55,6 +55,10 @@ def plan_lines(plan: TrainPlan, data: DataPlan, verbose: bool = False) -> list[s
             else "fresh run"
         )
         output = str(plan.output_dir)
+    if plan.settings.gpus.kind == "none":
+        # Said, so that the CPU on a GPU machine is never a surprise (the doctor's gate stops
+        # GPUS=all there when no GPU is usable; GPUS=none is the way to ask for the CPU).
+        physical += "; GPUS=none: the CPU on purpose, every GPU hidden"
     lines = [
         f"  devices        {plan.strategy.local_replicas} x {plan.device_type} ({physical})",
         f"                 {devices}",

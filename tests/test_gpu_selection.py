@@ -168,3 +168,11 @@ def test_gpus_0_1_sets_cuda_env_before_tensorflow_is_imported() -> None:
     line = next(x for x in result.stdout.splitlines() if x.startswith("SEEN "))
     seen = json.loads(line[5:])
     assert seen == {"tf_imported": False, "visible": "0,1", "order": "PCI_BUS_ID"}
+
+
+def test_gpus_none_is_said_to_be_the_cpu_on_purpose(tmp_path: Path) -> None:
+    """GPUS=none trains on the CPU on purpose, and the start summary says so."""
+    env = {"OUTPUT_DIR": str(tmp_path / "run")}
+    chosen = CliRunner().invoke(app, ["train", "--dry-run", "--gpus", "none"], env=env)
+    assert chosen.exit_code == 0, chosen.output
+    assert "1 x CPU (CPU; GPUS=none: the CPU on purpose, every GPU hidden)" in chosen.stdout
