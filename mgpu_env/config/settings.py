@@ -252,9 +252,19 @@ class Settings:
     )
     bench_model: str = setting(
         "BENCH_MODEL", "mlp",
-        "Model mgpu bench measures: mlp (the tutorial's) or resnet (a small ResNet on 32x32x3 "
-        "images, about 0.7M parameters, big enough for scaling to mean something).",
-        parse_choice("mlp", "resnet"), "mlp, resnet", metavar="NAME", scope="bench",
+        "Model mgpu bench measures: mlp (the tutorial's), resnet (a small ResNet on 32x32x3 "
+        "images, about 0.7M parameters, big enough for scaling to mean something) or resnet50 "
+        "(Keras' ResNet-50, untrained, on synthetic 224x224x3 images: the model of NVIDIA's "
+        "published scaling tables).",
+        parse_choice("mlp", "resnet", "resnet50"), "mlp, resnet, resnet50", metavar="NAME",
+        scope="bench",
+    )
+    bench_explain: bool = setting(
+        "BENCH_EXPLAIN", "0",
+        "mgpu bench also profiles a few steps of each point with TensorFlow's profiler and "
+        "reports where the step's time goes (input, compute, collectives, launch, ...), the "
+        "all-reduce predicted beside it, and the bottleneck with its fix.",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope="bench",
     )
     bench_replicas: tuple[int, ...] = setting(
         "BENCH_REPLICAS", "auto",

@@ -1,0 +1,131 @@
+"""`mgpu bench --explain`: where each point's step time goes, as TensorFlow's profiler splits
+it, the all-reduce predicted beside it, and the bottleneck with its fix.
+
+In the child (`explain_variant`): EXPLAIN_STEPS steps of the point's model and strategy are
+traced by TensorFlow's profiler (`profile.trace`) and split by the profile plugin's converter
+(`profile.split`); the same steps are timed unprofiled, for the profiler's overhead; the
+gradient's bytes are read from the model's trainable variables, and with 2 or more replicas
+the doctor's bus-bandwidth sweep runs on the same strategy (`doctor.links.bandwidth`).
+
+The profiled steps call the replica step once per `tf.function` call (the profiler finds no
+step inside the training loops' `tf.while_loop`, see `profile.trace`): a synthetic point on
+its batch already on the devices, a data point through a per-step tf.data iterator over
+DATASET (batch, prefetch, distributed): the input path TensorFlow's profiler can attribute,
+not the chunked one the timed intervals use.
+
+In the parent (`explain_points`): the prediction (`estimate.allreduce`), the verdict
+(`profile.verdict`) and the efficiency against the published reference, per point.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXPLAIN_STEPS = 10
+SYNTHETIC_INPUT = "none: one synthetic batch already on each device"
+DATA_INPUT = "a per-step tf.data iterator over DATASET (batch, prefetch, distributed)"
+
+
+def explain_variant(spec: Any, strategy: Any, trainer: Any, batch: Any, arrays: Any,
+                    logdir: Path) -> dict[str, Any]:
+    """Profile one variant's steps into `logdir`: the split, the unprofiled step time, the
+    gradient's bytes and (2+ replicas) the bus bandwidth sweep. `batch`: the synthetic
+    point's per-replica batch; else `arrays`, DATASET's. Never raises for a profile the
+    converter cannot read: the reason is recorded instead."""
+    import tensorflow as tf
+
+    from mgpu_env.bench.synthetic import SameBatch
+    from mgpu_env.estimate.allreduce import gradient_bytes
+    from mgpu_env.profile.split import NoSteps
+    from mgpu_env.profile.trace import profile_split
+
+    if batch is not None:
+        iterator: Any = SameBatch(batch)
+        profiled_input = SYNTHETIC_INPUT
+    else:
+        iterator = iter(strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train)).repeat()
+            .batch(spec.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)))
+        profiled_input = DATA_INPUT
+
+    @tf.function
+    def one_step(batches: Any) -> None:
+        strategy.run(trainer.steps.replica_step, args=next(batches))
+
+    def step() -> None:
+        one_step(iterator)
+        trainer.optimizer.iterations.numpy()  # waits for the step: its work in its marker
+
+    step()  # traced outside the profile: compilation is the warm-up's, not the split's
+    unprofiled = _timed(step, EXPLAIN_STEPS)
+    result: dict[str, Any] = {
+        "profiled_input": profiled_input,
+        "profile_dir": str(logdir),
+        "unprofiled_step_ms": unprofiled,
+        "gradient_bytes": gradient_bytes(trainer.model.trainable_variables),
+        "busbw_sweep": _busbw_sweep(strategy, spec.replicas),
+    }
+    try:
+        split = profile_split(logdir, step, EXPLAIN_STEPS)
+    except (NoSteps, RuntimeError) as err:
+        result["error"] = f"the profile could not be split: {err}"
+        return result
+    result["split"] = split.as_dict()
+    result["profiler_overhead"] = split.step_ms / unprofiled - 1 if unprofiled > 0 else None
+    return result
+
+
+def _timed(step: Any, steps: int) -> float:
+    """Median milliseconds of `steps` unprofiled steps."""
+    import statistics
+
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(1000.0 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def _busbw_sweep(strategy: Any, replicas: int) -> list[list[float]]:
+    """`mgpu doctor --smoke`'s bus-bandwidth sweep on this strategy: [[bytes, GB/s], ...];
+    empty for one replica or when it failed."""
+    if replicas < 2:
+        return []
+    import tensorflow as tf
+
+    from mgpu_env.doctor import links
+
+    ok, _, values = links.bandwidth(tf, strategy, replicas, "")
+    return [[size, gbps] for size, gbps in values] if ok else []
+
+
+def explain_points(points: Sequence[dict[str, Any]],
+                   link_class: tuple[float, str] | None) -> None:
+    """Add to each explained point (in place) the all-reduce predicted, the collectives the
+    profile measured, the efficiency lost and the verdict."""
+    from mgpu_env.estimate.allreduce import predict
+    from mgpu_env.profile.split import COLLECTIVES_KEYS, StepSplit
+    from mgpu_env.profile.verdict import against_reference, judge
+
+    for point in points:
+        explained = point.get("explain")
+        if point.get("error") or not explained:
+            continue
+        sweep = [(int(size), float(gbps)) for size, gbps in explained.get("busbw_sweep", ())]
+        prediction = predict(explained["gradient_bytes"], point["replicas"], sweep, link_class)
+        explained["allreduce"] = prediction.as_dict()
+        if "split" not in explained:
+            continue
+        split = StepSplit.from_dict(explained["split"])
+        device_type = point.get("worker", {}).get("device_type", "CPU")
+        explained["collectives_measured_ms"] = (
+            None if device_type == "CPU" else sum(split.ms[key] for key in COLLECTIVES_KEYS))
+        explained["verdict"] = judge(split, device_type, prediction.seconds).as_dict()
+        efficiency = point.get("efficiency")
+        if efficiency is not None and point["replicas"] > 1:
+            explained["efficiency_lost"] = 1.0 - efficiency
+            explained["reference"] = against_reference(efficiency, point["replicas"])
