@@ -10,8 +10,9 @@ the doctor's bus-bandwidth sweep runs on the same strategy (`doctor.links.bandwi
 The profiled steps call the replica step once per `tf.function` call (the profiler finds no
 step inside the training loops' `tf.while_loop`, see `profile.trace`): a synthetic point on
 its batch already on the devices, a data point through a per-step tf.data iterator over
-DATASET (batch, prefetch, distributed): the input path TensorFlow's profiler can attribute,
-not the chunked one the timed intervals use.
+DATASET (`profile.steps`): the input path TensorFlow's profiler can attribute, not the
+chunked one the timed intervals use. The per-call step also pays the call's own cost, which
+the timed loops spread over many steps: its step time is longer than the table's.
 
 In the parent (`explain_points`): the prediction (`estimate.allreduce`), the verdict
 (`profile.verdict`) and the efficiency against the published reference, per point.
@@ -19,75 +20,27 @@ In the parent (`explain_points`): the prediction (`estimate.allreduce`), the ver
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 EXPLAIN_STEPS = 10
-SYNTHETIC_INPUT = "none: one synthetic batch already on each device"
-DATA_INPUT = "a per-step tf.data iterator over DATASET (batch, prefetch, distributed)"
 
 
 def explain_variant(spec: Any, strategy: Any, trainer: Any, batch: Any, arrays: Any,
                     logdir: Path) -> dict[str, Any]:
-    """Profile one variant's steps into `logdir`: the split, the unprofiled step time, the
-    gradient's bytes and (2+ replicas) the bus bandwidth sweep. `batch`: the synthetic
-    point's per-replica batch; else `arrays`, DATASET's. Never raises for a profile the
-    converter cannot read: the reason is recorded instead."""
-    import tensorflow as tf
-
-    from mgpu_env.bench.synthetic import SameBatch
+    """Profile one variant's steps into `logdir` (`profile.steps`): the split and the
+    unprofiled step time, then the gradient's bytes and (2+ replicas) the bus bandwidth
+    sweep. `batch`: the synthetic point's per-replica batch; else `arrays`, DATASET's.
+    Never raises for a profile the converter cannot read: the reason is recorded instead."""
     from mgpu_env.estimate.allreduce import gradient_bytes
-    from mgpu_env.profile.split import NoSteps
-    from mgpu_env.profile.trace import profile_split
+    from mgpu_env.profile.steps import profile_replica_step
 
-    if batch is not None:
-        iterator: Any = SameBatch(batch)
-        profiled_input = SYNTHETIC_INPUT
-    else:
-        iterator = iter(strategy.experimental_distribute_dataset(
-            tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train)).repeat()
-            .batch(spec.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)))
-        profiled_input = DATA_INPUT
-
-    @tf.function
-    def one_step(batches: Any) -> None:
-        strategy.run(trainer.steps.replica_step, args=next(batches))
-
-    def step() -> None:
-        one_step(iterator)
-        trainer.optimizer.iterations.numpy()  # waits for the step: its work in its marker
-
-    step()  # traced outside the profile: compilation is the warm-up's, not the split's
-    unprofiled = _timed(step, EXPLAIN_STEPS)
-    result: dict[str, Any] = {
-        "profiled_input": profiled_input,
-        "profile_dir": str(logdir),
-        "unprofiled_step_ms": unprofiled,
-        "gradient_bytes": gradient_bytes(trainer.model.trainable_variables),
-        "busbw_sweep": _busbw_sweep(strategy, spec.replicas),
-    }
-    try:
-        split = profile_split(logdir, step, EXPLAIN_STEPS)
-    except (NoSteps, RuntimeError) as err:
-        result["error"] = f"the profile could not be split: {err}"
-        return result
-    result["split"] = split.as_dict()
-    result["profiler_overhead"] = split.step_ms / unprofiled - 1 if unprofiled > 0 else None
+    result = profile_replica_step(strategy, trainer, logdir, EXPLAIN_STEPS, batch=batch,
+                                  arrays=arrays, global_batch=spec.global_batch)
+    result["gradient_bytes"] = gradient_bytes(trainer.model.trainable_variables)
+    result["busbw_sweep"] = _busbw_sweep(strategy, spec.replicas)
     return result
-
-
-def _timed(step: Any, steps: int) -> float:
-    """Median milliseconds of `steps` unprofiled steps."""
-    import statistics
-
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(1000.0 * (time.perf_counter() - start))
-    return statistics.median(times)
 
 
 def _busbw_sweep(strategy: Any, replicas: int) -> list[list[float]]:

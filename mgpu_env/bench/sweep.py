@@ -180,8 +180,7 @@ def run_bench(
 
     A point whose child fails is recorded with its error and the sweep goes on; the caller
     decides the exit code from `report.failed`. Raises ConfigError for an impossible plan.
-    With BENCH_EXPLAIN, each point is profiled into a folder of its own under
-    `profile_root` (a TensorBoard log folder; a temporary one when None).
+    BENCH_EXPLAIN profiles each point into a folder under `profile_root` (else a temporary one).
     """
     environ = os.environ if environ is None else environ
     settings = runtime.settings
@@ -196,12 +195,7 @@ def run_bench(
             # BENCH_TIMEOUT is each point's: a child measuring three variants gets three.
             return run_child(group, timeout_s=settings.bench_timeout * len(group))
     devices = plan_devices(settings, runtime.selection, environ)
-    specs = attach_executions(
-        plan_points(settings, devices, runtime.compute_capabilities(), runtime.cpu_flags),
-        devices, runtime,
-    )
-    if settings.bench_explain:
-        specs = with_profile_dirs(specs, profile_root)
+    specs = _planned_points(runtime, devices, profile_root)
     comparison = None
     if settings.bench_compare:
         seed_spec, mgpu_spec = attach_executions(
@@ -226,14 +220,30 @@ def run_bench(
     report.points.extend(measured[spec] for spec in specs)
     add_efficiencies(report.points)
     if settings.bench_explain:
-        explain_points(report.points, links.expected_bandwidth(runtime.selection.gpus,
-                                                               runtime.nvml.links))
+        explain_points(report.points, _link_class(runtime))
     report.notes.extend(chunk_notes(report.points))
     if comparison is not None:
         seed_spec, mgpu_spec = comparison
         seed, twin = measured[seed_spec], measured[mgpu_spec]
         report.seed_comparison = seed_comparison(seed, twin)
     return report
+
+
+def _planned_points(runtime: Runtime, devices: DevicePlan, profile_root: Path | None
+                    ) -> list[PointSpec]:
+    """The sweep's points with their executions, and their profile folders (BENCH_EXPLAIN)."""
+    settings = runtime.settings
+    specs = attach_executions(
+        plan_points(settings, devices, runtime.compute_capabilities(), runtime.cpu_flags),
+        devices, runtime,
+    )
+    return with_profile_dirs(specs, profile_root) if settings.bench_explain else specs
+
+
+def _link_class(runtime: Runtime) -> tuple[float, str] | None:
+    """What the selected GPUs' slowest link carries (NVML): the all-reduce's bandwidth
+    where the doctor's sweep measured none."""
+    return links.expected_bandwidth(runtime.selection.gpus, runtime.nvml.links)
 
 
 def with_profile_dirs(specs: list[PointSpec], root: Path | None) -> list[PointSpec]:

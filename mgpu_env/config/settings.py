@@ -163,6 +163,11 @@ class Settings:
         parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope=TRAIN,
         roles=(*LOOP_SETTING, "agreed"),
     )
+    profile: int = setting(
+        "PROFILE", "0", "Steps mgpu train profiles with TensorFlow's profiler before its first "
+        "epoch, into the run's logs/ (TensorBoard's Profile tab); 0: none, nothing imported.",
+        parse_int(0, 1000), "a whole number from 0 to 1000", metavar="STEPS", scope=TRAIN,
+    )
     batch_size: int = setting(
         "BATCH_SIZE", "64",
         "Batch size per replica; the global batch is BATCH_SIZE x replicas.",
@@ -251,19 +256,15 @@ class Settings:
         roles=LOOP_SETTING,
     )
     bench_model: str = setting(
-        "BENCH_MODEL", "mlp",
-        "Model mgpu bench measures: mlp (the tutorial's), resnet (a small ResNet on 32x32x3 "
-        "images, about 0.7M parameters, big enough for scaling to mean something) or resnet50 "
-        "(Keras' ResNet-50, untrained, on synthetic 224x224x3 images: the model of NVIDIA's "
-        "published scaling tables).",
+        "BENCH_MODEL", "mlp", "Model mgpu bench measures: mlp (the tutorial's), resnet (a small "
+        "ResNet on 32x32x3 images, 0.7M parameters) or resnet50 (Keras' ResNet-50, untrained, "
+        "on synthetic 224x224x3 images: the model of NVIDIA's published scaling tables).",
         parse_choice("mlp", "resnet", "resnet50"), "mlp, resnet, resnet50", metavar="NAME",
         scope="bench",
     )
     bench_explain: bool = setting(
-        "BENCH_EXPLAIN", "0",
-        "mgpu bench also profiles a few steps of each point with TensorFlow's profiler and "
-        "reports where the step's time goes (input, compute, collectives, launch, ...), the "
-        "all-reduce predicted beside it, and the bottleneck with its fix.",
+        "BENCH_EXPLAIN", "0", "mgpu bench also profiles a few steps of each point: where the "
+        "step's time goes (TensorFlow's profiler), the all-reduce predicted, the bottleneck.",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope="bench",
     )
     bench_replicas: tuple[int, ...] = setting(
@@ -431,24 +432,9 @@ class Declaration:
         return self.help_for.get(command, self.help)
 
 
+# A field's metadata holds exactly the declaration's other fields (see `setting`).
 DECLARATIONS: tuple[Declaration, ...] = tuple(
-    Declaration(
-        field_name=f.name,
-        env=f.metadata["env"],
-        default=f.metadata["default"],
-        help=f.metadata["help"],
-        valid=f.metadata["valid"],
-        metavar=f.metadata["metavar"],
-        scope=f.metadata["scope"],
-        parse=f.metadata["parse"],
-        kind=f.metadata["kind"],
-        short=f.metadata["short"],
-        help_for=f.metadata["help_for"],
-        roles=f.metadata["roles"],
-        identity=f.metadata["identity"],
-        identity_if_set=f.metadata["identity_if_set"],
-    )
-    for f in dataclasses.fields(Settings)
+    Declaration(field_name=f.name, **f.metadata) for f in dataclasses.fields(Settings)
 )
 BY_ENV: dict[str, Declaration] = {d.env: d for d in DECLARATIONS}
 
