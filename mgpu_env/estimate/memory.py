@@ -19,15 +19,19 @@ XLA's workspaces and the allocator's fragmentation.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mgpu_env.config.errors import ConfigError
 from mgpu_env.estimate.allreduce import DTYPE_BYTES
+from mgpu_env.hardware.nvml import GpuInfo
 
 # The share of a GPU's memory a step can count on: the CUDA context (300-500 MB), cuDNN's
 # and cuBLAS' workspaces and the BFC allocator's fragmentation take the rest.
 USABLE_FRACTION = 0.85
+# The dtype a Keras policy computes in (its variables stay float32).
+COMPUTE_DTYPE = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 SLOTS = {"adam": 2, "adamw": 2, "rmsprop": 1, "sgd_momentum": 1, "sgd": 0}
 
 
@@ -138,3 +142,33 @@ def refusal(estimate_: MemoryEstimate, device_bytes: int, device: str) -> str | 
             f"{estimate_.total / 2**30:.1f} GiB per replica (weights, gradients, optimizer "
             f"slots and activations), but {device} has {device_bytes / 2**30:.1f} GiB "
             f"({100 * USABLE_FRACTION:.0f}% usable).\n  Fix: {fix}.")
+
+
+def check_devices(model: Any, optimizer: Any, per_replica_batch: int, policy: str,
+                  gpus: Sequence[GpuInfo]) -> tuple[MemoryEstimate, list[str]]:
+    """The estimate for a built model and optimizer under the Keras `policy`, and a line
+    for the start summary per GPU against NVML's total memory (none on CPUs: their memory
+    is the host's). Raises ConfigError (exit 2) with the largest batch that fits when a GPU
+    is too small."""
+    found = estimate(model, optimizer_slots(optimizer), per_replica_batch,
+                     COMPUTE_DTYPE[policy])
+    lines = [f"memory per replica: about {_size(found.total)} (weights "
+             f"{_size(found.weights)}, gradients {_size(found.gradients)}, optimizer slots "
+             f"{_size(found.slots)}, activations {_size(found.activations)} at batch "
+             f"{per_replica_batch})"]
+    for gpu in gpus:
+        if not (gpu.memory_total_mib.ok and gpu.memory_total_mib.value):
+            continue
+        device_bytes = gpu.memory_total_mib.value * 2**20
+        why = refusal(found, device_bytes, f"GPU {gpu.index} ({gpu.name})")
+        if why is not None:
+            raise ConfigError(why)
+        lines.append(f"GPU {gpu.index}: {100 * found.total / device_bytes:.0f}% of its "
+                     f"{device_bytes / 2**30:.1f} GiB; the largest batch per replica that fits "
+                     f"is about {found.largest_batch(device_bytes):,}")
+    return found, lines
+
+
+def _size(size_bytes: int) -> str:
+    return (f"{size_bytes / 2**30:.1f} GiB" if size_bytes >= 2**30
+            else f"{size_bytes / 2**20:.1f} MiB")

@@ -116,3 +116,23 @@ def split_lines(result: dict[str, Any]) -> list[str]:
         f"profile: in {result['profile_dir']} (tensorboard --logdir {result['profile_dir']}, "
         "Profile tab)",
     ]
+
+
+def profile_training(strategy: Any, trainer: Any, logdir: Path, steps: int, data: Any,
+                     global_batch: int) -> list[str]:
+    """`mgpu train --profile STEPS`: `steps` steps of the run's model profiled into its
+    logs/ folder before its first epoch, every weight put back after (the run trains as it
+    would unprofiled); the split's lines for the terminal. Data held as arrays feeds them
+    through tf.data; other data (streamed files) gives way to one batch of zeros already on
+    each device."""
+    import tensorflow as tf
+
+    batch = None
+    if not hasattr(data, "x_train"):
+        shape = tuple(trainer.model.input_shape[1:])
+        per_replica = global_batch // strategy.num_replicas_in_sync
+        batch = strategy.experimental_distribute_values_from_function(
+            lambda _: (tf.zeros((per_replica, *shape)), tf.zeros((per_replica,), tf.int32)))
+    result = profile_replica_step(strategy, trainer, logdir, steps, batch=batch, arrays=data,
+                                  global_batch=global_batch, keep_weights=True)
+    return split_lines(result)

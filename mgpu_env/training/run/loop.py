@@ -210,6 +210,12 @@ def _start_run(prepared: PreparedRun, start: _Start) -> Run:
     plan, data = prepared.plan, prepared.data
     settings, session = plan.settings, start.session
     trainer = _start(plan, session, data)
+    # Issue 37: each GPU's memory for this model and batch (ConfigError, exit 2, with the
+    # largest batch that fits), before the first step.
+    from mgpu_env.estimate.memory import check_devices
+    for line in check_devices(trainer.model, trainer.optimizer, plan.per_replica_batch_size,
+                              plan.precision.policy, plan.runtime.selection.gpus)[1]:
+        start.reporter.note(line)
     saved, start_epoch = _restore_checkpoints(plan, trainer, session)
     if plan.is_chief:
         # What this start ran with, and why (flag, env, .env, default), before any epoch.
@@ -228,6 +234,11 @@ def _start_run(prepared: PreparedRun, start: _Start) -> Run:
         # Data kept on the devices is read (and checked) here, once.
         feed = make_feed(trainer.strategy, data, plan.feed_plan, plan.global_batch_size,
                          settings.seed, deterministic=settings.data_deterministic)
+    if settings.profile:  # Issue 37: PROFILE=STEPS (off: nothing of the profiler imported)
+        from mgpu_env.profile.steps import profile_training
+        for line in profile_training(trainer.strategy, trainer, plan.output_dir / rundir.LOG_DIR,
+                                     settings.profile, data, plan.global_batch_size):
+            start.reporter.note(line)
     return Run(
         plan, trainer, saved, session, start.reporter, start.stop,
         writer=tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
