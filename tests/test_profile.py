@@ -40,6 +40,14 @@ def test_a_trace_with_no_step_says_the_converters_own_reason() -> None:
         split_from_tool_json((FIXTURES / "while_loop_no_steps.json").read_bytes())
 
 
+def test_the_middle_steps_leave_out_the_traces_edges() -> None:
+    split = split_from_tool_json((FIXTURES / "mlp_steps.json").read_bytes())
+    middle = split.middle(2)
+    assert middle.per_step == split.per_step[1:3]
+    assert middle.step_ms == pytest.approx(sum(s["step_ms"] for s in split.per_step[1:3]) / 2)
+    assert split.middle(4) == split.middle(9) == split
+
+
 def test_a_split_survives_bench_json() -> None:
     split = split_from_tool_json((FIXTURES / "mlp_steps.json").read_bytes())
     assert StepSplit.from_dict(split.as_dict()) == split

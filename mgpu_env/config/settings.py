@@ -167,6 +167,7 @@ class Settings:
         "PROFILE", "0", "Steps mgpu train profiles with TensorFlow's profiler before its first "
         "epoch, into the run's logs/ (TensorBoard's Profile tab); 0: none, nothing imported.",
         parse_int(0, 1000), "a whole number from 0 to 1000", metavar="STEPS", scope=TRAIN,
+        roles=("shown", "recorded"),
     )
     batch_size: int = setting(
         "BATCH_SIZE", "64",

@@ -69,6 +69,14 @@ class StepSplit:
             return 0.0
         return sum(self.ms[key] for key in keys) / self.step_ms
 
+    def middle(self, steps: int) -> StepSplit:
+        """The split of the `steps` steps in the middle of those converted (the traced
+        edges, one more each side, leave out the start and the stop of the profiler)."""
+        if self.steps <= steps:
+            return self
+        first = (self.steps - steps) // 2
+        return _from_steps(self.per_step[first:first + steps], self.hardware)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepSplit:
         """The split `as_dict` wrote (bench.json, a child's result)."""
@@ -107,11 +115,16 @@ def split_from_tool_json(data: bytes | str) -> StepSplit:
          "step_ms": row[STEP_TIME_COLUMN]}
         for row in rows
     ]
+    return _from_steps(per_step, properties.get("hardware_type", ""))
+
+
+def _from_steps(per_step: list[dict[str, float]], hardware: str) -> StepSplit:
+    """The mean over these steps of each category and of the step time."""
     return StepSplit(
         step_ms=statistics.fmean(step["step_ms"] for step in per_step),
         ms={key: statistics.fmean(step[key] for step in per_step) for key in CATEGORY_KEYS},
         steps=len(per_step),
-        hardware=properties.get("hardware_type", ""),
+        hardware=hardware,
         per_step=per_step,
     )
 

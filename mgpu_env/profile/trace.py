@@ -18,8 +18,9 @@ from typing import Any
 
 from mgpu_env.profile.split import StepSplit, convert, xspace_files
 
-# The converter drops the first and the last step of a trace as incomplete (its
-# `maybe_drop_incomplete_steps`): two more are traced than are asked for.
+# One more step each side: the converter drops a first or last step it finds incomplete
+# (its `maybe_drop_incomplete_steps`), and the profiler's start and stop touch them; the
+# split is of the steps in between (`StepSplit.middle`).
 EDGE_STEPS = 2
 
 

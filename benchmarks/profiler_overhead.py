@@ -1,0 +1,94 @@
+"""What TensorFlow's profiler costs a step, and the split it gives: `mgpu bench --explain`'s
+and `mgpu train --profile`'s measurement, measured.
+
+    .venv/bin/python benchmarks/profiler_overhead.py [--model mlp] [--replicas 2]
+        [--batch 64] [--steps 20] [--rounds 5]
+
+One process, the CPU split into `--replicas` logical devices, the packaged trainer (Adam,
+float32) on one synthetic batch per replica. Rounds of `--steps` single-step calls timed
+unprofiled, then the same under the profiler (`profile.trace.trace_steps`: start, a step
+marker per step, stop, the session written), alternating; prints the median seconds per
+step of each, their ratio, and the last round's split (xprof's converter). With the
+profiler off nothing of it is imported (`mgpu train` without PROFILE; tested in
+tests/test_bench_explain.py), so "off" costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp", choices=("mlp", "resnet", "resnet50"))
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64, help="per replica")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    from mgpu_env.hardware.devices import DeviceSplit, apply_split
+
+    devices = apply_split(DeviceSplit("CPU", 1, args.replicas)) if args.replicas > 1 else (
+        "/device:CPU:0",)
+    import tensorflow as tf
+
+    from mgpu_env.bench.models import SHAPES, build_model
+    from mgpu_env.bench.synthetic import SameBatchFeed
+    from mgpu_env.profile.split import CATEGORIES, convert
+    from mgpu_env.profile.trace import trace_steps
+    from mgpu_env.runtime.precision import choose_precision
+    from mgpu_env.training.step.build import build_trainer
+
+    strategy = tf.distribute.MirroredStrategy(
+        list(devices), cross_device_ops=tf.distribute.ReductionToOneDevice())
+    shape = SHAPES[args.model]
+    trainer = build_trainer(
+        strategy, lambda: build_model(args.model, 1, shape), learning_rate=0.001,
+        precision=choose_precision("0", "CPU", (), frozenset()),
+        global_batch_size=args.batch * args.replicas, jit_compile=False)
+    batches = SameBatchFeed.make(strategy, args.batch, shape.input_shape, shape.classes, 1)
+
+    @tf.function
+    def one_step(source: object) -> None:
+        strategy.run(trainer.steps.replica_step, args=next(source))
+
+    def step() -> None:
+        one_step(batches.batches)
+        trainer.optimizer.iterations.numpy()
+
+    step()
+    plain, profiled, split = [], [], None
+    with tempfile.TemporaryDirectory() as folder:
+        for round_ in range(args.rounds):
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            plain.append((time.perf_counter() - start) / args.steps)
+            start = time.perf_counter()
+            # trace_steps runs 2 more steps (the converter's edges) and waits out the second
+            files = trace_steps(Path(folder) / str(round_), step, args.steps)
+            profiled.append((time.perf_counter() - start) / (args.steps + 2))
+        split = convert(files)
+    print(f"{args.model}, {args.replicas} logical CPU replica(s), batch {args.batch} per "
+          f"replica, {args.rounds} rounds of {args.steps} steps")
+    print(f"unprofiled: {1000 * statistics.median(plain):.2f} ms/step "
+          f"({', '.join(f'{1000 * t:.2f}' for t in plain)})")
+    print(f"profiled:   {1000 * statistics.median(profiled):.2f} ms/step, session start, "
+          f"stop and write included ({', '.join(f'{1000 * t:.2f}' for t in profiled)})")
+    print(f"profiled / unprofiled: {statistics.median(profiled) / statistics.median(plain):.2f}")
+    print(f"split of the last round (xprof): {split.step_ms:.2f} ms per step; " + ", ".join(
+        f"{name} {100 * split.share(key):.0f}%" for key, _, name in CATEGORIES
+        if split.ms[key]))
+
+
+if __name__ == "__main__":
+    main()
