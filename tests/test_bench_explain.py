@@ -81,7 +81,7 @@ def test_a_slow_input_is_input_bound_and_the_split_adds_up(
                                         arrays=SlowRows(), global_batch=128)
     monkeypatch.setattr(steps, "_iterator", real_iterator)
     split = result["split"]
-    assert split["steps"] == PROFILED_STEPS
+    assert split["steps"] == PROFILED_STEPS, split["per_step"]
     # The categories sum to the profiled step time (tolerance: SUM_TOLERANCE_SHARE).
     assert abs(sum(split["ms"][k] for k in CATEGORY_KEYS) - split["step_ms"]) <= (
         SUM_TOLERANCE_SHARE * split["step_ms"])
@@ -118,7 +118,7 @@ def test_a_tiny_step_is_overhead_bound_and_the_plugin_reads_the_trace(
     data, _ = raw_to_tool_data.xspace_to_tool_data(
         files, "input_pipeline_analyzer", {"use_saved_result": False})
     split = split_from_tool_json(data)
-    assert judge(split, "CPU").bottleneck == "overhead-bound"
+    assert judge(split, "CPU").bottleneck == "overhead-bound", split.per_step
 
 
 @pytest.mark.slow
@@ -177,7 +177,7 @@ def test_train_profile_writes_a_trace_and_off_imports_nothing(tmp_path: Path) ->
     profiled = tmp_path / "profiled"
     result = train_process.run(profiled, PROFILE="3", EPOCHS="1", QUIET="0")
     assert result.returncode == 0, result.stderr
-    assert "profile: 3 steps of " in result.stdout
+    assert "profile: 3 steps of " in result.stdout, result.stdout
     assert "profile: in " in result.stdout and "Profile tab" in result.stdout
     assert list((profiled / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
     plain = tmp_path / "plain"

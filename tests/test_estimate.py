@@ -128,6 +128,7 @@ def test_a_gpu_too_small_refuses_the_run(logical_cpus: tuple[str, ...]) -> None:
     model = keras_model("resnet")
     optimizer = tensorflow_keras().optimizers.Adam()
     estimate, lines = memory.check_devices(model, optimizer, 64, "float32", [gpu(16_384)])
+    assert estimate.per_replica_batch == 64 and estimate.fits(16_384 * MIB)
     assert lines[0].startswith("memory per replica: about ")
     assert "GPU 0: " in lines[1] and "largest batch per replica that fits" in lines[1]
     with pytest.raises(ConfigError, match="BATCH_SIZE=4096 needs about"):

@@ -73,8 +73,8 @@ CASES = [
     (split_of(10.0, collectives=5.0), "CPU", None, "compute-bound"),
     (split_of(10.0, kernel_launch=3.0, other=2.0), "GPU", None, "overhead-bound"),
     (split_of(10.0, kernel_launch=2.9, other=2.0), "GPU", None, "compute-bound"),
-    (split_of(0.9), "CPU", None, "overhead-bound"),
-    (split_of(1.0), "CPU", None, "compute-bound"),
+    (split_of(1.9), "CPU", None, "overhead-bound"),
+    (split_of(2.0), "CPU", None, "compute-bound"),
     # Input is tested first: a step waiting for input is input-bound whatever else.
     (split_of(0.5, input=0.4), "CPU", None, "input-bound"),
 ]

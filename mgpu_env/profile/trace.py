@@ -47,5 +47,6 @@ def trace_steps(logdir: Path, step: Callable[[], Any], steps: int) -> list[Path]
 
 
 def profile_split(logdir: Path, step: Callable[[], Any], steps: int) -> StepSplit:
-    """`trace_steps`, then the profiler plugin's split of those steps (`split.convert`)."""
-    return convert(trace_steps(logdir, step, steps))
+    """`trace_steps`, then the profile plugin's split of those steps (`split.convert`): the
+    `steps` in the middle."""
+    return convert(trace_steps(logdir, step, steps)).middle(steps)
