@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,18 +16,23 @@ from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_report
 
 PROFILE_DIR = "profile"  # BENCH_EXPLAIN's traces: tensorboard --logdir <OUTPUT_DIR>/profile
+ExplainOption = Annotated[bool, typer.Option(
+    "--explain", help="Also profile each point: where the step's time goes, the all-reduce "
+    "predicted, the bottleneck and its fix (short for --bench-explain, BENCH_EXPLAIN=1).")]
 
 PIPED_WIDTH = 200  # wider than any table mgpu bench prints
 
 
 @with_settings(scope="bench")
-def command(flags: SettingFlags) -> None:
+def command(flags: SettingFlags, explain: ExplainOption = False) -> None:
     """Sweep replica counts (and precision, XLA, data) and measure throughput and efficiency.
 
     Each replica count runs in its own process: warm-up steps, then BENCH_INTERVALS rounds
     of one timed interval of BENCH_STEPS steps per data variant, in turns. Writes
     bench.json and bench.png under OUTPUT_DIR.
     """
+    if explain:
+        flags["BENCH_EXPLAIN"] = "1"  # the flag's short name: the setting decides the rest
     runtime = start_process(resolve(flags), "bench")  # a GPU the machine lacks: exit 2
     settings = runtime.settings
     output_dir = default_output_dir(settings)
@@ -71,10 +77,7 @@ def command(flags: SettingFlags) -> None:
                 f"mgpu/model.fit = {comparison['ratio']:.2f}x (1 replica, fp32, MLP, same data)"
             )
     if settings.bench_explain:
-        console.print(render_explain(data))
-        for line in explain_lines(data):
-            console.print(line)
-        console.print(f"profiles: tensorboard --logdir {output_dir / PROFILE_DIR}")
+        print_explain(console, data, output_dir / PROFILE_DIR)
     console.print(f"wrote {json_path} and {png_path}")
     for point in report.failed:
         typer.echo(f"error: {point['error']}", err=True)
@@ -174,6 +177,14 @@ EXPLAIN_COLUMNS = (("compile", ("compilation",)), ("input", ("input",)),
                    ("collect.", ("collectives", "device_to_device")),
                    ("launch", ("kernel_launch",)), ("host", ("host_compute",)),
                    ("other", ("output", "other")))
+
+
+def print_explain(console: Console, data: dict[str, Any], profiles: Path) -> None:
+    """BENCH_EXPLAIN: the split's table, a line per point, where the traces are."""
+    console.print(render_explain(data))
+    for line in explain_lines(data):
+        console.print(line)
+    console.print(f"profiles: tensorboard --logdir {profiles}")
 
 
 def render_explain(data: dict[str, Any]) -> Table:

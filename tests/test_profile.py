@@ -74,10 +74,18 @@ CASES = [
     (split_of(10.0, kernel_launch=3.0, other=2.0), "GPU", None, "overhead-bound"),
     (split_of(10.0, kernel_launch=2.9, other=2.0), "GPU", None, "compute-bound"),
     (split_of(1.9), "CPU", None, "overhead-bound"),
+    (split_of(10.0), "CPU", None, "compute-bound"),
     (split_of(2.0), "CPU", None, "compute-bound"),
     # Input is tested first: a step waiting for input is input-bound whatever else.
     (split_of(0.5, input=0.4), "CPU", None, "input-bound"),
 ]
+
+
+@pytest.mark.parametrize(("call_ms", "expected"), [(5.0, "overhead-bound"),
+                                                   (4.9, "compute-bound")])
+def test_a_step_little_longer_than_an_empty_call_is_overhead_bound(call_ms: float,
+                                                                   expected: str) -> None:
+    assert verdict.judge(split_of(10.0), "CPU", call_ms=call_ms).bottleneck == expected
 
 
 @pytest.mark.parametrize(("split", "device_type", "predicted", "expected"), CASES)

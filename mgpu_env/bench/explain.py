@@ -77,7 +77,8 @@ def explain_points(points: Sequence[dict[str, Any]],
         device_type = point.get("worker", {}).get("device_type", "CPU")
         explained["collectives_measured_ms"] = (
             None if device_type == "CPU" else sum(split.ms[key] for key in COLLECTIVES_KEYS))
-        explained["verdict"] = judge(split, device_type, prediction.seconds).as_dict()
+        explained["verdict"] = judge(split, device_type, prediction.seconds,
+                                     explained.get("call_ms")).as_dict()
         efficiency = point.get("efficiency")
         if efficiency is not None and point["replicas"] > 1:
             explained["efficiency_lost"] = 1.0 - efficiency

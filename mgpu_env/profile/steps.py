@@ -49,7 +49,8 @@ def profile_replica_step(
 
     step()  # traced outside the profile: its compilation is not the steps'
     result: dict[str, Any] = {"profiled_input": profiled_input, "profile_dir": str(logdir),
-                              "unprofiled_step_ms": _median_ms(step, steps)}
+                              "unprofiled_step_ms": _median_ms(step, steps),
+                              "call_ms": call_cost_ms(strategy, steps)}
     try:
         split = profile_split(logdir, step, steps)
         result["split"] = split.as_dict()
@@ -71,6 +72,23 @@ def _iterator(strategy: Any, batch: Any, arrays: Any, global_batch: int) -> tupl
     dataset = tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train)).repeat()
     dataset = dataset.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     return iter(strategy.experimental_distribute_dataset(dataset)), DATA_INPUT
+
+
+def call_cost_ms(strategy: Any, calls: int) -> float:
+    """What one step's call costs with no work in it, here and now (median ms): a
+    `tf.function` running an empty replica function on every replica, then a value read
+    to the host, as a profiled step ends. The step's fixed cost, beside its time."""
+    import tensorflow as tf
+
+    @tf.function
+    def nothing() -> Any:
+        return strategy.run(lambda: tf.zeros(()))
+
+    def call() -> None:
+        strategy.experimental_local_results(nothing())[0].numpy()
+
+    call()
+    return _median_ms(call, calls)
 
 
 class _SameBatch:

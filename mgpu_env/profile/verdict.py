@@ -7,8 +7,9 @@ One of four, tested in this order:
   them (CPU devices: the all-reduce is host compute there), the ring all-reduce's predicted
   time, reach ALLREDUCE_BOUND_SHARE of the step.
 - overhead-bound: the step is too short for its fixed costs: kernel launch, compilation and
-  the profiler's "all others" (Python, the runtime between ops) reach OVERHEAD_BOUND_SHARE,
-  or the whole step is under OVERHEAD_STEP_MS. On CPU devices the profiler counts a call's
+  the profiler's "all others" (Python, the runtime between ops), or the measured cost of a
+  call that does nothing (`call_ms`, `steps.call_cost_ms`), reach OVERHEAD_BOUND_SHARE, or
+  the whole step is under OVERHEAD_STEP_MS. On CPU devices the profiler counts a call's
   own cost as host compute, so there the step's length is what tells: one `assign_add` per
   `tf.function` call, with the step marker and a read to the host, measured 0.34 ms per
   step here on a quiet moment of 2 shared cores, and over 1 ms on a busy one; a step
@@ -74,10 +75,12 @@ class Verdict:
                 "fixes": list(self.fixes)}
 
 
-def judge(split: StepSplit, device_type: str, predicted_allreduce_s: float | None = None
-          ) -> Verdict:
+def judge(split: StepSplit, device_type: str, predicted_allreduce_s: float | None = None,
+          call_ms: float | None = None) -> Verdict:
     """Name the bottleneck of a split (see the module's docstring). `device_type` "CPU":
-    the profiler sees no collectives, so the prediction stands in for them."""
+    the profiler sees no collectives, so the prediction stands in for them. `call_ms`: what
+    a call that does nothing costs here, measured beside the profile (the profiler counts
+    that cost as host compute on CPU devices)."""
     input_share = split.share("input")
     if input_share >= INPUT_BOUND_SHARE:
         return _verdict("input-bound", input_share,
@@ -93,6 +96,8 @@ def judge(split: StepSplit, device_type: str, predicted_allreduce_s: float | Non
             return _verdict("all-reduce-bound", predicted,
                             f"the predicted all-reduce is {100 * predicted:.0f}% of the step")
     overhead = split.share(*OVERHEAD)
+    if call_ms and split.step_ms > 0:
+        overhead = max(overhead, min(1.0, call_ms / split.step_ms))
     if 0 < split.step_ms < OVERHEAD_STEP_MS:
         return _verdict("overhead-bound", overhead,
                         f"a {split.step_ms:.2f} ms step is too short for its fixed cost "
@@ -100,7 +105,7 @@ def judge(split: StepSplit, device_type: str, predicted_allreduce_s: float | Non
     if overhead >= OVERHEAD_BOUND_SHARE:
         return _verdict("overhead-bound", overhead,
                         f"{100 * overhead:.0f}% of a {split.step_ms:.2f} ms step is launch, "
-                        "compilation and time between ops")
+                        "compilation, time between ops or the call's own cost")
     compute = split.share("device_compute", "host_compute")
     return _verdict("compute-bound", compute, f"{100 * compute:.0f}% of the step computes")
 
