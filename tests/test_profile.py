@@ -101,7 +101,7 @@ def test_the_bottleneck_is_named_with_its_fixes(
 def test_the_fixes_name_the_settings_that_help() -> None:
     assert "KEEP_DATA" in " ".join(verdict.FIXES["input-bound"])
     assert "BATCH_SIZE" in " ".join(verdict.FIXES["all-reduce-bound"])
-    assert "STEPS_PER_CALL" in " ".join(verdict.FIXES["overhead-bound"])
+    assert "steps_per_execution" in " ".join(verdict.FIXES["overhead-bound"])
     assert "XLA=1" in " ".join(verdict.FIXES["overhead-bound"])
 
 

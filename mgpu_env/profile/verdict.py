@@ -49,8 +49,9 @@ FIXES: dict[str, tuple[str, ...]] = {
         "NVLink/P2P, NCCL_* variables)",
     ),
     "overhead-bound": (
-        "more steps per compiled call (STEPS_PER_CALL), so the launch cost is paid once "
-        "for many steps",
+        "more steps per compiled call, so the launch cost is paid once for many (mgpu "
+        "train runs STEPS_PER_CALL=200 per call; a script: Keras' steps_per_execution, or a "
+        "tf.range loop inside its tf.function)",
         "XLA=1: fused kernels, fewer launches",
         "a larger batch per replica, so each step has more work for its fixed cost",
     ),
