@@ -20,6 +20,64 @@ from mgpu_env.profile.split import CATEGORY_KEYS, SUM_TOLERANCE_SHARE
 from tests.support import train_process
 
 PROFILED_STEPS = 4
+FIXTURES = Path(__file__).parent / "fixtures" / "profile"
+
+
+def explaining_runner(busbw_gbps: float) -> Any:
+    """The canned bench child (`tests.support.bench.fake_runner`) with each point's
+    `explain` as a child reports it: the split of a real trace (xprof's converter output
+    in tests/fixtures), the MLP's gradient and a flat busbw sweep."""
+    from mgpu_env.profile.split import split_from_tool_json
+    from tests.support.bench import fake_runner
+
+    canned = fake_runner()
+    split = split_from_tool_json((FIXTURES / "mlp_steps.json").read_bytes()).as_dict()
+
+    def run(group: Any, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        results = canned(group)
+        for spec, result in zip(group, results, strict=True):
+            result["explain"] = {
+                "split": split, "gradient_bytes": 55_050 * 4, "call_ms": 0.3,
+                "unprofiled_step_ms": 4.0, "profiled_input": "none",
+                "profile_dir": spec.profile_dir,
+                "busbw_sweep": [[1 << 20, busbw_gbps]] if spec.replicas > 1 else [],
+            }
+        return results
+
+    return run
+
+
+@pytest.mark.parametrize(("busbw_gbps", "at_two"), [(100.0, "compute-bound"),
+                                                     (0.05, "all-reduce-bound")])
+def test_the_report_names_each_points_bottleneck(tmp_path: Path, busbw_gbps: float,
+                                                 at_two: str) -> None:
+    from entrypoint.bench import explain_lines, render_explain
+    from mgpu_env.bench.plot import draw_bench
+    from mgpu_env.bench.sweep import run_bench
+    from tests.support.bench import settings
+    from tests.support.runtimes import runtime_of
+
+    runtime = runtime_of(settings(VIRTUAL_DEVICES="2", BENCH_EXPLAIN="1"))
+    data = run_bench(runtime, environ={}, runner=explaining_runner(busbw_gbps),
+                     profile_root=tmp_path).as_dict()
+    one, two = data["points"]
+    assert one["explain"]["verdict"]["bottleneck"] == "compute-bound"
+    assert one["explain"]["allreduce"]["seconds"] == 0.0
+    assert two["explain"]["verdict"]["bottleneck"] == at_two
+    # 2(n-1)/n x bytes / busbw at n = 2: the gradient's bytes over the bus bandwidth.
+    assert two["explain"]["allreduce"]["seconds"] == pytest.approx(
+        55_050 * 4 / (busbw_gbps * 1e9))
+    assert two["explain"]["efficiency_lost"] == pytest.approx(1 - two["efficiency"])
+    assert "reference's 92-96%" in two["explain"]["reference"]
+    assert Path(two["explain"]["profile_dir"]) == tmp_path / "2x-fp32"
+    assert render_explain(data).row_count == 2
+    lines = explain_lines(data)
+    assert lines[1].startswith(f"2 replica(s), fp32: {at_two}: ")
+    import matplotlib.pyplot as plt
+
+    figure = draw_bench(data)
+    assert len(figure.axes) == 3  # throughput, efficiency, the split
+    plt.close(figure)
 
 
 def two_replica_trainer(logical_cpus: tuple[str, ...]) -> tuple[Any, Any]:
