@@ -6,11 +6,12 @@ and `mgpu train --profile`'s measurement, measured.
 
 One process, the CPU split into `--replicas` logical devices, the packaged trainer (Adam,
 float32) on one synthetic batch per replica. Rounds of `--steps` single-step calls timed
-unprofiled, then the same under the profiler (`profile.trace.trace_steps`: start, a step
-marker per step, stop, the session written), alternating; prints the median seconds per
-step of each, their ratio, and the last round's split (xprof's converter). With the
-profiler off nothing of it is imported (`mgpu train` without PROFILE; tested in
-tests/test_bench_explain.py), so "off" costs nothing.
+unprofiled, then the same under the profiler (each in its `train` step marker, as
+`profile.trace` runs them), alternating; prints the median milliseconds per step of each
+and their ratio (the profiler's cost per step), the profiler's fixed cost per session
+(start, and stop with the session written), and the last round's split (xprof's
+converter). With the profiler off nothing of it is imported (`mgpu train` without PROFILE;
+tested in tests/test_bench_explain.py), so "off" costs nothing.
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ def main() -> None:
 
     from mgpu_env.bench.models import SHAPES, build_model
     from mgpu_env.bench.synthetic import SameBatchFeed
-    from mgpu_env.profile.split import CATEGORIES, convert
-    from mgpu_env.profile.trace import trace_steps
+    from mgpu_env.profile.split import CATEGORIES, convert, xspace_files
     from mgpu_env.runtime.precision import choose_precision
     from mgpu_env.training.step.build import build_trainer
 
@@ -66,25 +66,34 @@ def main() -> None:
         trainer.optimizer.iterations.numpy()
 
     step()
-    plain, profiled, split = [], [], None
+    plain, profiled, fixed = [], [], []
     with tempfile.TemporaryDirectory() as folder:
         for round_ in range(args.rounds):
             start = time.perf_counter()
             for _ in range(args.steps):
                 step()
             plain.append((time.perf_counter() - start) / args.steps)
+            logdir = Path(folder) / str(round_)
             start = time.perf_counter()
-            # trace_steps runs 2 more steps (the converter's edges) and waits out the second
-            files = trace_steps(Path(folder) / str(round_), step, args.steps)
-            profiled.append((time.perf_counter() - start) / (args.steps + 2))
-        split = convert(files)
+            tf.profiler.experimental.start(str(logdir))
+            started = time.perf_counter()
+            for number in range(args.steps):
+                with tf.profiler.experimental.Trace("train", step_num=number, _r=1):
+                    step()
+            stepped = time.perf_counter()
+            tf.profiler.experimental.stop()
+            fixed.append(started - start + time.perf_counter() - stepped)
+            profiled.append((stepped - started) / args.steps)
+        split = convert(xspace_files(logdir))
     print(f"{args.model}, {args.replicas} logical CPU replica(s), batch {args.batch} per "
           f"replica, {args.rounds} rounds of {args.steps} steps")
     print(f"unprofiled: {1000 * statistics.median(plain):.2f} ms/step "
           f"({', '.join(f'{1000 * t:.2f}' for t in plain)})")
-    print(f"profiled:   {1000 * statistics.median(profiled):.2f} ms/step, session start, "
-          f"stop and write included ({', '.join(f'{1000 * t:.2f}' for t in profiled)})")
+    print(f"profiled:   {1000 * statistics.median(profiled):.2f} ms/step "
+          f"({', '.join(f'{1000 * t:.2f}' for t in profiled)})")
     print(f"profiled / unprofiled: {statistics.median(profiled) / statistics.median(plain):.2f}")
+    print(f"the profiler's start and stop (session written): {1000 * statistics.median(fixed):.0f}"
+          f" ms per session ({', '.join(f'{1000 * t:.0f}' for t in fixed)})")
     print(f"split of the last round (xprof): {split.step_ms:.2f} ms per step; " + ", ".join(
         f"{name} {100 * split.share(key):.0f}%" for key, _, name in CATEGORIES
         if split.ms[key]))
