@@ -231,6 +231,12 @@ def explain_lines(data: dict[str, Any]) -> list[str]:
         if explained.get("reference"):
             line += f"; efficiency {explained['reference']}"
         lines.append(line)
+        if explained.get("call_share"):
+            lines.append(
+                f"  one step per call took {explained['unprofiled_step_ms']:.2f} ms unprofiled, "
+                f"the timed loop {explained['loop_step_ms']:.2f} ms per step: "
+                f"{100 * explained['call_share']:.0f}% of a lone step is its call, which the "
+                "loop's many steps per call spread out")
     return lines
 
 

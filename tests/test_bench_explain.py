@@ -38,7 +38,7 @@ def explaining_runner(busbw_gbps: float) -> Any:
         for spec, result in zip(group, results, strict=True):
             result["explain"] = {
                 "split": split, "gradient_bytes": 55_050 * 4, "call_ms": 0.3,
-                "unprofiled_step_ms": 4.0, "profiled_input": "none",
+                "unprofiled_step_ms": 40.0, "profiled_input": "none",
                 "profile_dir": spec.profile_dir,
                 "busbw_sweep": [[1 << 20, busbw_gbps]] if spec.replicas > 1 else [],
             }
@@ -70,8 +70,12 @@ def test_the_report_names_each_points_bottleneck(tmp_path: Path, busbw_gbps: flo
     assert two["explain"]["efficiency_lost"] == pytest.approx(1 - two["efficiency"])
     assert "reference's 92-96%" in two["explain"]["reference"]
     assert Path(two["explain"]["profile_dir"]) == tmp_path / "2x-fp32"
+    # The canned one-call step took 40 ms unprofiled; the timed loop's step is shorter.
+    assert two["explain"]["call_share"] == pytest.approx(
+        1 - two["step_time_ms"]["median"] / 40.0)
+    assert any("of a lone step is its call" in line for line in explain_lines(data))
     assert render_explain(data).row_count == 2
-    lines = explain_lines(data)
+    lines = [line for line in explain_lines(data) if not line.startswith("  ")]
     assert lines[1].startswith(f"2 replica(s), fp32: {at_two}: ")
     import matplotlib.pyplot as plt
 

@@ -79,6 +79,12 @@ def explain_points(points: Sequence[dict[str, Any]],
             None if device_type == "CPU" else sum(split.ms[key] for key in COLLECTIVES_KEYS))
         explained["verdict"] = judge(split, device_type, prediction.seconds,
                                      explained.get("call_ms")).as_dict()
+        timed = point.get("step_time_ms", {}).get("median")
+        if timed and explained.get("unprofiled_step_ms"):
+            # A profiled step is one call; the timed loop runs many per call: the gap is
+            # the call's own cost, which the loop spreads over its steps.
+            explained["loop_step_ms"] = timed
+            explained["call_share"] = max(0.0, 1.0 - timed / explained["unprofiled_step_ms"])
         efficiency = point.get("efficiency")
         if efficiency is not None and point["replicas"] > 1:
             explained["efficiency_lost"] = 1.0 - efficiency
