@@ -31,8 +31,8 @@ OVERHEAD_STEP_MS = 2.0
 OVERHEAD = ("kernel_launch", "compilation", "other")
 # NVIDIA's published TensorFlow ResNet-50 training runs (DeepLearningExamples, DGX-1/DGX-2,
 # 8 GPUs): 7.3 to 7.7 times one GPU's throughput, 92-96% weak-scaling efficiency.
-REFERENCE = {"what": "NVIDIA's TensorFlow ResNet-50, 8 GPUs: 7.3-7.7x one GPU",
-             "efficiency_low": 0.92, "efficiency_high": 0.96, "replicas": 8}
+REFERENCE_WHAT = "NVIDIA's TensorFlow ResNet-50, 8 GPUs: 7.3-7.7x one GPU"
+REFERENCE_EFFICIENCY = (0.92, 0.96)
 
 FIXES: dict[str, tuple[str, ...]] = {
     "input-bound": (
@@ -117,8 +117,8 @@ def _verdict(bottleneck: str, share: float, why: str) -> Verdict:
 
 def against_reference(efficiency: float, replicas: int) -> str:
     """The efficiency beside the published reference's, in words."""
-    low, high = REFERENCE["efficiency_low"], REFERENCE["efficiency_high"]
+    low, high = REFERENCE_EFFICIENCY
     place = "within" if low <= efficiency <= high else (
         "above" if efficiency > high else "below")
     return (f"{100 * efficiency:.0f}% at {replicas} replicas, {place} the reference's "
-            f"{100 * low:.0f}-{100 * high:.0f}% ({REFERENCE['what']})")
+            f"{100 * low:.0f}-{100 * high:.0f}% ({REFERENCE_WHAT})")
