@@ -88,6 +88,15 @@ def test_a_step_little_longer_than_an_empty_call_is_overhead_bound(call_ms: floa
     assert verdict.judge(split_of(10.0), "CPU", call_ms=call_ms).bottleneck == expected
 
 
+def test_one_interrupted_step_moves_no_verdict() -> None:
+    steps = [{**dict.fromkeys(CATEGORY_KEYS, 0.0), "host_compute": ms, "step_ms": ms}
+             for ms in (0.5, 0.4, 9.0, 0.4, 0.5)]  # the machine's other work hit step 3
+    split = StepSplit(2.16, {**dict.fromkeys(CATEGORY_KEYS, 0.0), "host_compute": 2.16}, 5,
+                      "CPU_ONLY", steps)
+    assert split.typical_step_ms == 0.5
+    assert verdict.judge(split, "CPU").bottleneck == "overhead-bound"
+
+
 @pytest.mark.parametrize(("split", "device_type", "predicted", "expected"), CASES)
 def test_the_bottleneck_is_named_with_its_fixes(
     split: StepSplit, device_type: str, predicted: float | None, expected: str

@@ -59,6 +59,14 @@ class StepSplit:
     per_step: list[dict[str, float]] = field(default_factory=list)
 
     @property
+    def typical_step_ms(self) -> float:
+        """The median step's time: a step the machine's other work interrupted moves the
+        mean, not this."""
+        if not self.per_step:
+            return self.step_ms
+        return statistics.median(step["step_ms"] for step in self.per_step)
+
+    @property
     def unaccounted_ms(self) -> float:
         """Step time the categories leave out (0 within the converter's rounding)."""
         return self.step_ms - sum(self.ms.values())

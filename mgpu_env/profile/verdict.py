@@ -97,11 +97,12 @@ def judge(split: StepSplit, device_type: str, predicted_allreduce_s: float | Non
             return _verdict("all-reduce-bound", predicted,
                             f"the predicted all-reduce is {100 * predicted:.0f}% of the step")
     overhead = split.share(*OVERHEAD)
-    if call_ms and split.step_ms > 0:
-        overhead = max(overhead, min(1.0, call_ms / split.step_ms))
-    if 0 < split.step_ms < OVERHEAD_STEP_MS:
+    typical = split.typical_step_ms  # the median step: one interrupted step moves no verdict
+    if call_ms and typical > 0:
+        overhead = max(overhead, min(1.0, call_ms / typical))
+    if 0 < typical < OVERHEAD_STEP_MS:
         return _verdict("overhead-bound", overhead,
-                        f"a {split.step_ms:.2f} ms step is too short for its fixed cost "
+                        f"a {typical:.2f} ms step is too short for its fixed cost "
                         f"(under {OVERHEAD_STEP_MS:.0f} ms)")
     if overhead >= OVERHEAD_BOUND_SHARE:
         return _verdict("overhead-bound", overhead,
