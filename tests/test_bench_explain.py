@@ -184,7 +184,8 @@ def test_a_tiny_step_is_overhead_bound_and_the_plugin_reads_the_trace(
     # The step is little more than its call: overhead-bound, whatever the machine's load.
     call_ms = call_cost_ms(tf.distribute.get_strategy(), 2 * PROFILED_STEPS)
     verdict = judge(split, "CPU", call_ms=call_ms)
-    assert verdict.bottleneck == "overhead-bound", (call_ms, [s["step_ms"] for s in split.per_step], split.ms)
+    assert verdict.bottleneck == "overhead-bound", (
+        call_ms, [step["step_ms"] for step in split.per_step], split.ms)
 
 
 @pytest.mark.slow
