@@ -231,6 +231,11 @@ def explain_lines(data: dict[str, Any]) -> list[str]:
         if explained.get("reference"):
             line += f"; efficiency {explained['reference']}"
         lines.append(line)
+        if estimated := explained.get("memory_estimate"):
+            peaks = ", ".join(f"{name} {peak / 2**20:,.0f} MiB" for name, peak in
+                              explained.get("peak_memory_bytes", {}).items())
+            lines.append(f"  memory per replica: estimated {estimated['total'] / 2**20:,.0f} MiB"
+                         + (f"; measured peak {peaks}" if peaks else ""))
         if explained.get("call_share"):
             lines.append(
                 f"  one step per call took {explained['unprofiled_step_ms']:.2f} ms unprofiled, "

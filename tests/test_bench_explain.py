@@ -41,6 +41,7 @@ def explaining_runner(busbw_gbps: float) -> Any:
                 "unprofiled_step_ms": 40.0, "profiled_input": "none",
                 "profile_dir": spec.profile_dir,
                 "busbw_sweep": [[1 << 20, busbw_gbps]] if spec.replicas > 1 else [],
+                "memory_estimate": {"total": 3 << 20}, "peak_memory_bytes": {"GPU:0": 5 << 20},
             }
         return results
 
@@ -74,6 +75,8 @@ def test_the_report_names_each_points_bottleneck(tmp_path: Path, busbw_gbps: flo
     assert two["explain"]["call_share"] == pytest.approx(
         1 - two["step_time_ms"]["median"] / 40.0)
     assert any("of a lone step is its call" in line for line in explain_lines(data))
+    assert "  memory per replica: estimated 3 MiB; measured peak GPU:0 5 MiB" in explain_lines(
+        data)
     assert render_explain(data).row_count == 2
     lines = [line for line in explain_lines(data) if not line.startswith("  ")]
     assert lines[1].startswith(f"2 replica(s), fp32: {at_two}: ")
@@ -270,4 +273,6 @@ def test_bench_explain_reports_each_point(tmp_path: Path) -> None:
         assert explained["split"]["steps"] == 10
         assert explained["verdict"]["bottleneck"]
         assert explained["gradient_bytes"] == 55_050 * 4
+        assert explained["memory_estimate"]["weights"] == 55_050 * 4
+        assert explained["peak_memory_bytes"] == {}  # CPU devices: TensorFlow counts none
         assert Path(explained["profile_dir"]).parent == tmp_path / "bench" / "profile"

@@ -135,6 +135,22 @@ def test_a_gpu_too_small_refuses_the_run(logical_cpus: tuple[str, ...]) -> None:
         memory.check_devices(model, optimizer, 4096, "float32", [gpu(1024)])
     assert memory.check_devices(model, optimizer, 64, "float32", [])[1] == lines[:1]
 
+    class Lion:
+        pass
+
+    assumed = memory.check_devices(model, Lion(), 64, "float32", [])[1][0]
+    assert assumed.endswith("at batch 64, Lion's slots taken as Adam's)")
+
+
+def test_a_loss_scale_optimizer_keeps_its_inner_optimizers_slots() -> None:
+    class Adam:
+        pass
+
+    class LossScaleOptimizer:
+        inner_optimizer = Adam()
+
+    assert memory.optimizer_slots(LossScaleOptimizer()) == 2
+
 
 def test_an_optimizer_with_no_known_slots_is_named() -> None:
     class Lion:

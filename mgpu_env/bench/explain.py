@@ -39,8 +39,23 @@ def explain_variant(spec: Any, strategy: Any, trainer: Any, batch: Any, arrays: 
     result = profile_replica_step(strategy, trainer, logdir, EXPLAIN_STEPS, batch=batch,
                                   arrays=arrays, global_batch=spec.global_batch)
     result["gradient_bytes"] = gradient_bytes(trainer.model.trainable_variables)
+    result["memory_estimate"] = _memory_estimate(trainer, spec.per_replica_batch)
     result["busbw_sweep"] = _busbw_sweep(strategy, spec.replicas)
     return result
+
+
+def _memory_estimate(trainer: Any, per_replica_batch: int) -> dict[str, int]:
+    """The memory estimate (`estimate.memory`) for this point's model, optimizer and batch,
+    to set beside the GPUs' measured peak."""
+    from mgpu_env.estimate.memory import COMPUTE_DTYPE, SLOTS, estimate, optimizer_slots
+
+    policy = str(getattr(getattr(trainer.model, "dtype_policy", None), "name", "float32"))
+    try:
+        slots = optimizer_slots(trainer.optimizer)
+    except ValueError:  # an optimizer of the user's: Adam's two, as training assumes
+        slots = SLOTS["adam"]
+    return estimate(trainer.model, slots, per_replica_batch,
+                    COMPUTE_DTYPE.get(policy, "float32")).as_dict()
 
 
 def _busbw_sweep(strategy: Any, replicas: int) -> list[list[float]]:

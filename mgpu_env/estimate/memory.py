@@ -85,7 +85,9 @@ def variable_bytes(variables: Iterable[Any]) -> int:
 
 
 def optimizer_slots(optimizer: Any) -> int:
-    """How many slots per trainable variable `optimizer` keeps (SLOTS, by its class)."""
+    """How many slots per trainable variable `optimizer` keeps (SLOTS, by its class); a
+    LossScaleOptimizer (fp16) keeps its inner optimizer's."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
     name = type(optimizer).__name__.lower()
     if name == "sgd":
         return SLOTS["sgd_momentum"] if float(getattr(optimizer, "momentum", 0)) else 0
@@ -150,12 +152,15 @@ def check_devices(model: Any, optimizer: Any, per_replica_batch: int, policy: st
     for the start summary per GPU against NVML's total memory (none on CPUs: their memory
     is the host's). Raises ConfigError (exit 2) with the largest batch that fits when a GPU
     is too small."""
-    found = estimate(model, optimizer_slots(optimizer), per_replica_batch,
-                     COMPUTE_DTYPE[policy])
+    try:
+        slots, assumed = optimizer_slots(optimizer), ""
+    except ValueError:  # an optimizer of the user's: Adam's two slots, said so
+        slots, assumed = SLOTS["adam"], f", {type(optimizer).__name__}'s slots taken as Adam's"
+    found = estimate(model, slots, per_replica_batch, COMPUTE_DTYPE[policy])
     lines = [f"memory per replica: about {_size(found.total)} (weights "
              f"{_size(found.weights)}, gradients {_size(found.gradients)}, optimizer slots "
              f"{_size(found.slots)}, activations {_size(found.activations)} at batch "
-             f"{per_replica_batch})"]
+             f"{per_replica_batch}{assumed})"]
     for gpu in gpus:
         if not (gpu.memory_total_mib.ok and gpu.memory_total_mib.value):
             continue

@@ -53,6 +53,7 @@ def profile_replica_step(
                               "call_ms": call_cost_ms(strategy, steps)}
     try:
         split = profile_split(logdir, step, steps)
+        result["peak_memory_bytes"] = _peak_memory(strategy)
         result["split"] = split.as_dict()
         unprofiled = result["unprofiled_step_ms"]
         result["profiler_overhead"] = split.step_ms / unprofiled - 1 if unprofiled else None
@@ -89,6 +90,22 @@ def call_cost_ms(strategy: Any, calls: int) -> float:
 
     call()
     return _median_ms(call, calls)
+
+
+def _peak_memory(strategy: Any) -> dict[str, int]:
+    """Each GPU's peak memory so far (TensorFlow's allocator), to set beside the estimate;
+    empty on CPUs, where TensorFlow keeps no such count."""
+    import tensorflow as tf
+
+    peaks = {}
+    for device in strategy.extended.worker_devices:
+        name = device.rsplit("/device:", 1)[-1]
+        if name.upper().startswith("GPU"):
+            try:
+                peaks[name] = int(tf.config.experimental.get_memory_info(name)["peak"])
+            except (ValueError, RuntimeError):  # could not collect: left out, not a failure
+                continue
+    return peaks
 
 
 class _SameBatch:
