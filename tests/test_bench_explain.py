@@ -200,7 +200,7 @@ def test_explain_predicts_the_all_reduce_from_the_real_gradient(
 
     strategy, trainer = two_replica_trainer(logical_cpus)
     feed = SameBatchFeed.make(strategy, 64, (784,), 10, 1)
-    spec = type("Spec", (), {"replicas": 2, "global_batch": 128})()
+    spec = type("Spec", (), {"replicas": 2, "global_batch": 128, "per_replica_batch": 64})()
     explained = explain_variant(spec, strategy, trainer, feed.batches.batch, None, tmp_path)
     real_bytes = sum(v.numpy().nbytes for v in trainer.model.trainable_variables)
     assert explained["gradient_bytes"] == real_bytes == 55_050 * 4
