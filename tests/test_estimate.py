@@ -152,6 +152,30 @@ def test_a_loss_scale_optimizer_keeps_its_inner_optimizers_slots() -> None:
     assert memory.optimizer_slots(LossScaleOptimizer()) == 2
 
 
+def test_a_subclassed_models_unknown_activations_are_said(logical_cpus: tuple[str, ...]
+                                                          ) -> None:
+    from mgpu_env.runtime.keras import tensorflow_keras
+
+    keras = tensorflow_keras()
+
+    class Subclassed(keras.Model):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(10)
+
+        def call(self, x: Any) -> Any:
+            return self.dense(x)
+
+    import numpy as np
+
+    model = Subclassed()
+    model(np.zeros((1, 784), dtype=np.float32))  # its weights made; no symbolic outputs
+    estimate, lines = memory.check_devices(model, keras.optimizers.Adam(), 64, "float32", [])
+    assert estimate.weights == 7850 * 4 and estimate.activations == 0
+    assert lines[0].endswith("activations unknown: the model's layers have no outputs before "
+                             "it runs)")
+
+
 def test_an_optimizer_with_no_known_slots_is_named() -> None:
     class Lion:
         pass

@@ -99,12 +99,17 @@ def optimizer_slots(optimizer: Any) -> int:
 
 
 def activation_elements(model: Any) -> int:
-    """Elements of every layer's outputs for one sample (the batch dimension left out)."""
+    """Elements of every layer's outputs for one sample (the batch dimension left out). A
+    layer with no output yet (a subclassed model's, before it runs) counts none."""
     total = 0
     for layer in model.layers:
         if type(layer).__name__ == "InputLayer":
             continue
-        outputs = layer.output if isinstance(layer.output, list | tuple) else [layer.output]
+        try:
+            output = layer.output
+        except (AttributeError, ValueError):  # Keras: "has never been called"
+            continue
+        outputs = output if isinstance(output, list | tuple) else [output]
         for output in outputs:
             elements = 1
             for dim in tuple(output.shape)[1:]:
@@ -157,6 +162,8 @@ def check_devices(model: Any, optimizer: Any, per_replica_batch: int, policy: st
     except ValueError:  # an optimizer of the user's: Adam's two slots, said so
         slots, assumed = SLOTS["adam"], f", {type(optimizer).__name__}'s slots taken as Adam's"
     found = estimate(model, slots, per_replica_batch, COMPUTE_DTYPE[policy])
+    if not found.activations:
+        assumed += ", activations unknown: the model's layers have no outputs before it runs"
     lines = [f"memory per replica: about {_size(found.total)} (weights "
              f"{_size(found.weights)}, gradients {_size(found.gradients)}, optimizer slots "
              f"{_size(found.slots)}, activations {_size(found.activations)} at batch "
