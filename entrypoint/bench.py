@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,17 +15,24 @@ from mgpu_env.api import start_process
 from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_report
 
+PROFILE_DIR = "profile"  # BENCH_EXPLAIN's traces: tensorboard --logdir <OUTPUT_DIR>/profile
+ExplainOption = Annotated[bool, typer.Option(
+    "--explain", help="Also profile each point: where the step's time goes, the all-reduce "
+    "predicted, the bottleneck and its fix (short for --bench-explain, BENCH_EXPLAIN=1).")]
+
 PIPED_WIDTH = 200  # wider than any table mgpu bench prints
 
 
 @with_settings(scope="bench")
-def command(flags: SettingFlags) -> None:
+def command(flags: SettingFlags, explain: ExplainOption = False) -> None:
     """Sweep replica counts (and precision, XLA, data) and measure throughput and efficiency.
 
     Each replica count runs in its own process: warm-up steps, then BENCH_INTERVALS rounds
     of one timed interval of BENCH_STEPS steps per data variant, in turns. Writes
     bench.json and bench.png under OUTPUT_DIR.
     """
+    if explain:
+        flags["BENCH_EXPLAIN"] = "1"  # the flag's short name: the setting decides the rest
     runtime = start_process(resolve(flags), "bench")  # a GPU the machine lacks: exit 2
     settings = runtime.settings
     output_dir = default_output_dir(settings)
@@ -37,7 +45,7 @@ def command(flags: SettingFlags) -> None:
         else:
             err_console.print(f"{what}: {point['samples_per_s']['median']:,.0f} samples/s")
 
-    report = run_bench(runtime, on_point=progress)
+    report = run_bench(runtime, on_point=progress, profile_root=output_dir / PROFILE_DIR)
     data = report.as_dict()
     json_path = write_report(report, output_dir)
     png_path = plot_bench(data, output_dir / BENCH_PNG)
@@ -68,6 +76,8 @@ def command(flags: SettingFlags) -> None:
                 f"mgpu: {comparison['mgpu_samples_per_s']:,.0f} samples/s; "
                 f"mgpu/model.fit = {comparison['ratio']:.2f}x (1 replica, fp32, MLP, same data)"
             )
+    if settings.bench_explain:
+        print_explain(console, data, output_dir / PROFILE_DIR)
     console.print(f"wrote {json_path} and {png_path}")
     for point in report.failed:
         typer.echo(f"error: {point['error']}", err=True)
@@ -160,6 +170,79 @@ def input_alone_line(verdict: dict[str, Any]) -> str:
         listed = ", ".join(counts[:-1]) + " and " + counts[-1] if len(counts) > 1 else counts[0]
         return f"{what} keeps up with the step at {listed} replica(s)"
     return f"{what} limits the step from {verdict['limits_from']} replica(s)"
+
+
+EXPLAIN_COLUMNS = (("compile", ("compilation",)), ("input", ("input",)),
+                   ("dev. compute", ("device_compute",)),
+                   ("collect.", ("collectives", "device_to_device")),
+                   ("launch", ("kernel_launch",)), ("host", ("host_compute",)),
+                   ("other", ("output", "other")))
+
+
+def print_explain(console: Console, data: dict[str, Any], profiles: Path) -> None:
+    """BENCH_EXPLAIN: the split's table, a line per point, where the traces are."""
+    console.print(render_explain(data))
+    for line in explain_lines(data):
+        console.print(line)
+    console.print(f"profiles: tensorboard --logdir {profiles}")
+
+
+def render_explain(data: dict[str, Any]) -> Table:
+    """BENCH_EXPLAIN: each point's profiled step split into the profiler's categories (% of
+    the step), the all-reduce predicted and measured, and the bottleneck."""
+    table = Table(title="where the step's time goes (TensorFlow's profiler, xprof's split)",
+                  caption="% of the profiled step; collect.: collectives and device copies "
+                  "(on CPU devices the profiler counts them as host compute); all-reduce: "
+                  "predicted 2(n-1)/n x gradient bytes / busbw")
+    _add_columns(table, "variant", "n", "step ms", *(name for name, _ in EXPLAIN_COLUMNS),
+                 "all-reduce ms", "measured ms", "bottleneck")
+    for point in data["points"]:
+        explained = point.get("explain") or {}
+        split = explained.get("split")
+        if not split:
+            continue
+        shares = [sum(split["share"][key] for key in keys) for _, keys in EXPLAIN_COLUMNS]
+        predicted = explained.get("allreduce", {}).get("seconds")
+        measured = explained.get("collectives_measured_ms")
+        table.add_row(
+            point["variant"], str(point["replicas"]), f"{split['step_ms']:.2f}",
+            *(f"{100 * share:.0f}%" for share in shares),
+            "-" if predicted is None else f"{1000 * predicted:.3f}",
+            "n/a" if measured is None else f"{measured:.3f}",
+            explained["verdict"]["bottleneck"],
+        )
+    return table
+
+
+def explain_lines(data: dict[str, Any]) -> list[str]:
+    """Per explained point: why the bottleneck, what helps, the efficiency against the
+    reference; or why the profile could not be split."""
+    lines = []
+    for point in data["points"]:
+        explained = point.get("explain")
+        if not explained:
+            continue
+        what = f"{point['replicas']} replica(s), {point['variant']}:"
+        if "verdict" not in explained:
+            lines.append(f"{what} {explained.get('error', 'not profiled')}")
+            continue
+        verdict = explained["verdict"]
+        line = f"{what} {verdict['bottleneck']}: {verdict['why']}; helps: {verdict['fixes'][0]}"
+        if explained.get("reference"):
+            line += f"; efficiency {explained['reference']}"
+        lines.append(line)
+        if estimated := explained.get("memory_estimate"):
+            peaks = ", ".join(f"{name} {peak / 2**20:,.0f} MiB" for name, peak in
+                              explained.get("peak_memory_bytes", {}).items())
+            lines.append(f"  memory per replica: estimated {estimated['total'] / 2**20:,.0f} MiB"
+                         + (f"; measured peak {peaks}" if peaks else ""))
+        if explained.get("call_share"):
+            lines.append(
+                f"  one step per call took {explained['unprofiled_step_ms']:.2f} ms unprofiled, "
+                f"the timed loop {explained['loop_step_ms']:.2f} ms per step: "
+                f"{100 * explained['call_share']:.0f}% of a lone step is its call, which the "
+                "loop's many steps per call spread out")
+    return lines
 
 
 def _add_columns(table: Table, *names: str) -> None:

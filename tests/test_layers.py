@@ -1,9 +1,10 @@
 """The layers the folders promise, checked on the imports themselves (lazy ones included).
 
-config, hardware  <  runtime (the decisions, the cluster among them)  <  training, doctor,
-bench  <  launcher, api, entrypoint. The doctor and training never import each other (the
-commands run the pre-flight), and the runtime imports nothing of training. Inside training,
-its folders import one way too: shared < step < input < run (multiworker under run).
+config, hardware, profile, estimate  <  runtime (the decisions, the cluster among them)  <
+training, doctor, bench  <  launcher, api, entrypoint. The doctor and training never import
+each other (the commands run the pre-flight), and the runtime imports nothing of training.
+Inside training, its folders import one way too: shared < step < input < run (multiworker
+under run).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ FORBIDDEN = {
                 "entrypoint"),
     "training": ("mgpu_env.doctor", "mgpu_env.bench", "mgpu_env.launcher", "entrypoint"),
     "doctor": ("mgpu_env.training", "mgpu_env.bench", "mgpu_env.launcher", "entrypoint"),
+    # The profiler's split and the estimates serve training and bench alike: below both.
+    "profile": ("mgpu_env.runtime", "mgpu_env.training", "mgpu_env.doctor", "mgpu_env.bench",
+                "mgpu_env.launcher", "entrypoint"),
+    "estimate": ("mgpu_env.runtime", "mgpu_env.training", "mgpu_env.doctor", "mgpu_env.bench",
+                 "mgpu_env.launcher", "entrypoint"),
 }
 
 

@@ -6,7 +6,10 @@ The MLP alone is too small for scaling to mean much: its step is dominated by fi
 per-step costs, so more replicas mostly add all-reduce time. The ResNet (3 stages of
 residual blocks on 32x32x3 images, about 0.7M parameters, ~0.2 GFLOP per sample forward)
 has enough compute per sample for the all-reduce to be amortised, as in NVIDIA's and
-Horovod's ResNet scaling tables, while staying fast enough for a laptop.
+Horovod's ResNet scaling tables, while staying fast enough for a laptop. `resnet50` is
+Keras' ResNet-50 itself (25.6M parameters, 1000 classes), untrained, on synthetic 224x224x3
+images: the workload of NVIDIA's published TensorFlow scaling tables, so a machine's
+efficiency compares with theirs (on CPUs, a step takes seconds: use a small BATCH_SIZE).
 Build them inside `strategy.scope()`.
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-MODELS: tuple[str, ...] = ("mlp", "resnet")
+MODELS: tuple[str, ...] = ("mlp", "resnet", "resnet50")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class ModelShape:
 SHAPES: dict[str, ModelShape] = {
     "mlp": ModelShape((784,), 10),
     "resnet": ModelShape((32, 32, 3), 10),
+    "resnet50": ModelShape((224, 224, 3), 1000),
 }
 # A MODEL builder is measured on what `mgpu train` feeds it from the built-in data sets:
 # rows of 784 values, 10 classes (a DATASET loader's samples give their own shape).
@@ -61,6 +65,9 @@ def build_model(name: str, seed: int, shape: ModelShape) -> Any:
     if name == "resnet":
         tensorflow_keras().utils.set_random_seed(seed)
         return build_small_resnet(shape.input_shape, classes=shape.classes)
+    if name == "resnet50":
+        tensorflow_keras().utils.set_random_seed(seed)
+        return build_resnet50(shape.input_shape, classes=shape.classes)
     raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
 
 
@@ -97,3 +104,16 @@ def build_small_resnet(
     x = layers.Dense(classes)(x)
     outputs = layers.Activation("softmax", dtype="float32")(x)
     return keras.Model(inputs, outputs, name="small_resnet")
+
+
+def build_resnet50(input_shape: tuple[int, ...] = SHAPES["resnet50"].input_shape,
+                   classes: int = 1000) -> Any:
+    """Keras' ResNet-50 with random weights (`weights=None`: nothing is downloaded), its
+    softmax in float32 under mixed precision as NVIDIA's runs have it."""
+    from mgpu_env.runtime.keras import tensorflow_keras
+
+    keras = tensorflow_keras()
+    base = keras.applications.ResNet50(weights=None, input_shape=input_shape, classes=classes,
+                                       classifier_activation=None)
+    outputs = keras.layers.Activation("softmax", dtype="float32")(base.output)
+    return keras.Model(base.input, outputs, name="resnet50")

@@ -41,6 +41,9 @@ class PointSpec:
     cuda_visible_devices: str | None  # None: inherit the parent's
     runner: str = "mgpu"  # "mgpu" (the packaged step) or "seed" (the seed's model.fit)
     deterministic: bool = True  # DATA_DETERMINISTIC, for the stream
+    # BENCH_EXPLAIN: the TensorBoard log folder the child profiles this point into
+    # (`bench.explain`); empty: no profile.
+    profile_dir: str = ""
     # The runtime's decisions for this point (`Execution` as JSON: environment, device
     # split, precision, strategy), made by the parent; the child applies them.
     execution: str = ""
@@ -82,7 +85,8 @@ def group_points(specs: Sequence[PointSpec]) -> list[Group]:
     load hits each data variant alike (`rounds`)."""
     groups: dict[PointSpec, list[PointSpec]] = {}
     for spec in specs:
-        groups.setdefault(dataclasses.replace(spec, data=""), []).append(spec)
+        key = dataclasses.replace(spec, data="", profile_dir="")
+        groups.setdefault(key, []).append(spec)
     return [tuple(group) for group in groups.values()]
 
 

@@ -42,7 +42,13 @@ def draw_bench(report: dict[str, Any]) -> Figure:
         if not point.get("error"):
             series.setdefault(point["variant"], []).append(point)
 
-    fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.5))
+    explained = [p for p in report.get("points", [])
+                 if not p.get("error") and (p.get("explain") or {}).get("split")]
+    if explained:
+        fig, (ax_tp, ax_eff, ax_split) = plt.subplots(1, 3, figsize=(16.5, 4.5))
+        _draw_split(ax_split, explained)
+    else:
+        fig, (ax_tp, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.5))
     all_replicas: set[int] = set()
     for index, (variant, points) in enumerate(sorted(series.items())):
         all_replicas.update(_draw_variant(ax_tp, ax_eff, index, variant, points))
@@ -74,6 +80,25 @@ def _draw_variant(
     ax_eff.plot(replicas, [100.0 * p["efficiency"] for p in points], marker="o",
                 color=color, label=variant)
     return replicas
+
+
+def _draw_split(ax: Axes, points: list[dict[str, Any]]) -> None:
+    """BENCH_EXPLAIN: one stacked bar per point, the profiled step's milliseconds in each of
+    the profiler's categories."""
+    from mgpu_env.profile.split import CATEGORIES
+
+    labels = [f"{p['replicas']}x {p['variant']}" for p in points]
+    bottoms = [0.0] * len(points)
+    for index, (key, _, name) in enumerate(CATEGORIES):
+        values = [p["explain"]["split"]["ms"][key] for p in points]
+        if not any(values):
+            continue
+        ax.bar(labels, values, bottom=bottoms, label=name, color=f"C{index % 10}")
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    ax.set_ylabel("ms per profiled step")
+    ax.set_title("Where the step's time goes (TensorFlow's profiler)")
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.legend(fontsize="small")
 
 
 def _label_axes(

@@ -31,7 +31,7 @@ SCHEMA_VERSION = 2
 NOTCH_ROUNDS = 6
 # A point record's keys taken from its child's result (the rest is under "worker").
 POINT_KEYS = ("interval_seconds", "interval_starts", "interval_cpu_seconds", "measured_with",
-              "input_alone")
+              "input_alone", "explain")
 
 
 @dataclass

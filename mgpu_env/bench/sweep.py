@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mgpu_env.bench.explain import explain_points
 from mgpu_env.bench.plan import (
     RESULT_PREFIX,
     DevicePlan,
@@ -50,6 +51,7 @@ from mgpu_env.bench.report import (
 )
 from mgpu_env.config.errors import RunFailed
 from mgpu_env.config.settings import Settings
+from mgpu_env.doctor import links
 from mgpu_env.runtime import Execution, Runtime
 from mgpu_env.training.run import rundir
 
@@ -172,11 +174,13 @@ def run_bench(
     environ: Mapping[str, str] | None = None,
     runner: ChildRunner | None = None,
     on_point: Callable[[dict[str, Any], int, int], None] | None = None,
+    profile_root: Path | None = None,
 ) -> BenchReport:
     """Run the sweep (and the seed comparison if BENCH_COMPARE) and return the report.
 
     A point whose child fails is recorded with its error and the sweep goes on; the caller
     decides the exit code from `report.failed`. Raises ConfigError for an impossible plan.
+    BENCH_EXPLAIN profiles each point into a folder under `profile_root` (else a temporary one).
     """
     environ = os.environ if environ is None else environ
     settings = runtime.settings
@@ -191,10 +195,7 @@ def run_bench(
             # BENCH_TIMEOUT is each point's: a child measuring three variants gets three.
             return run_child(group, timeout_s=settings.bench_timeout * len(group))
     devices = plan_devices(settings, runtime.selection, environ)
-    specs = attach_executions(
-        plan_points(settings, devices, runtime.compute_capabilities(), runtime.cpu_flags),
-        devices, runtime,
-    )
+    specs = _planned_points(runtime, devices, profile_root)
     comparison = None
     if settings.bench_compare:
         seed_spec, mgpu_spec = attach_executions(
@@ -218,12 +219,41 @@ def run_bench(
     measured = _measure_groups(groups, runner, on_point)
     report.points.extend(measured[spec] for spec in specs)
     add_efficiencies(report.points)
+    if settings.bench_explain:
+        explain_points(report.points, _link_class(runtime))
     report.notes.extend(chunk_notes(report.points))
     if comparison is not None:
         seed_spec, mgpu_spec = comparison
         seed, twin = measured[seed_spec], measured[mgpu_spec]
         report.seed_comparison = seed_comparison(seed, twin)
     return report
+
+
+def _planned_points(runtime: Runtime, devices: DevicePlan, profile_root: Path | None
+                    ) -> list[PointSpec]:
+    """The sweep's points with their executions, and their profile folders (BENCH_EXPLAIN)."""
+    settings = runtime.settings
+    specs = attach_executions(
+        plan_points(settings, devices, runtime.compute_capabilities(), runtime.cpu_flags),
+        devices, runtime,
+    )
+    return with_profile_dirs(specs, profile_root) if settings.bench_explain else specs
+
+
+def _link_class(runtime: Runtime) -> tuple[float, str] | None:
+    """What the selected GPUs' slowest link carries (NVML): the all-reduce's bandwidth
+    where the doctor's sweep measured none."""
+    return links.expected_bandwidth(runtime.selection.gpus, runtime.nvml.links)
+
+
+def with_profile_dirs(specs: list[PointSpec], root: Path | None) -> list[PointSpec]:
+    """Each point with the log folder its child profiles it into: `<root>/<n>x-<variant>`,
+    one TensorBoard run per point (`tensorboard --logdir <root>`)."""
+    import tempfile
+
+    root = root if root is not None else Path(tempfile.mkdtemp(prefix="mgpu-bench-profile-"))
+    return [dataclasses.replace(spec, profile_dir=str(root / f"{spec.replicas}x-{spec.variant}"))
+            for spec in specs]
 
 
 def _measure(group: Group, runner: ChildRunner) -> list[dict[str, Any]]:

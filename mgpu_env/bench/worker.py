@@ -57,9 +57,9 @@ def point_data(spec: PointSpec) -> PointData:
     if choice.origin == "hook":
         arrays = load_data(choice, spec.seed)
         shape = ModelShape(arrays.sample_shape, arrays.num_classes)
-        if spec.model == "resnet" and len(shape.input_shape) != 3:
+        if spec.model in ("resnet", "resnet50") and len(shape.input_shape) != 3:
             raise ConfigError(
-                f"BENCH_MODEL=resnet takes images (height, width, channels), but "
+                f"BENCH_MODEL={spec.model} takes images (height, width, channels), but "
                 f"DATASET={spec.dataset} gives samples of shape {shape.input_shape}.\n"
                 "  Fix: BENCH_MODEL=mlp, or MODEL=package.module:function for a model of "
                 "your own."
@@ -151,6 +151,8 @@ def measure_variants(
         result["measured_with"] = [s.data for s in specs]
         result["cross_device_ops"] = execution.strategy.cross_device_ops
         result["precision_reason"] = execution.precision.reason
+        if spec.profile_dir:
+            result["explain"] = _explain(variant, strategy, data)
         if variant.data_source is not None:
             result["data_source"] = variant.data_source
             if isinstance(variant.feed, StreamFeed):
@@ -161,6 +163,16 @@ def measure_variants(
             )
         results.append(result)
     return results
+
+
+def _explain(variant: Variant, strategy: Any, data: PointData) -> dict[str, Any]:
+    """BENCH_EXPLAIN: this variant's steps profiled (`bench.explain`), after its rounds."""
+    from mgpu_env.bench.explain import explain_variant
+    from mgpu_env.bench.synthetic import SameBatchFeed
+
+    batch = variant.feed.batches.batch if isinstance(variant.feed, SameBatchFeed) else None
+    return explain_variant(variant.spec, strategy, variant.trainer, batch, data.arrays,
+                           Path(variant.spec.profile_dir))
 
 
 def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Execution) -> Variant:

@@ -163,6 +163,12 @@ class Settings:
         parse_int(1, 100_000), "a whole number from 1 to 100000", metavar="N", scope=TRAIN,
         roles=(*LOOP_SETTING, "agreed"),
     )
+    profile: int = setting(
+        "PROFILE", "0", "Steps mgpu train profiles with TensorFlow's profiler before its first "
+        "epoch, into the run's logs/ (TensorBoard's Profile tab); 0: none, nothing imported.",
+        parse_int(0, 1000), "a whole number from 0 to 1000", metavar="STEPS", scope=TRAIN,
+        roles=("shown", "recorded"),
+    )
     batch_size: int = setting(
         "BATCH_SIZE", "64",
         "Batch size per replica; the global batch is BATCH_SIZE x replicas.",
@@ -251,10 +257,16 @@ class Settings:
         roles=LOOP_SETTING,
     )
     bench_model: str = setting(
-        "BENCH_MODEL", "mlp",
-        "Model mgpu bench measures: mlp (the tutorial's) or resnet (a small ResNet on 32x32x3 "
-        "images, about 0.7M parameters, big enough for scaling to mean something).",
-        parse_choice("mlp", "resnet"), "mlp, resnet", metavar="NAME", scope="bench",
+        "BENCH_MODEL", "mlp", "Model mgpu bench measures: mlp (the tutorial's), resnet (a small "
+        "ResNet on 32x32x3 images, 0.7M parameters) or resnet50 (Keras' ResNet-50, untrained, "
+        "on synthetic 224x224x3 images: the model of NVIDIA's published scaling tables).",
+        parse_choice("mlp", "resnet", "resnet50"), "mlp, resnet, resnet50", metavar="NAME",
+        scope="bench",
+    )
+    bench_explain: bool = setting(
+        "BENCH_EXPLAIN", "0", "mgpu bench also profiles a few steps of each point: where the "
+        "step's time goes (TensorFlow's profiler), the all-reduce predicted, the bottleneck.",
+        parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", scope="bench",
     )
     bench_replicas: tuple[int, ...] = setting(
         "BENCH_REPLICAS", "auto",
@@ -427,8 +439,8 @@ class Declaration:
         return self.help_for.get(command, self.help)
 
 
+# A field's metadata holds exactly the declaration's other fields (see `setting`).
 DECLARATIONS: tuple[Declaration, ...] = tuple(
-    # `setting` stores exactly Declaration's other fields as the field's metadata.
     Declaration(field_name=f.name, **f.metadata) for f in dataclasses.fields(Settings)
 )
 BY_ENV: dict[str, Declaration] = {d.env: d for d in DECLARATIONS}

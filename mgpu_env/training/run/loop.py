@@ -225,6 +225,12 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
     plan, data = prepared.plan, prepared.data
     settings, session = plan.settings, start.session
     trainer = _start(prepared, session)
+    # Each GPU's memory for this model and batch, before the first step: a batch that cannot
+    # fit stops here (ConfigError, exit 2, with the largest batch that fits), not as an OOM.
+    from mgpu_env.estimate.memory import check_devices
+    for line in check_devices(trainer.model, trainer.optimizer, plan.per_replica_batch_size,
+                              plan.precision.policy, plan.runtime.selection.gpus)[1]:
+        start.reporter.note(line)
     saved, start_epoch = _restore_checkpoints(plan, trainer, session)
     if plan.is_chief:
         # What this start ran with, and why (flag, env, .env, default), before any epoch.
@@ -244,6 +250,11 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
         feed = make_feed(trainer.strategy, data, prepared.data_plan.feed,
                          plan.global_batch_size, settings.seed,
                          deterministic=settings.data_deterministic)
+    if settings.profile:  # PROFILE=STEPS; off, nothing of the profiler is imported
+        from mgpu_env.profile.steps import profile_training
+        for line in profile_training(trainer.strategy, trainer, plan.output_dir / rundir.LOG_DIR,
+                                     settings.profile, data, plan.global_batch_size):
+            start.reporter.note(line)
     outputs = _Outputs(trainer, saved, _summary_writer(plan))
     return _epochs(prepared, start, outputs, feed, start_epoch), outputs
 

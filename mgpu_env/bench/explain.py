@@ -1,0 +1,106 @@
+"""`mgpu bench --explain`: where each point's step time goes, as TensorFlow's profiler splits
+it, the all-reduce predicted beside it, and the bottleneck with its fix.
+
+In the child (`explain_variant`): EXPLAIN_STEPS steps of the point's model and strategy are
+traced by TensorFlow's profiler (`profile.trace`) and split by the profile plugin's converter
+(`profile.split`); the same steps are timed unprofiled, for the profiler's overhead; the
+gradient's bytes are read from the model's trainable variables, and with 2 or more replicas
+the doctor's bus-bandwidth sweep runs on the same strategy (`doctor.links.bandwidth`).
+
+The profiled steps call the replica step once per `tf.function` call (the profiler finds no
+step inside the training loops' `tf.while_loop`, see `profile.trace`): a synthetic point on
+its batch already on the devices, a data point through a per-step tf.data iterator over
+DATASET (`profile.steps`): the input path TensorFlow's profiler can attribute, not the
+chunked one the timed intervals use. The per-call step also pays the call's own cost, which
+the timed loops spread over many steps: its step time is longer than the table's.
+
+In the parent (`explain_points`): the prediction (`estimate.allreduce`), the verdict
+(`profile.verdict`) and the efficiency against the published reference, per point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXPLAIN_STEPS = 10
+
+
+def explain_variant(spec: Any, strategy: Any, trainer: Any, batch: Any, arrays: Any,
+                    logdir: Path) -> dict[str, Any]:
+    """Profile one variant's steps into `logdir` (`profile.steps`): the split and the
+    unprofiled step time, then the gradient's bytes and (2+ replicas) the bus bandwidth
+    sweep. `batch`: the synthetic point's per-replica batch; else `arrays`, DATASET's.
+    Never raises for a profile the converter cannot read: the reason is recorded instead."""
+    from mgpu_env.estimate.allreduce import gradient_bytes
+    from mgpu_env.profile.steps import profile_replica_step
+
+    result = profile_replica_step(strategy, trainer, logdir, EXPLAIN_STEPS, batch=batch,
+                                  arrays=arrays, global_batch=spec.global_batch)
+    result["gradient_bytes"] = gradient_bytes(trainer.model.trainable_variables)
+    result["memory_estimate"] = _memory_estimate(trainer, spec.per_replica_batch)
+    result["busbw_sweep"] = _busbw_sweep(strategy, spec.replicas)
+    return result
+
+
+def _memory_estimate(trainer: Any, per_replica_batch: int) -> dict[str, int]:
+    """The memory estimate (`estimate.memory`) for this point's model, optimizer and batch,
+    to set beside the GPUs' measured peak."""
+    from mgpu_env.estimate.memory import COMPUTE_DTYPE, SLOTS, estimate, optimizer_slots
+
+    policy = str(getattr(getattr(trainer.model, "dtype_policy", None), "name", "float32"))
+    try:
+        slots = optimizer_slots(trainer.optimizer)
+    except ValueError:  # an optimizer of the user's: Adam's two, as training assumes
+        slots = SLOTS["adam"]
+    return estimate(trainer.model, slots, per_replica_batch,
+                    COMPUTE_DTYPE.get(policy, "float32")).as_dict()
+
+
+def _busbw_sweep(strategy: Any, replicas: int) -> list[list[float]]:
+    """`mgpu doctor --smoke`'s bus-bandwidth sweep on this strategy: [[bytes, GB/s], ...];
+    empty for one replica or when it failed."""
+    if replicas < 2:
+        return []
+    import tensorflow as tf
+
+    from mgpu_env.doctor import links
+
+    ok, _, values = links.bandwidth(tf, strategy, replicas, "")
+    return [[size, gbps] for size, gbps in values] if ok else []
+
+
+def explain_points(points: Sequence[dict[str, Any]],
+                   link_class: tuple[float, str] | None) -> None:
+    """Add to each explained point (in place) the all-reduce predicted, the collectives the
+    profile measured, the efficiency lost and the verdict."""
+    from mgpu_env.estimate.allreduce import predict
+    from mgpu_env.profile.split import COLLECTIVES_KEYS, StepSplit
+    from mgpu_env.profile.verdict import against_reference, judge
+
+    for point in points:
+        explained = point.get("explain")
+        if point.get("error") or not explained:
+            continue
+        sweep = [(int(size), float(gbps)) for size, gbps in explained.get("busbw_sweep", ())]
+        prediction = predict(explained["gradient_bytes"], point["replicas"], sweep, link_class)
+        explained["allreduce"] = prediction.as_dict()
+        if "split" not in explained:
+            continue
+        split = StepSplit.from_dict(explained["split"])
+        device_type = point.get("worker", {}).get("device_type", "CPU")
+        explained["collectives_measured_ms"] = (
+            None if device_type == "CPU" else sum(split.ms[key] for key in COLLECTIVES_KEYS))
+        explained["verdict"] = judge(split, device_type, prediction.seconds,
+                                     explained.get("call_ms")).as_dict()
+        timed = point.get("step_time_ms", {}).get("median")
+        if timed and explained.get("unprofiled_step_ms"):
+            # A profiled step is one call; the timed loop runs many per call: the gap is
+            # the call's own cost, which the loop spreads over its steps.
+            explained["loop_step_ms"] = timed
+            explained["call_share"] = max(0.0, 1.0 - timed / explained["unprofiled_step_ms"])
+        efficiency = point.get("efficiency")
+        if efficiency is not None and point["replicas"] > 1:
+            explained["efficiency_lost"] = 1.0 - efficiency
+            explained["reference"] = against_reference(efficiency, point["replicas"])
