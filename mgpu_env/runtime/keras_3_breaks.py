@@ -120,7 +120,7 @@ def text_tail(node: ast.AST | None, constants: Mapping[str, ast.AST], depth: int
     if isinstance(node, ast.Constant):
         return node.value if isinstance(node.value, str) else None
     if isinstance(node, ast.JoinedStr):
-        text = "".join(part.value if isinstance(part, ast.Constant) else "{}"
+        text = "".join(str(part.value) if isinstance(part, ast.Constant) else "{}"
                        for part in node.values)
         return None if not node.values or not isinstance(node.values[-1], ast.Constant) \
             else text
