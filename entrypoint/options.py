@@ -288,6 +288,17 @@ GpusPerWorkerOption = Annotated[
 ]
 
 
+def restarts_need_workers(flags: SettingFlags, workers: int | None) -> None:
+    """--max-restarts restarts the workers --workers starts: alone, it would do nothing.
+    (MAX_RESTARTS in the environment or a settings file is left alone: the workers
+    themselves inherit it.)"""
+    if workers is None and flags.get("MAX_RESTARTS") is not None:
+        fail(f"error: --max-restarts {flags['MAX_RESTARTS']} restarts the workers that "
+             "--workers N starts; without --workers there are none.\n  Fix: add --workers "
+             "N, or leave --max-restarts out (under Slurm or Kubernetes the engine restarts "
+             "jobs: srun --requeue, a Job's backoffLimit).", EXIT_BAD_CONFIG)
+
+
 def launch_workers(
     flags: SettingFlags, workers: int, gpus_per_worker: int | None, argv: list[str],
     command: Command,
@@ -305,10 +316,11 @@ def launch_workers(
         cluster_engine=runtime.cluster.engine if runtime.cluster is not None else None,
     )
     if not settings.quiet:
-        for line in plan.describe():
+        for line in plan.describe(settings.max_restarts):
             say(f"mgpu {command} --workers {workers}: {line}" if not line.startswith(" ")
                 else line, err=True)
     environ = {**os.environ, **{env: text for env, text in flags.items() if text is not None}}
     environ.update({"MGPU_DEBUG": "1"} if DEBUG.enabled else {})
     environ.update({"MGPU_STRICT": "1"} if STRICT.enabled else {})
-    return local.supervise(plan, [sys.executable, "-m", "entrypoint", *argv], environ)
+    return local.supervise(plan, [sys.executable, "-m", "entrypoint", *argv], environ,
+                           max_restarts=settings.max_restarts)

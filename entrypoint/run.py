@@ -14,6 +14,7 @@ from entrypoint.options import (
     WorkersOption,
     launch_workers,
     resolve,
+    restarts_need_workers,
     say,
     with_settings,
 )
@@ -57,6 +58,7 @@ def command(
             "script's own options go after it: mgpu run SCRIPT --epochs 3",
             param_hint="SCRIPT",
         )
+    restarts_need_workers(flags, workers)  # --max-restarts: with --workers only
     if workers is not None:
         launcher.resolve_target(target or [], module=module)  # no such script: exit 2 here
         argv = ["run", *(["-m"] if module else []), *(target or [])]

@@ -20,6 +20,7 @@ from entrypoint.options import (
     fail,
     launch_workers,
     resolve,
+    restarts_need_workers,
     say,
     with_settings,
 )
@@ -149,6 +150,7 @@ def command(
     if as_json and not dry_run:
         fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
              EXIT_BAD_CONFIG)
+    restarts_need_workers(flags, workers)  # --max-restarts: with --workers only
     if workers is not None:
         if as_json:
             fail("error: --json prints one plan; with --workers each worker would print "

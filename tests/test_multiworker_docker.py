@@ -1,4 +1,5 @@
-"""docker-compose.multiworker.yml: two worker containers train together, a kill, a resume.
+"""docker-compose.multiworker.yml: two worker containers train together, a kill, a network
+cut off (`docker network disconnect`), and the resume after each.
 
 The same checks as tests/test_multiworker_run.py, with each worker in its own container
 and address on the compose network. The image is built with the container check's own
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -156,3 +158,81 @@ def test_killing_a_container_stops_the_other_and_both_resume(project: Project) -
     assert [project.exit_code("worker0"), project.exit_code("worker1")] == [0, 0]
     metrics = json.loads((project.runs / "mw" / "metrics.json").read_text())
     assert metrics["resumed_from_epoch"] == kept and metrics["epochs_completed"] == kept + 1
+
+
+def inspect(container: str, template: str) -> str:
+    return subprocess.run(["docker", "inspect", "-f", template, container], capture_output=True,
+                          text=True, check=True, timeout=60).stdout.strip()
+
+
+def wait_for_epoch(project: Project, epoch: int, deadline: float) -> float:
+    """Until the chief has checkpointed `epoch`; the time it saw it."""
+    while completed_epochs(project.runs / "mw") < epoch:
+        assert time.monotonic() < deadline, project.logs("worker0")[-3000:]
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+# WORKER_TIMEOUT of this test, and the backstop: the watchdog's deadline, then the
+# faulthandler grace (faults.BACKSTOP_GRACE_S) and the helper's margin; the slack is for a
+# loaded machine.
+PARTITION_WORKER_TIMEOUT_S = 30
+PARTITION_BACKSTOP_S = PARTITION_WORKER_TIMEOUT_S + 5 + 1
+PARTITION_SLACK_S = 30
+
+
+def test_a_worker_cut_off_its_network_stops_both_and_a_restart_loses_nothing(
+    project: Project,
+) -> None:
+    """`docker network disconnect` mid-epoch: no reset, no refused connection, packets go
+    nowhere. The chief must stop within its backstop naming the lost worker, and the same
+    two containers, reconnected and started again, resume from the last checkpoint."""
+    shutil.rmtree(project.runs / "mw", ignore_errors=True)
+    # Synthetic rows: epochs of 1875 steps, long enough to cut the network inside one.
+    project.run("up", "-d", "--no-build", "--force-recreate", extra_env={
+        "EPOCHS": "4", "DATASET": "synthetic", "WORKER_TIMEOUT": str(PARTITION_WORKER_TIMEOUT_S),
+    })
+    chief, worker = project.container("worker0"), project.container("worker1")
+    (network,) = inspect(worker, "{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}"
+                         ).split()
+    deadline = time.monotonic() + 600
+    first = wait_for_epoch(project, 1, deadline)
+    second = wait_for_epoch(project, 2, deadline)
+    time.sleep((second - first) / 2)  # the middle of epoch 3
+    kept = completed_epochs(project.runs / "mw")
+    assert kept == 2, "epoch 3 ended before the network was cut; its epochs are too short"
+    subprocess.run(["docker", "network", "disconnect", network, worker], check=True,
+                   capture_output=True, timeout=60)
+    cut = time.monotonic()
+    waited = subprocess.run(["docker", "wait", chief], capture_output=True, text=True,
+                            timeout=PARTITION_BACKSTOP_S + PARTITION_SLACK_S, check=False)
+    took = time.monotonic() - cut
+    chief_log = project.logs("worker0")
+    assert waited.stdout.strip() == "1", chief_log[-3000:]
+    # Either TensorFlow's heartbeat names it, or the backstop's probe of its address does.
+    assert re.search(r"error: (Worker 1 stopped or cannot be reached|.*worker 1 \(worker1:2222\))",
+                     chief_log), chief_log[-3000:]
+    print(f"worker0 exited {took:.1f} s after worker1's network was cut "
+          f"(backstop {PARTITION_BACKSTOP_S} s), saying:")
+    print("\n".join(line for line in chief_log.splitlines() if "error:" in line
+                    or "Fix:" in line or "TensorFlow:" in line))
+    subprocess.run(["docker", "wait", worker], capture_output=True, check=False,
+                   timeout=PARTITION_BACKSTOP_S + PARTITION_SLACK_S)  # it stops by itself too
+    assert inspect(worker, "{{.State.Running}}") == "false", project.logs("worker1")[-3000:]
+    assert completed_epochs(project.runs / "mw") == kept  # nothing saved after the cut
+
+    subprocess.run(["docker", "network", "connect", "--alias", "worker1", network, worker],
+                   check=True, capture_output=True, timeout=60)
+    subprocess.run(["docker", "start", chief, worker], check=True, capture_output=True,
+                   timeout=120)
+    codes = subprocess.run(["docker", "wait", chief, worker], capture_output=True, text=True,
+                           timeout=600, check=False).stdout.split()
+    logs = {service: project.logs(service) for service in ("worker0", "worker1")}
+    assert codes == ["0", "0"], logs["worker0"][-3000:] + logs["worker1"][-3000:]
+    metrics = json.loads((project.runs / "mw" / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] == kept and metrics["epochs_completed"] == 4
+    assert metrics["dataset"] == "synthetic"
+    assert [e["epoch"] for e in metrics["history"]] == [1, 2, 3, 4]
+    # The restarted pair trained one model: the same loss after each resumed epoch on both.
+    resumed = [epoch_losses(logs[s])[-2:] for s in ("worker0", "worker1")]
+    assert resumed[0] == resumed[1] and len(resumed[0]) == 2, logs

@@ -348,6 +348,12 @@ class Settings:
         metavar="SECONDS", scope=TRAIN,
         roles=("recorded", "script"),
     )
+    max_restarts: int = setting(
+        "MAX_RESTARTS", "0",
+        "With --workers: when a worker dies, stop all and start them again from the last "
+        "checkpoint, at most N times (as torchrun --max-restarts); 0 stops at the first.",
+        parse_int(0, 1000), "a whole number from 0 to 1000", metavar="N", scope=("train", "run"),
+    )
     quiet: bool = setting(
         "QUIET", "0", "Print no per-epoch progress, only the start and end summaries.",
         parse_bool, "0 or 1 (also true/false, yes/no, on/off)", kind="switch", short="-q",
@@ -422,23 +428,8 @@ class Declaration:
 
 
 DECLARATIONS: tuple[Declaration, ...] = tuple(
-    Declaration(
-        field_name=f.name,
-        env=f.metadata["env"],
-        default=f.metadata["default"],
-        help=f.metadata["help"],
-        valid=f.metadata["valid"],
-        metavar=f.metadata["metavar"],
-        scope=f.metadata["scope"],
-        parse=f.metadata["parse"],
-        kind=f.metadata["kind"],
-        short=f.metadata["short"],
-        help_for=f.metadata["help_for"],
-        roles=f.metadata["roles"],
-        identity=f.metadata["identity"],
-        identity_if_set=f.metadata["identity_if_set"],
-    )
-    for f in dataclasses.fields(Settings)
+    # `setting` stores exactly Declaration's other fields as the field's metadata.
+    Declaration(field_name=f.name, **f.metadata) for f in dataclasses.fields(Settings)
 )
 BY_ENV: dict[str, Declaration] = {d.env: d for d in DECLARATIONS}
 

@@ -5,18 +5,26 @@ The plan is pure data: N loopback addresses on free ports, each worker's share o
 selected GPUs, the run folder they share, and each worker's environment (WORKER_HOSTS and
 WORKER_INDEX, which the workers read like any cluster: `cluster.explicit`). `supervise`
 then does it: it starts one `mgpu` process per worker, prefixes each of their lines with
-`[worker i] `, forwards SIGINT/SIGTERM/SIGHUP to all of them, stops all when one fails, and
-returns the exit code by these rules:
+`[worker i] `, forwards SIGINT/SIGTERM/SIGHUP to all of them, stops all when one fails
+(and, with MAX_RESTARTS=K, starts them all again from the last checkpoint, up to K times),
+and returns the exit code by these rules:
 
 - every worker exited 0: 0;
 - the launcher was sent a signal: 128 + that signal (130 Ctrl-C, 143 SIGTERM), what each
   worker itself exits with when it stops for it;
 - else the code of the first worker that failed (the others were stopped because of it);
-  a worker killed by signal N counts as 128 + N, as a shell reports it.
+  a worker killed by signal N counts as 128 + N, as a shell reports it; after restarts,
+  the code of the last attempt.
+
+No worker outlives the launcher: the kernel kills each when the launcher dies, SIGKILL
+included (`die_with_launcher`), so a killed launcher never leaves workers holding the GPUs
+and the ports.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import os
 import signal
 import socket
@@ -38,6 +46,9 @@ LOOPBACK = "127.0.0.1"
 STOP_GRACE_S = 60.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 MAX_WORKERS = 64
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# A worker's exit that a restart would only repeat: mgpu's code for bad settings or input.
+EXIT_BAD_INPUT = 2
 
 
 @dataclass(frozen=True)
@@ -61,10 +72,11 @@ class LocalWorkers:
             env["RUN_NAME"] = self.run_name
         return env
 
-    def describe(self) -> list[str]:
+    def describe(self, max_restarts: int = 0) -> list[str]:
         """The launcher's start lines: who listens where, with which GPUs."""
         lines = [f"{self.count} workers on this machine, worker 0 the chief"
-                 + (f"; run folder name {self.run_name}" if self.run_name else "")]
+                 + (f"; run folder name {self.run_name}" if self.run_name else "")
+                 + (f"; up to {max_restarts} restart(s) if one dies" if max_restarts else "")]
         for index, host in enumerate(self.hosts):
             share = self.gpus[index]
             where = f"GPUs {share}" if share not in (None, "none") else "the CPU"
@@ -156,6 +168,42 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def describe_exit(returncode: int) -> str:
+    """A worker's end as the log names it: `exited 3`, `exited 137 (killed by SIGKILL)`."""
+    code = exit_code_of(returncode)
+    if returncode >= 0:
+        return f"exited {code}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"exited {code} (killed by {name})"
+
+
+def die_with_launcher(launcher_pid: int) -> Callable[[], None] | None:
+    """The `preexec_fn` that ties a worker's life to the launcher's (Linux; None elsewhere).
+
+    The kernel sends the worker SIGKILL when the launcher dies, however it dies, SIGKILL
+    included (`PR_SET_PDEATHSIG`, prctl(2)); a launcher that can still forward signals
+    stops its workers itself. The launcher may die between the fork and the prctl: the
+    worker then already has another parent and kills itself. libc's prctl is looked up
+    here, before the fork, so the child only calls it (no loading after a fork). The
+    kernel watches the thread that started the worker: `supervise` starts every worker
+    from its own thread, which lives until they have all ended.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != launcher_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 def _pump(stream: IO[str], tag: str, out: IO[str], lock: threading.Lock) -> None:
     """Copy a worker's lines to `out`, each with its tag. mgpu's own lines carry it
     already (the worker knows its index); a script's and TensorFlow's do not."""
@@ -191,19 +239,31 @@ def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
 
 def supervise(
     plan: LocalWorkers, command: Sequence[str], environ: Mapping[str, str],
-    *, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
+    *, max_restarts: int = 0, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
     grace_s: float = STOP_GRACE_S, poll_s: float = 0.2,
+    ports: Callable[[int], list[int]] = free_loopback_ports,
 ) -> int:
     """Run `command` (argv) once per worker with its environment, until all have exited;
-    return the launcher's exit code (the module's rules)."""
+    return the launcher's exit code (the module's rules). A worker that fails stops all;
+    up to `max_restarts` times they are then all started again, on fresh `ports` (mgpu
+    train resumes from the run folder's last checkpoint, a script from its own), each
+    restart in the log with its cause. A failure that a restart would repeat (exit 2:
+    bad settings or input) and a signal to the launcher are never restarted."""
     workers = _Workers(stdout or sys.stdout, stderr or sys.stderr)
     with _forwarding(workers.on_signal):
-        for index in range(plan.count):
-            workers.start(index, command, {**environ, **plan.environment(index)})
-        while workers.running():
-            workers.check(grace_s)
-            time.sleep(poll_s)
-    return workers.finish()
+        for attempt in range(max_restarts + 1):
+            if attempt:
+                plan = dataclasses.replace(
+                    plan, hosts=tuple(f"{LOOPBACK}:{port}" for port in ports(plan.count)))
+            workers.start_all(plan, command, environ)
+            while workers.running():
+                workers.check(grace_s)
+                time.sleep(poll_s)
+            workers.check(grace_s)  # the look at the end: all may have ended since the last
+            code = workers.finish()
+            if not workers.restart(attempt, max_restarts, plan.count):
+                return code
+    return code
 
 
 @dataclass
@@ -215,16 +275,37 @@ class _Workers:
     lock: threading.Lock = field(default_factory=threading.Lock)
     processes: list[subprocess.Popen[str]] = field(default_factory=list)
     pumps: list[threading.Thread] = field(default_factory=list)
-    received: list[int] = field(default_factory=list)
-    failed: list[tuple[int, int]] = field(default_factory=list)  # (worker, code) of the first
+    received: list[int] = field(default_factory=list)  # kept across restarts
+    failed: list[tuple[int, int]] = field(default_factory=list)  # (worker, returncode)
     stopping_since: list[float] = field(default_factory=list)
+    # When each worker exited (monotonic clock), read by a thread blocked on its wait:
+    # of two failed workers, the one that failed first is the cause, even when both are
+    # seen in one look (a worker whose peer dies follows it within milliseconds).
+    ended: dict[int, float] = field(default_factory=dict)
 
-    def start(self, index: int, command: Sequence[str], environment: Mapping[str, str]) -> None:
+    def say(self, line: str) -> None:
+        with self.lock:
+            self.stderr.write(f"mgpu: {line}\n")
+            self.stderr.flush()
+
+    def start_all(self, plan: LocalWorkers, command: Sequence[str],
+                  environ: Mapping[str, str]) -> None:
+        """Start every worker of `plan`, a new attempt: the last one's record cleared."""
+        self.processes, self.pumps, self.failed, self.stopping_since = [], [], [], []
+        self.ended = {}
+        preexec = die_with_launcher(os.getpid())
+        for index in range(plan.count):
+            if self.received:  # a signal came while they started: start no more
+                break
+            self.start(index, command, {**environ, **plan.environment(index)}, preexec)
+
+    def start(self, index: int, command: Sequence[str], environment: Mapping[str, str],
+              preexec: Callable[[], None] | None = None) -> None:
         """Start worker `index` in its own session, its output copied with its tag."""
         process = subprocess.Popen(
             list(command), env=dict(environment),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=preexec,
         )
         self.processes.append(process)
         tag = line_tag(index)
@@ -234,6 +315,11 @@ class _Workers:
                                     daemon=True)
             pump.start()
             self.pumps.append(pump)
+        threading.Thread(target=self._wait, args=(index, process), daemon=True).start()
+
+    def _wait(self, index: int, process: subprocess.Popen[str]) -> None:
+        process.wait()
+        self.ended[index] = time.monotonic()
 
     def stop_all(self, sig: int) -> None:
         for process in self.processes:
@@ -245,21 +331,20 @@ class _Workers:
         self.stop_all(sig)  # a second Ctrl-C is forwarded too: the workers stop at once
 
     def running(self) -> bool:
-        return any(p.poll() is None for p in self.processes)
+        return len(self.ended) < len(self.processes)
 
     def check(self, grace_s: float) -> None:
         """One look at the workers: the first to fail stops the others, and those still
         running `grace_s` later are killed."""
-        for index, process in enumerate(self.processes):
-            code = process.poll()
-            if code is not None and code != 0 and not self.failed and not self.received:
-                self.failed.append((index, exit_code_of(code)))
-                with self.lock:
-                    self.stderr.write(f"mgpu: worker {index} exited {exit_code_of(code)}; "
-                                      "stopping the other workers\n")
-                    self.stderr.flush()
-                self.stop_all(signal.SIGTERM)
-                self.stopping_since.append(time.monotonic())
+        failures = sorted((at, index) for index, at in dict(self.ended).items()
+                          if self.processes[index].returncode)
+        if failures and not self.failed and not self.received:
+            index = failures[0][1]
+            code = self.processes[index].returncode
+            self.failed.append((index, code))
+            self.say(f"worker {index} {describe_exit(code)}; stopping the other workers")
+            self.stop_all(signal.SIGTERM)
+            self.stopping_since.append(time.monotonic())
         if self.stopping_since and time.monotonic() - self.stopping_since[0] > grace_s:
             self.stop_all(signal.SIGKILL)
 
@@ -271,5 +356,24 @@ class _Workers:
         if self.received:
             return 128 + self.received[0]
         if self.failed:
-            return self.failed[0][1]
+            return exit_code_of(self.failed[0][1])
         return next((code for code in codes if code), 0)
+
+    def restart(self, attempt: int, max_restarts: int, count: int) -> bool:
+        """Whether the workers, all stopped now, start again; the log says why or why not."""
+        if self.received or not self.failed:
+            return False
+        index, code = self.failed[0]
+        cause = f"worker {index} {describe_exit(code)}"
+        if code == EXIT_BAD_INPUT:
+            if max_restarts:
+                self.say(f"{cause} (bad settings or input): a restart would fail the same "
+                         "way; not restarting")
+            return False
+        if attempt == max_restarts:
+            if max_restarts:
+                self.say(f"{cause}; no restart left (MAX_RESTARTS={max_restarts}, all used)")
+            return False
+        self.say(f"restart {attempt + 1} of {max_restarts} ({cause}): starting all {count} "
+                 "workers again from the last checkpoint")
+        return True
