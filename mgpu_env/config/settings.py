@@ -17,9 +17,11 @@ from typing import Any, Literal, TypeVar
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import (  # re-exported: the settings' vocabulary
+    CheckpointInterval,
     GpuRequest,
     SettingError,
     parse_bool,
+    parse_checkpoint_every,
     parse_choice,
     parse_choice_list,
     parse_dataset,
@@ -347,6 +349,16 @@ class Settings:
         parse_positive_float(86_400.0), "a number of seconds above 0, at most 86400",
         metavar="SECONDS", scope=TRAIN,
         roles=("recorded", "script"),
+    )
+    checkpoint_every: CheckpointInterval = setting(
+        "CHECKPOINT_EVERY", "10m",
+        "Checkpoints inside an epoch, with the data's position, so a stop loses at most this "
+        "much: a number of steps, or a time (90s, 10m, 1h) checked after each call of "
+        "STEPS_PER_CALL steps; 0 or epoch: only at each epoch's end (always saved).",
+        parse_checkpoint_every,
+        "0 or epoch, a whole number of steps (e.g. 500), or a time from 1s to 168h "
+        "ending in s, m or h (e.g. 90s, 10m, 1h)",
+        metavar="EVERY", scope=TRAIN, roles=(*RUN_SETTING, "agreed"),
     )
     max_restarts: int = setting(
         "MAX_RESTARTS", "0",
