@@ -368,6 +368,13 @@ class CheckpointInterval:
     def only_epochs(self) -> bool:
         return not self.steps and not self.seconds
 
+    def describe(self) -> str:
+        """When checkpoints are saved, in words (the start summary, --dry-run)."""
+        if self.only_epochs:
+            return f"at each epoch's end only (CHECKPOINT_EVERY={self})"
+        every = f"{self.steps:,} steps" if self.steps else f"{self}"
+        return f"every {every} (CHECKPOINT_EVERY={self}) and at each epoch's end"
+
     def __str__(self) -> str:
         if self.steps:
             return str(self.steps)
