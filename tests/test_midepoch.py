@@ -198,7 +198,8 @@ def load():
 
 def _train(output_dir: Path, stop_at: str = "", **settings: str
            ) -> subprocess.CompletedProcess[str]:
-    env = train_env(output_dir, STOP_AT=stop_at, **settings)
+    # Unbuffered: a child killed with SIGKILL still leaves what it printed.
+    env = train_env(output_dir, STOP_AT=stop_at, PYTHONUNBUFFERED="1", QUIET="0", **settings)
     return subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=output_dir.parent,
                           capture_output=True, text=True, timeout=300, check=False)
 
