@@ -270,3 +270,58 @@ def test_a_run_stopped_inside_epochs_resumes_to_the_uninterrupted_bits(
     assert _weights(stopped, "ckpt-3") == _weights(straight, "ckpt-3")
     assert found["checkpoint"]["every"] == "10" and found["checkpoint"]["saves"] >= 2
     assert found["checkpoint"]["mb"] > 0 and found["checkpoint"]["mean_seconds"] > 0
+
+
+# A worker's own signal, sent by the worker STOP_WORKER names alone (`sitecustomize` runs in
+# every process the launcher starts): the other worker never receives it.
+WORKER_STOP = """
+import os
+if os.environ.get("STOP_AT") and os.environ.get("WORKER_INDEX") == os.environ["STOP_WORKER"]:
+    import signal
+    import mgpu_env.training.run.loop as loop
+    name, epoch, step = os.environ["STOP_AT"].split(":")
+    actions = loop.after_call_actions
+    def stop(call):
+        if (call.epoch, call.done) == (int(epoch), int(step)):
+            os.kill(os.getpid(), getattr(signal, name))
+    loop.after_call_actions = lambda *a, **kw: [stop, *actions(*a, **kw)]
+"""
+
+
+@pytest.mark.slow
+def test_two_workers_stopped_inside_an_epoch_resume_to_the_uninterrupted_bits(
+    tmp_path: Path
+) -> None:
+    from tests.support.children import REPO
+
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(WORKER_STOP)
+
+    def workers(output_dir: Path, stop_at: str = "") -> subprocess.CompletedProcess[str]:
+        env = train_env(output_dir, EPOCHS="2", CHECKPOINT_EVERY="10", BATCH_SIZE="16",
+                        STOP_AT=stop_at, STOP_WORKER="1", QUIET="0",
+                        PYTHONPATH=f"{tmp_path / 'inject'}:{REPO}", TMPDIR=str(tmp_path))
+        return subprocess.run(
+            [sys.executable, "-m", "entrypoint", "train", "--workers", "2"], env=env,
+            cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+
+    straight = tmp_path / "straight"
+    result = workers(straight)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Digits, a global batch of 32 on 2 workers: 44 steps an epoch; a save every 10 steps
+    # of the run. Worker 1 alone is sent SIGTERM after step 16 of epoch 2 (run step 60):
+    # both agree to save there and stop.
+    stopped = tmp_path / "stopped"
+    term = workers(stopped, "SIGTERM:1:16")
+    assert term.returncode == 143, term.stdout[-3000:] + term.stderr[-3000:]
+    assert "[worker 0] SIGTERM received: training stopped during epoch 2 of 2; the " \
+           "checkpoint at step 16 of epoch 2 is saved" in term.stderr
+    assert rundir.latest_checkpoint_position(stopped) == (1, 16)
+    resumed = workers(stopped)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    found, expected = metrics(stopped), metrics(straight)
+    assert (found["resumed_from_epoch"], found["resumed_from_step"]) == (1, 16)
+    for key in ("loss", "accuracy"):
+        assert [e[key] for e in found["history"]] == [e[key] for e in expected["history"]]
+    assert found["test_loss"] == expected["test_loss"]
+    assert _weights(stopped, "ckpt-2") == _weights(straight, "ckpt-2")
