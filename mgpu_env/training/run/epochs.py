@@ -8,7 +8,7 @@ checks, the progress, a stop request); after the epoch, every action in `Run.aft
 sees its record (history.json, the checkpoint, TensorBoard, the epoch line). Each action
 is built with what it uses (`after_call_actions`, `after_epoch_actions`) and called with the
 output alone; it raises to stop the run and returns nothing. The progress a user sees is
-two of these actions, not a second system beside them.
+actions too (an epoch's start, each call, its end), not a second system beside them.
 """
 
 from __future__ import annotations
