@@ -352,12 +352,10 @@ class Settings:
     )
     checkpoint_every: CheckpointInterval = setting(
         "CHECKPOINT_EVERY", "10m",
-        "Checkpoints inside an epoch, with the data's position, so a stop loses at most this "
-        "much: a number of steps, or a time (90s, 10m, 1h) checked after each call of "
-        "STEPS_PER_CALL steps; 0 or epoch: only at each epoch's end (always saved).",
-        parse_checkpoint_every,
-        "0 or epoch, a whole number of steps (e.g. 500), or a time from 1s to 168h "
-        "ending in s, m or h (e.g. 90s, 10m, 1h)",
+        "Checkpoints inside an epoch, with the data's position: every N steps, or a time "
+        "(90s, 10m, 1h) checked after each call of steps; 0 or epoch: at epoch ends only.",
+        parse_checkpoint_every, "0 or epoch, a whole number of steps (e.g. 500), or a time "
+        "from 1s to 168h ending in s, m or h (e.g. 90s, 10m, 1h)",
         metavar="EVERY", scope=TRAIN, roles=(*RUN_SETTING, "agreed"),
     )
     max_restarts: int = setting(

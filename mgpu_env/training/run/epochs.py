@@ -1,10 +1,12 @@
 """The epochs of a run: one object holds what they share, and what happens around the steps
 is a list of small actions, as orbit's Controller runs its trainer and calls its Actions.
 
-`Run.train_epoch(epoch)` runs an epoch in calls of at most STEPS_PER_CALL steps. Before the
-epoch, every action in `Run.before_epoch` sees an `EpochStart` (the progress display); after
-each call, every action in `Run.after_call` sees a `CallEnd` (the heartbeat, the finite
-checks, the progress, a stop request); after the epoch, every action in `Run.after_epoch`
+`Run.train_epoch(epoch, first)` runs an epoch from its step `first` (a checkpoint's) in calls
+of at most STEPS_PER_CALL steps, cut where a checkpoint is due (`checkpoints.Schedule`).
+Before the epoch, every action in `Run.before_epoch` sees an `EpochStart` (the progress
+display); after each call, every action in `Run.after_call` sees a `CallEnd` (the heartbeat,
+the finite checks, the progress, a checkpoint when CHECKPOINT_EVERY's is due or a stop was
+asked, then the stop); after the epoch, every action in `Run.after_epoch`
 sees its record (history.json, the checkpoint, TensorBoard, the epoch line). Each action
 is built with what it uses (`after_call_actions`, `after_epoch_actions`) and called with the
 output alone; it raises to stop the run and returns nothing. The progress a user sees is

@@ -1,4 +1,5 @@
-"""`mgpu train`'s loop: train as planned, checkpoint every epoch, write the outputs.
+"""`mgpu train`'s loop: train as planned, checkpoint (every epoch, and inside epochs), write
+the outputs.
 
 `run_training(plan, show)` prepares the plan (`prepare.prepare`: TensorFlow started, the
 data loaded, the feed decided; here, under the run's signal handling, for every kind of
@@ -6,13 +7,14 @@ data), hands the prepared run to `show` (the command prints its summary there an
 how progress is shown), trains it and returns a `TrainResult`, or raises ConfigError
 (exit 2), RunFailed (exit 1) or `Interrupted` (exit 128 + signal number).
 
-Faults: a checkpoint is saved after every epoch (tf.train.CheckpointManager writes the
-data files first and the `checkpoint` index file last, by rename, so a kill -9 mid-save
-leaves the previous checkpoint the one referenced); starting again with the same
-OUTPUT_DIR restores the latest one and continues from the next epoch. SIGTERM or SIGINT
-stop training at the next step boundary (at most STEPS_PER_CALL steps), keep the last
-completed epoch's checkpoint, and raise `Interrupted` with the command that resumes. A
-non-finite loss, or a record that cannot be read (`training.input.corrupt`), stops with RunFailed.
+Faults: a checkpoint is saved after every epoch, and inside epochs as CHECKPOINT_EVERY asks,
+with the data's position (`run.checkpoints`: tf.train.CheckpointManager writes the data files
+first and the `checkpoint` index file last, by rename, so a kill -9 mid-save leaves the
+previous checkpoint the one referenced); starting again with the same OUTPUT_DIR restores
+the latest one and continues from its step. SIGTERM or SIGINT stop training at the next
+call's end (at most STEPS_PER_CALL steps), save a checkpoint there, and raise `Interrupted`
+with the command that resumes. A non-finite loss, or a record that cannot be read
+(`training.input.corrupt`), stops with RunFailed.
 """
 
 from __future__ import annotations
