@@ -256,11 +256,12 @@ def test_a_run_stopped_inside_epochs_resumes_to_the_uninterrupted_bits(
     kill_at = saves(2)[1]
     killed = _train(stopped, f"SIGKILL:2:{kill_at}", **settings)
     assert killed.returncode == -9, killed.stderr
-    assert f"Resuming from the checkpoint of step {term_at} of epoch 2" in killed.stdout
+    assert (f"Resuming from the checkpoint of epoch 1 and {term_at} steps (step {term_at} "
+            "of epoch 2)") in killed.stdout
     assert rundir.latest_checkpoint_position(stopped) == (2, kill_at - 10)
     resumed = _train(stopped, **settings)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"Resuming from the checkpoint of step {kill_at - 10} of epoch 3" in resumed.stdout
+    assert f"and {kill_at - 10} steps (step {kill_at - 10} of epoch 3)" in resumed.stdout
 
     found, expected = metrics(stopped), metrics(straight)
     assert (found["resumed_from_epoch"], found["resumed_from_step"]) == (2, kill_at - 10)

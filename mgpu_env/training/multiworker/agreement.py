@@ -173,7 +173,9 @@ def any_worker(strategy: Any) -> Callable[[Sequence[bool]], tuple[bool, ...]]:
     def reduce_all(local: Any) -> Any:
         def replica_fn() -> Any:
             context = tf.distribute.get_replica_context()
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+            # A copy made in the replica's context, on its device: the function's input
+            # has none, and an all-reduce needs one ("destinations can not be empty").
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(local))
 
         return strategy.run(replica_fn)
 

@@ -73,11 +73,15 @@ class Checkpoints:
         self.directory = directory
         self.model, self.optimizer = trainer.model, trainer.optimizer
         # The epoch's running loss and accuracy, so a resumed epoch's record is the
-        # uninterrupted one's.
+        # uninterrupted one's. Saved through a plain copy, outside the strategy: restoring
+        # the metrics' own (mirrored, summed) variables runs a collective on the chief
+        # alone under MultiWorkerMirroredStrategy, which the other workers never join.
         self.metrics = [*steps.train_loss.variables, *steps.train_accuracy.variables]
+        self.metrics_copy = tf.Variable(tf.zeros([len(self.metrics)], tf.float64),
+                                        trainable=False, name="metrics")
         self.checkpoint = tf.train.Checkpoint(
             model=trainer.model, optimizer=trainer.optimizer, epoch=self.epoch, step=self.step,
-            metrics=self.metrics,
+            metrics=self.metrics_copy,
             # The model's state that is not a weight: its seed generators' states.
             random=[v for v in trainer.model.variables if id(v) not in weights],
         )
@@ -86,14 +90,14 @@ class Checkpoints:
     def shared_variables(self) -> list[Any]:
         """Every value a checkpoint holds: what a multi-worker chief shares with the others
         after restoring (they need no shared folder)."""
-        return [*self.model.variables, *self.optimizer.variables, *self.metrics,
+        return [*self.model.variables, *self.optimizer.variables, self.metrics_copy,
                 self.epoch, self.step]
 
     def estimated_bytes(self) -> int:
         """The checkpoint's size from its values (the files add little): to tell the cost
         before the first save."""
         total = 0
-        for v in [*self.model.variables, *self.optimizer.variables, *self.metrics]:
+        for v in [*self.model.variables, *self.optimizer.variables, self.metrics_copy]:
             count = 1
             for dim in v.shape:
                 count *= int(dim)
@@ -112,9 +116,13 @@ class Checkpoints:
 
     def save(self, position: Position) -> SaveCost:
         """Save the run at `position`; return (and keep) what it cost."""
+        import tensorflow as tf
+
         started = time.perf_counter()
         self.epoch.assign(position.epoch)
         self.step.assign(position.step)
+        self.metrics_copy.assign(tf.stack(
+            [tf.cast(tf.convert_to_tensor(v), tf.float64) for v in self.metrics]))
         path = self.manager(position).save(
             checkpoint_number=position.step if position.step else position.epoch
         )
@@ -134,6 +142,14 @@ class Checkpoints:
             return Position(0)
         self.checkpoint.restore(latest).assert_existing_objects_matched()
         return self.position()
+
+    def restore_metrics(self) -> None:
+        """The epoch's running metrics from the restored copy: on every worker at once,
+        after the chief's values were shared (assigning them may be collective)."""
+        import tensorflow as tf
+
+        for variable, value in zip(self.metrics, tf.unstack(self.metrics_copy), strict=True):
+            variable.assign(tf.cast(value, variable.dtype))
 
     def position(self) -> Position:
         """The position the checkpoint's variables hold (after a restore, or a chief's)."""

@@ -183,6 +183,7 @@ def _restore_checkpoints(
     # Multi-worker: the chief's checkpoint is the truth; the others receive its values, so
     # they need no shared folder (and resume from the same position).
     session.share_restored(trainer.strategy, checkpoints.shared_variables())
+    checkpoints.restore_metrics()
     return checkpoints, checkpoints.position()
 
 
@@ -230,9 +231,9 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
             "settings": plan.settings_provenance(RUN_SETTINGS),
         })
     if start_epoch or position.step:
-        start.reporter.note(
-            f"Resuming from the checkpoint of {position.describe()} in {saved.directory}"
-        )
+        inside = f" and {position.step} steps ({position.describe()})" if position.step else ""
+        start.reporter.note(f"Resuming from the checkpoint of epoch {start_epoch}{inside} "
+                            f"in {saved.directory}")
     start.reporter.note(checkpoint_plan_line(settings.checkpoint_every, saved))
     with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
         # Data kept on the devices is read (and checked) here, once.
