@@ -326,3 +326,34 @@ def test_two_workers_stopped_inside_an_epoch_resume_to_the_uninterrupted_bits(
         assert [e[key] for e in found["history"]] == [e[key] for e in expected["history"]]
     assert found["test_loss"] == expected["test_loss"]
     assert _weights(stopped, "ckpt-2") == _weights(straight, "ckpt-2")
+
+
+def test_a_checkpoint_from_before_checkpoints_inside_the_epoch_still_resumes(
+    logical_cpus: tuple[str, ...], tmp_path: Path
+) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
+    from mgpu_env.runtime.strategy import make_strategy, plan_strategy
+    from mgpu_env.training.run.checkpoints import Checkpoints
+    from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.model import build_model
+
+    def trainer(seed: int) -> Any:
+        return build_trainer(
+            make_strategy(plan_strategy("auto", logical_cpus[:1], "CPU", 1)),
+            lambda: build_model(seed), learning_rate=0.01,
+            precision=PrecisionChoice(FLOAT32, False, "test"), global_batch_size=16,
+            jit_compile=False)
+
+    old = trainer(1)
+    with old.strategy.scope():
+        epoch = tf.Variable(2, dtype=tf.int64, trainable=False)
+    # What mgpu wrote before: the model, the optimizer and the epoch, as ckpt-<epoch>.
+    tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=old.model, optimizer=old.optimizer, epoch=epoch),
+        str(tmp_path), max_to_keep=3, checkpoint_name="ckpt").save(checkpoint_number=2)
+    new = trainer(2)
+    assert Checkpoints(new, tmp_path).restore() == Position(2, 0)
+    for restored, saved in zip(new.model.weights, old.model.weights, strict=True):
+        np.testing.assert_array_equal(restored.numpy(), saved.numpy())

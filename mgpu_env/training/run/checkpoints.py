@@ -140,7 +140,16 @@ class Checkpoints:
         latest = self.latest
         if latest is None:
             return Position(0)
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        try:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+        except AssertionError:
+            # A checkpoint of an mgpu before checkpoints inside the epoch: the model, the
+            # optimizer and the epoch alone, at the epoch's end.
+            import tensorflow as tf
+
+            tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self.epoch
+                                ).restore(latest).assert_existing_objects_matched()
+            self.step.assign(0)
         return self.position()
 
     def restore_metrics(self) -> None:
