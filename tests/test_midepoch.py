@@ -357,3 +357,68 @@ def test_a_checkpoint_from_before_checkpoints_inside_the_epoch_still_resumes(
     assert Checkpoints(new, tmp_path).restore() == Position(2, 0)
     for restored, saved in zip(new.model.weights, old.model.weights, strict=True):
         np.testing.assert_array_equal(restored.numpy(), saved.numpy())
+
+
+class _SlowOrBrokenCheckpoints:
+    """Checkpoints whose save takes `seconds`, or fails."""
+
+    latest = "runs/x/checkpoints/ckpt-2"
+
+    def __init__(self, seconds: float = 0.0, fails: bool = False) -> None:
+        self.seconds, self.fails = seconds, fails
+        self.saved: list[Position] = []
+
+    def save(self, position: Position) -> None:
+        import time
+
+        time.sleep(self.seconds)
+        if self.fails:
+            raise OSError("No space left on device")
+        self.saved.append(position)
+
+
+class _Session:
+    tag = "[worker 0] "
+
+    def progress(self, phase: str | None = None) -> None:
+        pass
+
+
+def test_a_save_at_a_stop_that_takes_long_or_fails_is_said(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mgpu_env.training.run import epochs
+    from mgpu_env.training.run.report import Reporter
+    from mgpu_env.training.run.signals import StopRequest
+
+    monkeypatch.setattr(epochs, "STOP_SAVE_TOLD_AFTER_S", 0.05)
+    stopping = epochs.Stopping(StopRequest(15), 5, 0.001, "OUTPUT_DIR=runs/x mgpu train")
+
+    def saving(checkpoints: Any) -> Any:
+        return epochs.Saving(checkpoints, Schedule(CheckpointInterval(), 100),
+                             lambda flags: flags, _Session(), Reporter())
+
+    slow = _SlowOrBrokenCheckpoints(seconds=0.3)
+    assert epochs.save_inside_epoch(saving(slow), Position(2, 40), stopping)
+    assert slow.saved == [Position(2, 40)]
+    told = capsys.readouterr().err
+    assert told.startswith("[worker 0] Still saving the checkpoint at step 40 of epoch 3 "
+                           "after 0.05 s; if the process is killed before it finishes, the "
+                           "previous one is resumed (runs/x/checkpoints/ckpt-2)."), told
+    # A quick save says nothing; a failed one says so, and the stop goes on.
+    assert epochs.save_inside_epoch(saving(_SlowOrBrokenCheckpoints()), Position(2, 60),
+                                    stopping)
+    assert capsys.readouterr().err == ""
+    broken = _SlowOrBrokenCheckpoints(fails=True)
+    assert not epochs.save_inside_epoch(saving(broken), Position(2, 60), stopping)
+    assert ("The checkpoint at step 60 of epoch 3 could not be saved (OSError: No space "
+            "left on device); the previous one is kept.") in capsys.readouterr().err
+    # A save that is not a stop's raises its error.
+    with pytest.raises(OSError, match="No space"):
+        epochs.save_inside_epoch(saving(broken), Position(2, 60), None)
+    with pytest.raises(epochs.Interrupted) as stopped:
+        epochs.raise_interrupted(stopping, 2, Position(2, 60))
+    assert str(stopped.value) == (
+        "SIGTERM received: training stopped during epoch 3 of 5; the checkpoint at step 60 "
+        "of epoch 3 is saved.\n  Resume with: OUTPUT_DIR=runs/x mgpu train")
+    assert stopped.value.exit_code == 143
