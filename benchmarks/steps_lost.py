@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/steps_lost.py [--trials 5] [--seed 0] [--epochs 8]
         [--dataset synthetic] [--batch-size 32] [--window-epochs 3] [--signals kill,term]
+        [--checkpoint-every 1s]
 
 Each trial starts `mgpu train` in a fresh run folder, waits for its second epoch to end (the
 steady state: TensorFlow started, the step traced), then waits a random time, uniform over
@@ -17,11 +18,12 @@ one a resume starts from, read once the process has exited):
   `seconds` (history.json) before it ended, and the next one the median gap later (the
   checkpoint save and the other epoch-end work). For SIGTERM it is a lower bound: the run
   trains on to its next step boundary, and those steps are lost too.
-- steps held: `checkpointed_steps` (today ckpt-N holds N whole epochs).
+- steps held: `checkpointed_steps` (`ckpt-E`: E whole epochs; `ckpt-E-S`: S steps more).
 Also printed: the seconds of training those steps took. Per signal: the mean, median and
 max, and the mean as a fraction of an epoch. Settings: GPUS=none, QUIET=1; the checkpoint
-interval is mgpu train's default, so the same script measures before and after a change
-to it.
+interval is mgpu train's default (CHECKPOINT_EVERY=10m: at the seconds-long epochs here,
+only the epochs' ends and the stops' own saves), or `--checkpoint-every` (e.g. `1s`, the
+same interval relative to these epochs as 10m to an epoch of an hour).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def environment(args: argparse.Namespace, output_dir: Path) -> dict[str, str]:
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", GPUS="none", QUIET="1",
                DATASET=args.dataset, BATCH_SIZE=str(args.batch_size),
                EPOCHS=str(args.epochs), OUTPUT_DIR=str(output_dir))
+    if args.checkpoint_every:
+        env["CHECKPOINT_EVERY"] = args.checkpoint_every
     return env
 
 
@@ -93,14 +97,14 @@ def history(output_dir: Path) -> list[dict[str, float]]:
 
 
 def checkpointed_steps(output_dir: Path, per_epoch: int) -> int:
-    """The steps the newest checkpoint holds, as a resume reads it: `ckpt-N` in the
-    checkpoint index is N completed epochs (mgpu train's per-epoch checkpoints)."""
+    """The steps the newest checkpoint holds, as a resume reads it from the checkpoint
+    index: `ckpt-E` is E completed epochs, `ckpt-E-S` S steps more (CHECKPOINT_EVERY)."""
     try:
         index = (output_dir / "checkpoints" / "checkpoint").read_text()
     except OSError:
         return 0
-    found = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', index, re.M)
-    return int(found.group(1)) * per_epoch if found else 0
+    found = re.search(r'^model_checkpoint_path: "ckpt-(\d+)(?:-(\d+))?"', index, re.M)
+    return int(found.group(1)) * per_epoch + int(found.group(2) or 0) if found else 0
 
 
 @dataclass
@@ -190,6 +194,8 @@ def main() -> None:
     parser.add_argument("--window-epochs", type=float, default=3.0,
                         help="the random moment falls within this many epochs after the second")
     parser.add_argument("--signals", default="kill,term", help="kill, term, or both")
+    parser.add_argument("--checkpoint-every", default="",
+                        help="CHECKPOINT_EVERY for the runs (default: mgpu train's own)")
     args = parser.parse_args()
     names = [n.strip() for n in args.signals.split(",") if n.strip()]
     if not names or set(names) - set(SIGNALS):

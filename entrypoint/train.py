@@ -50,7 +50,9 @@ def plan_lines(plan: TrainPlan, data: DataPlan, verbose: bool = False) -> list[s
         output = f"nothing here: {role.task_type} {role.task_id} writes to a temporary folder"
     else:
         resume = (
-            f"resumes after epoch {plan.resume_epoch} of {plan.settings.epochs}"
+            f"resumes at step {plan.resume_step} of epoch {plan.resume_epoch + 1} of "
+            f"{plan.settings.epochs}" if plan.resume_step
+            else f"resumes after epoch {plan.resume_epoch} of {plan.settings.epochs}"
             if plan.resume_epoch
             else "fresh run"
         )
@@ -74,6 +76,8 @@ def plan_lines(plan: TrainPlan, data: DataPlan, verbose: bool = False) -> list[s
         f"  feed           {data.feed.kind} ({data.feed.why})",
         f"  model          {_model_line(plan.model, data)}",
         f"  epochs         {plan.settings.epochs}, {resume}",
+        f"  checkpoints    {plan.settings.checkpoint_every.describe()}, "
+        "with the data's position (the size and seconds of one: told as training starts)",
         f"  output         {output}",
     ]
     lines.extend(settings_lines(plan.settings_provenance(), verbose=verbose))

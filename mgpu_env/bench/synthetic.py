@@ -66,8 +66,10 @@ class SameBatchFeed:
     def describe(self) -> str:
         return f"one synthetic batch on {each_device(self.strategy)}, reused every step"
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
-        """Run `count` steps per call, however many: every epoch is the same batch."""
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
+               first_step: int = 0) -> StepRunner:
+        """Run `count` steps per call, however many: every epoch (and every position in
+        one) is the same batch."""
         import tensorflow as tf
 
         loop = self.loops.get(steps, lambda s: iterator_loop(self.strategy, s.replica_step))

@@ -354,3 +354,62 @@ def parse_tf_config(text: str) -> str:
     return text.strip()
 
 
+
+
+@dataclass(frozen=True)
+class CheckpointInterval:
+    """What `CHECKPOINT_EVERY` asks for: a checkpoint every `steps` steps, every `seconds`
+    seconds, or (neither) only at each epoch's end. `str()` gives the setting's text back."""
+
+    steps: int = 0
+    seconds: float = 0.0
+
+    @property
+    def only_epochs(self) -> bool:
+        return not self.steps and not self.seconds
+
+    def describe(self) -> str:
+        """When checkpoints are saved, in words (the start summary, --dry-run)."""
+        if self.only_epochs:
+            return f"at each epoch's end only (CHECKPOINT_EVERY={self})"
+        every = f"{self.steps:,} steps" if self.steps else f"{self}"
+        return f"every {every} (CHECKPOINT_EVERY={self}) and at each epoch's end"
+
+    def __str__(self) -> str:
+        if self.steps:
+            return str(self.steps)
+        if not self.seconds:
+            return "epoch"
+        for unit, size in (("h", 3600), ("m", 60)):
+            if self.seconds % size == 0:
+                return f"{int(self.seconds // size)}{unit}"
+        return f"{self.seconds:g}s"
+
+
+_TIME_UNITS = {"s": 1, "m": 60, "h": 3600}
+# A week: beyond that an interval is a mistake (a unit typed as the wrong letter).
+_MOST_SECONDS = 7 * 86_400
+_MOST_STEPS = 1_000_000_000
+
+
+def parse_checkpoint_every(text: str) -> CheckpointInterval:
+    """`0` or `epoch`: at epoch ends only; a whole number N: every N steps; a time (`90s`,
+    `10m`, `1.5h`): at the first call boundary once that long has passed since the last."""
+    lowered = text.strip().lower()
+    if lowered in ("0", "epoch"):
+        return CheckpointInterval()
+    if lowered.isdigit():
+        steps = int(lowered)
+        if steps > _MOST_STEPS:
+            raise SettingError(f"more than {_MOST_STEPS:,} steps")
+        return CheckpointInterval(steps=steps)
+    unit = _TIME_UNITS.get(lowered[-1:]) if lowered else None
+    if unit is None:
+        raise SettingError("neither a number of steps nor a time ending in s, m or h")
+    try:
+        seconds = float(lowered[:-1]) * unit
+    except ValueError:
+        raise SettingError(f"{lowered[:-1]!r} before the unit is not a number") from None
+    if not (math.isfinite(seconds) and 1 <= seconds <= _MOST_SECONDS):
+        raise SettingError("a time must be at least 1s and at most 168h (a week)")
+    return CheckpointInterval(seconds=seconds)

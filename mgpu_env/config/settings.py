@@ -22,9 +22,11 @@ from mgpu_env.config.declaration import (  # re-exported: what a declaration is
 )
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import (  # re-exported: the settings' vocabulary
+    CheckpointInterval,
     GpuRequest,
     SettingError,
     parse_bool,
+    parse_checkpoint_every,
     parse_choice,
     parse_choice_list,
     parse_dataset,
@@ -300,6 +302,14 @@ class Settings:
         parse_positive_float(86_400.0), "a number of seconds above 0, at most 86400",
         metavar="SECONDS", scope=TRAIN,
         roles=("recorded", "script"),
+    )
+    checkpoint_every: CheckpointInterval = setting(
+        "CHECKPOINT_EVERY", "10m",
+        "Checkpoints inside an epoch, with the data's position: every N steps, or a time "
+        "(90s, 10m, 1h) checked after each call of steps; 0 or epoch: at epoch ends only.",
+        parse_checkpoint_every, "0 or epoch, a whole number of steps (e.g. 500), or a time "
+        "from 1s to 168h ending in s, m or h (e.g. 90s, 10m, 1h)",
+        metavar="EVERY", scope=TRAIN, roles=(*RUN_SETTING, "agreed"),
     )
     max_restarts: int = setting(
         "MAX_RESTARTS", "0",

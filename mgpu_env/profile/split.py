@@ -160,7 +160,7 @@ def convert(xspaces: Sequence[Path]) -> StepSplit:
     (`xprof.convert.raw_to_tool_data`: a C library of its own, through ctypes, nothing of
     TensorFlow). Its C++ log lines are held back unless it fails (`run_quietly`). Raises
     NoSteps when it found no step, RuntimeError when it could not convert."""
-    from mgpu_env.hardware.tfimport import STARTUP_LOG, run_quietly
+    from mgpu_env.tfprobes.tfimport import STARTUP_LOG, run_quietly
 
     if not xspaces:
         raise NoSteps("no profile was written (no .xplane.pb file)")

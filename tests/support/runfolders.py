@@ -7,12 +7,13 @@ from pathlib import Path
 
 
 def completed_epochs(run: Path) -> int:
-    """The epoch of the chief's latest checkpoint (history.json is written just before it)."""
+    """The epochs completed at the chief's latest checkpoint (history.json is written just
+    before an epoch's): `ckpt-<E>`, or `ckpt-<E>-<S>` inside epoch E + 1."""
     try:
         index = (run / "checkpoints" / "checkpoint").read_text()
     except OSError:
         return 0
-    found = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', index, re.M)
+    found = re.search(r'^model_checkpoint_path: "ckpt-(\d+)(?:-\d+)?"', index, re.M)
     return int(found.group(1)) if found else 0
 
 

@@ -117,13 +117,15 @@ class ResidentFeed:
     def describe(self) -> str:
         return f"rows kept on {each_device(self.strategy)}, gathered by index"
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
-        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
+               first_step: int = 0) -> StepRunner:
+        """Run the steps of `epochs` epochs from step `first_step` of `first_epoch` (a
+        checkpoint's position), `count` steps per call."""
         import tensorflow as tf
 
         train_indexed = self.loops.get(steps, self.gather_loop)
         order = self.order(first_epoch, epochs)
-        position = 0
+        position = first_step  # the data's position: the next step of the order
 
         def run(count: int) -> None:
             nonlocal position
@@ -186,7 +188,9 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
 @runtime_checkable
 class Feed(Protocol):
     """What the loop and bench take from any feed: the steps of an epoch, a runner that runs
-    them `count` at a time, and what the feed is, in words. Each feed wraps the replica step
+    them `count` at a time from any step of an epoch (`first_step`: where a checkpoint left
+    the data; the steps before it are not trained, the ones after it are the order's next),
+    and what the feed is, in words. Each feed wraps the replica step
     (`StepFunctions.replica_step`) in a compiled loop of its own (`training.step.loops`), as
     Keras' DataAdapters feed one step: a new feed is a class of this shape, a kind of
     `feedplan.FeedPlan` and a case in `make_feed`; no other feed and no step changes."""
@@ -198,8 +202,8 @@ class Feed(Protocol):
 
     def describe(self) -> str: ...
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1
-               ) -> StepRunner: ...
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
+               first_step: int = 0) -> StepRunner: ...
 
 
 def make_feed(

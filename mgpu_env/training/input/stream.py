@@ -102,28 +102,30 @@ class StreamFeed:
         most = call_steps(self.strategy, self.global_batch, per_row, STREAM_CHUNK_BYTES)
         return aligned_chunk(most, self.steps_per_call)
 
-    def chunk_lengths(self, epochs: int) -> list[int]:
-        """The steps of each chunk of a run of `epochs` epochs, in order: the last is shorter
-        when the run's steps are not a whole number of chunks."""
-        total, per_chunk = self.steps_per_epoch * epochs, self.steps_per_chunk
+    def chunk_lengths(self, epochs: int, first_step: int = 0) -> list[int]:
+        """The steps of each chunk of a run of `epochs` epochs from step `first_step`, in
+        order: the last is shorter when the run's steps are not a whole number of chunks."""
+        total, per_chunk = self.steps_per_epoch * epochs - first_step, self.steps_per_chunk
         return [min(per_chunk, total - first) for first in range(0, total, per_chunk)]
 
-    def worker_batches(self, first_epoch: int, epochs: int, workers: int, worker: int) -> Any:
+    def worker_batches(self, first_epoch: int, epochs: int, workers: int, worker: int,
+                       first_step: int = 0) -> Any:
         """The row indices of this worker's per-replica batches, in the order its replicas
-        take them: (batches, G/R). Per-replica batch k of the run belongs to replica k % R."""
+        take them, from step `first_step` of `first_epoch`: (batches, G/R). Per-replica batch
+        k of the run belongs to replica k % R."""
         replicas = self.strategy.num_replicas_in_sync
         order = np.concatenate([
             epoch_order(self.seed, epoch, self.size, self.global_batch)
             for epoch in range(first_epoch, first_epoch + epochs)
-        ]).reshape(-1, self.global_batch // replicas)
+        ])[first_step * self.global_batch :].reshape(-1, self.global_batch // replicas)
         owner = (np.arange(len(order)) % replicas) // (replicas // workers)
         return order[owner == worker]
 
-    def worker_chunks(self, first_epoch: int, epochs: int, workers: int, worker: int
-                      ) -> list[np.ndarray]:
+    def worker_chunks(self, first_epoch: int, epochs: int, workers: int, worker: int,
+                      first_step: int = 0) -> list[np.ndarray]:
         """This worker's chunks of row indices, (steps, G/R) each, in the order the stream
         hands them out: chunk c of each local replica in turn, then chunk c + 1."""
-        batches = self.worker_batches(first_epoch, epochs, workers, worker)
+        batches = self.worker_batches(first_epoch, epochs, workers, worker, first_step)
         local = self.strategy.num_replicas_in_sync // workers
         steps = batches.reshape(-1, local, batches.shape[-1])  # (step, local replica, row)
         per_chunk = self.steps_per_chunk
@@ -132,16 +134,17 @@ class StreamFeed:
             for first in range(0, len(steps), per_chunk) for replica in range(local)
         ]
 
-    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
-        """`epochs` epochs from `first_epoch`, one after the other, distributed: each
-        replica's chunks prefetched to its device."""
+    def dataset(self, first_epoch: int, epochs: int = 1, first_step: int = 0) -> Any:
+        """`epochs` epochs from step `first_step` of `first_epoch`, one after the other,
+        distributed: each replica's chunks prefetched to its device."""
         import tensorflow as tf
 
         x_host, y_host = self.arrays.x_train, self.arrays.y_train
 
         def per_worker(context: Any) -> Any:
             chunks = self.worker_chunks(
-                first_epoch, epochs, context.num_input_pipelines, context.input_pipeline_id
+                first_epoch, epochs, context.num_input_pipelines, context.input_pipeline_id,
+                first_step,
             )
 
             def gather(index: Any) -> tuple[Any, Any]:
@@ -168,8 +171,10 @@ class StreamFeed:
 
         return _distribute(self.strategy, per_worker)
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
-        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call.
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
+               first_step: int = 0) -> StepRunner:
+        """Run the steps of `epochs` epochs from step `first_step` of `first_epoch`, `count`
+        steps per call: the chunks are cut from that step on.
 
         Whole chunks run in one call that takes them from the stream itself
         (`train_chunks`); a count that ends inside a chunk takes that chunk to the host's
@@ -180,8 +185,8 @@ class StreamFeed:
 
         strategy = self.strategy
         loops = self.loops.get(steps, lambda s: chunk_loops(strategy, s.replica_step))
-        iterator = iter(self.dataset(first_epoch, epochs))
-        lengths = self.chunk_lengths(epochs)
+        iterator = iter(self.dataset(first_epoch, epochs, first_step))
+        lengths = self.chunk_lengths(epochs, first_step)
         taken = 0  # chunks taken from the stream
         held: Any = None  # a chunk begun by an earlier count
         held_done = held_left = 0
@@ -273,8 +278,9 @@ class RowStreamFeed:
         return (f"a loader's rows, streamed from its pipeline to {each_device(self.strategy)} "
                 f"by tf.data, shuffled among {STREAM_SHUFFLE_BUFFER:,}")
 
-    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
-        """`epochs` epochs from `first_epoch`, one after the other, distributed."""
+    def dataset(self, first_epoch: int, epochs: int = 1, first_step: int = 0) -> Any:
+        """`epochs` epochs from step `first_step` of `first_epoch`, one after the other,
+        distributed."""
         import tensorflow as tf
 
         replicas = self.strategy.num_replicas_in_sync
@@ -299,16 +305,21 @@ class RowStreamFeed:
                 return data
 
             epochs_data = tf.data.Dataset.range(first_epoch, first_epoch + epochs)
-            return epochs_data.flat_map(one_epoch).prefetch(tf.data.AUTOTUNE).with_options(
+            # The data's position: the steps before `first_step` pass through the shuffle
+            # buffer untrained, so the ones after are the order's (when it is deterministic).
+            data = epochs_data.flat_map(one_epoch).skip(first_step * local)
+            return data.prefetch(tf.data.AUTOTUNE).with_options(
                 stream_options(self.deterministic)
             )
 
         return _distribute(self.strategy, per_worker)
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
-        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
+               first_step: int = 0) -> StepRunner:
+        """Run the steps of `epochs` epochs from step `first_step` of `first_epoch`, `count`
+        steps per call."""
         loop = self.loops.get(steps, lambda s: iterator_loop(self.strategy, s.replica_step))
-        return iterator_runner(loop, self.dataset(first_epoch, epochs))
+        return iterator_runner(loop, self.dataset(first_epoch, epochs, first_step))
 
 
 @dataclass
@@ -328,9 +339,11 @@ class FileStreamFeed:
         return (f"{FILE_KIND_NOUNS[self.data.kind]} in {self.data.folder}, streamed to "
                 f"{each_device(self.strategy)} by tf.data, each worker its share")
 
-    def worker_dataset(self, context: Any, first_epoch: int, epochs: int = 1) -> Any:
+    def worker_dataset(self, context: Any, first_epoch: int, epochs: int = 1,
+                       first_step: int = 0) -> Any:
         """The per-replica batches of the worker `context` (a tf.distribute.InputContext)
-        names, for `epochs` epochs from `first_epoch`: every worker the same whole steps."""
+        names, for `epochs` epochs from step `first_step` of `first_epoch`: every worker the
+        same whole steps."""
         import tensorflow as tf
 
         from mgpu_env.training.input.data.read import steps_per_epoch, worker_rows
@@ -347,13 +360,15 @@ class FileStreamFeed:
         data = per_epoch[0]
         for more in per_epoch[1:]:
             data = data.concatenate(more)
+        # The data's position: the files' records before `first_step` are read, not trained.
+        data = data.skip(first_step * (replicas // workers))
         return data.prefetch(tf.data.AUTOTUNE).with_options(stream_options(self.deterministic))
 
-    def dataset(self, first_epoch: int, epochs: int = 1) -> Any:
-        """`epochs` epochs from `first_epoch`, one after the other, distributed."""
-        return _distribute(
-            self.strategy, lambda context: self.worker_dataset(context, first_epoch, epochs)
-        )
+    def dataset(self, first_epoch: int, epochs: int = 1, first_step: int = 0) -> Any:
+        """`epochs` epochs from step `first_step` of `first_epoch`, one after the other,
+        distributed."""
+        return _distribute(self.strategy, lambda context: self.worker_dataset(
+            context, first_epoch, epochs, first_step))
 
     @property
     def steps_per_epoch(self) -> int:
@@ -364,10 +379,12 @@ class FileStreamFeed:
         workers = self.strategy.num_replicas_in_sync // local
         return steps_per_epoch(self.data.train, self.global_batch, workers)
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1) -> StepRunner:
-        """Run the steps of `epochs` epochs from `first_epoch`, `count` steps per call."""
+    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
+               first_step: int = 0) -> StepRunner:
+        """Run the steps of `epochs` epochs from step `first_step` of `first_epoch`, `count`
+        steps per call."""
         loop = self.loops.get(steps, lambda s: iterator_loop(self.strategy, s.replica_step))
-        return iterator_runner(loop, self.dataset(first_epoch, epochs))
+        return iterator_runner(loop, self.dataset(first_epoch, epochs, first_step))
 
 
 def aligned_chunk(most: int, steps_per_call: int) -> int:

@@ -3,7 +3,7 @@ takes the chief's values."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mgpu_env.config.errors import ConfigError
@@ -160,3 +160,28 @@ def broadcast_from_chief(strategy: Any, variables: Sequence[Any], is_chief: bool
         v.assign(tf.cast(local, tf.as_dtype(v.dtype)))
 
 
+
+
+
+def any_worker(strategy: Any) -> Callable[[Sequence[bool]], tuple[bool, ...]]:
+    """flags -> each flag, true when it is true on any worker (one small all-reduce): a
+    decision only one worker can see (a signal it received, its own clock's "a checkpoint
+    is due") made by all at the same step, as a collective save needs. Traced once."""
+    import tensorflow as tf
+
+    @tf.function
+    def reduce_all(local: Any) -> Any:
+        def replica_fn() -> Any:
+            context = tf.distribute.get_replica_context()
+            # A copy made in the replica's context, on its device: the function's input
+            # has none, and an all-reduce needs one ("destinations can not be empty").
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(local))
+
+        return strategy.run(replica_fn)
+
+    def agree(flags: Sequence[bool]) -> tuple[bool, ...]:
+        local = tf.constant([1.0 if flag else 0.0 for flag in flags], tf.float32)
+        summed = strategy.experimental_local_results(reduce_all(local))[0].numpy()
+        return tuple(bool(value > 0) for value in summed)
+
+    return agree

@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env.runtime.cluster import Cluster
-from mgpu_env.training.multiworker.agreement import broadcast_from_chief, check_agreement
+from mgpu_env.training.multiworker.agreement import (
+    any_worker,
+    broadcast_from_chief,
+    check_agreement,
+)
 from mgpu_env.training.multiworker.faults import (
     Watchdog,
     abort_process,
@@ -39,6 +43,7 @@ class WorkerSession:
     ) -> None:
         self.role = cluster.role if cluster is not None else None
         self._scratch: Path | None = None
+        self._agree: Callable[[tuple[bool, ...]], tuple[bool, ...]] | None = None
         self.who = cluster.name if cluster is not None else "this process"
         self._cluster = cluster
         # Every line a worker prints starts so (the CLI's `LineTag`), this library's too.
@@ -102,6 +107,14 @@ class WorkerSession:
             self.watchdog.progress("receiving the chief's checkpoint")
             broadcast_from_chief(strategy, variables, self.role.is_chief)
             self.watchdog.progress("training")
+
+    def agree(self, strategy: Any, flags: tuple[bool, ...]) -> tuple[bool, ...]:
+        """Each flag true on every worker when it is on any (`any_worker`); as is, alone."""
+        if not self.multi:
+            return flags
+        if self._agree is None:
+            self._agree = any_worker(strategy)
+        return self._agree(flags)
 
     def progress(self, phase: str | None = None) -> None:
         if self.multi:

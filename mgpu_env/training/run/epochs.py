@@ -1,10 +1,12 @@
 """The epochs of a run: one object holds what they share, and what happens around the steps
 is a list of small actions, as orbit's Controller runs its trainer and calls its Actions.
 
-`Run.train_epoch(epoch)` runs an epoch in calls of at most STEPS_PER_CALL steps. Before the
-epoch, every action in `Run.before_epoch` sees an `EpochStart` (the progress display); after
-each call, every action in `Run.after_call` sees a `CallEnd` (the heartbeat, the finite
-checks, the progress, a stop request); after the epoch, every action in `Run.after_epoch`
+`Run.train_epoch(epoch, first)` runs an epoch from its step `first` (a checkpoint's) in calls
+of at most STEPS_PER_CALL steps, cut where a checkpoint is due (`checkpoints.Schedule`).
+Before the epoch, every action in `Run.before_epoch` sees an `EpochStart` (the progress
+display); after each call, every action in `Run.after_call` sees a `CallEnd` (the heartbeat,
+the finite checks, the progress, a checkpoint when CHECKPOINT_EVERY's is due or a stop was
+asked, then the stop); after the epoch, every action in `Run.after_epoch`
 sees its record (history.json, the checkpoint, TensorBoard, the epoch line). Each action
 is built with what it uses (`after_call_actions`, `after_epoch_actions`) and called with the
 output alone; it raises to stop the run and returns nothing. The progress a user sees is
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,27 +26,18 @@ from typing import Any
 
 from mgpu_env import __version__
 from mgpu_env.config.errors import RunFailed
+from mgpu_env.config.parsers import CheckpointInterval
 from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
 from mgpu_env.training.input.feed import Feed
-from mgpu_env.training.input.order import STEPS_PER_CALL
 from mgpu_env.training.multiworker import WorkerSession
 from mgpu_env.training.run import rundir
+from mgpu_env.training.run.checkpoints import Checkpoints, Position, SaveCost, Schedule
 from mgpu_env.training.run.plan import TRAIN_SETTINGS, DataPlan, TrainPlan
 from mgpu_env.training.run.report import Reporter
 from mgpu_env.training.run.signals import Interrupted, StopRequest
 from mgpu_env.training.step.build import Trainer
 from mgpu_env.training.step.steps import StepFunctions
-
-
-@dataclass
-class Checkpoints:
-    """The run's checkpoint, its manager and the epoch it counts."""
-
-    checkpoint: Any
-    manager: Any
-    epoch: Any  # tf.Variable: epochs completed
-    directory: Path
 
 
 @dataclass(frozen=True)
@@ -91,8 +85,9 @@ class Run:
     feed: Feed
     steps_per_epoch: int
     global_batch_size: int
-    start_epoch: int
+    start: Position  # the restored checkpoint's: where the first epoch begins
     stopping: Stopping
+    schedule: Schedule  # where the calls end, and when a checkpoint inside an epoch is due
     history: list[dict[str, Any]] = field(default_factory=list)  # restored, then trained
     trained_samples: int = 0
     trained_seconds: float = 0.0
@@ -100,24 +95,32 @@ class Run:
     after_call: list[AfterCall] = field(default_factory=list)
     after_epoch: list[AfterEpoch] = field(default_factory=list)
 
+    @property
+    def start_epoch(self) -> int:
+        return self.start.epoch
+
     def train(self) -> None:
         """The epochs left, each stopped first by a stop request received between them."""
-        for epoch in range(self.start_epoch, self.stopping.epochs):
+        self.schedule.saved()  # a time's interval counts from training's start
+        for epoch in range(self.start.epoch, self.stopping.epochs):
+            first = self.start.step if epoch == self.start.epoch else 0
             if self.stopping.request.requested:
-                raise_interrupted(self.stopping, epoch)
-            self.train_epoch(epoch)
+                raise_interrupted(self.stopping, epoch, Position(epoch, first))
+            self.train_epoch(epoch, first)
 
-    def train_epoch(self, epoch: int) -> None:
-        """One epoch, in calls of at most STEPS_PER_CALL steps, then its record."""
+    def train_epoch(self, epoch: int, first: int = 0) -> None:
+        """One epoch from its step `first` (a checkpoint's), in the schedule's calls (at most
+        STEPS_PER_CALL steps), then its record."""
         steps, per_epoch = self.trainer.steps, self.steps_per_epoch
-        run_steps = self.feed.runner(steps, epoch)
-        steps.reset_train_metrics()
+        run_steps = self.feed.runner(steps, epoch, first_step=first)
+        if not first:  # else the checkpoint restored the epoch's running metrics
+            steps.reset_train_metrics()
         for begin in self.before_epoch:
             begin(EpochStart(epoch + 1, self.stopping.epochs, per_epoch))
         epoch_start = time.perf_counter()
-        done = 0
+        done = first
         while done < per_epoch:
-            count = min(STEPS_PER_CALL, per_epoch - done)
+            count = self.schedule.call_steps(epoch, done)
             with stop_on_bad_records(self.data, ("train",), epoch, self.stopping.resume_command):
                 run_steps(count)
             done += count
@@ -126,7 +129,8 @@ class Run:
             for action in self.after_call:
                 action(call)
         seconds = time.perf_counter() - epoch_start
-        samples = per_epoch * self.global_batch_size
+        # This process's steps: a resumed epoch's record times only the steps it trained.
+        samples = (per_epoch - first) * self.global_batch_size
         record = {"epoch": epoch + 1, "loss": call.loss, "accuracy": call.accuracy,
                   "samples_per_sec": samples / seconds, "seconds": seconds}
         self.trained_samples += samples
@@ -145,10 +149,11 @@ class Run:
 
 
 def run_metrics(
-    plan: TrainPlan, data_plan: DataPlan, run: Run, test: tuple[float, float], wall_time_s: float
+    plan: TrainPlan, data_plan: DataPlan, run: Run, test: tuple[float, float], wall_time_s: float,
+    checkpoints: Checkpoints,
 ) -> dict[str, Any]:
-    """metrics.json: the run's results (`test`: the test loss and accuracy), its plan and
-    its settings."""
+    """metrics.json: the run's results (`test`: the test loss and accuracy), its plan, its
+    settings, and what its checkpoints cost."""
     described = plan.describe(data_plan)
     test_loss, test_accuracy = test
     return {
@@ -156,6 +161,7 @@ def run_metrics(
         "status": "finished",
         "epochs_completed": plan.settings.epochs,
         "resumed_from_epoch": run.start_epoch,
+        "resumed_from_step": run.start.step,
         "replicas": plan.replicas,
         "per_replica_batch_size": plan.per_replica_batch_size,
         "global_batch_size": plan.global_batch_size,
@@ -174,6 +180,8 @@ def run_metrics(
         "device_type": plan.device_type,
         "cross_device_ops": plan.strategy.cross_device_ops,
         "xla": plan.xla,
+        # What this start's checkpoints cost, at the interval asked (`every`).
+        "checkpoint": {"every": str(run.schedule.interval), **checkpoints.describe_cost()},
         "settings": {
             k: v for k, v in plan.settings.describe().items() if k in TRAIN_SETTINGS
         },
@@ -184,14 +192,28 @@ def run_metrics(
 # --------------------------------------------------------------------- after each call
 
 
+@dataclass(frozen=True)
+class Saving:
+    """What a checkpoint inside an epoch needs: the checkpoints, their schedule, how the
+    workers agree on a save (`WorkerSession.agree`: as is on one process), what says it."""
+
+    checkpoints: Checkpoints
+    schedule: Schedule
+    agree: Callable[[tuple[bool, ...]], tuple[bool, ...]]
+    session: WorkerSession
+    reporter: Reporter
+
+
 def after_call_actions(
-    session: WorkerSession, steps: StepFunctions, reporter: Reporter, stopping: Stopping,
+    steps: StepFunctions, reporter: Reporter, stopping: Stopping, saving: Saving,
     steps_per_epoch: int,
 ) -> list[AfterCall]:
-    """The heartbeat, the finite checks, the progress and a stop request, in that order."""
+    """The heartbeat, the finite checks, the progress, then a checkpoint when one is due or
+    a stop was asked for (and the stop), in that order: weights never become a checkpoint
+    before they are known finite."""
 
     def heartbeat(call: CallEnd) -> None:
-        session.progress()  # multi-worker: this worker is alive and training
+        saving.session.progress()  # multi-worker: this worker is alive and training
 
     def loss_is_finite(call: CallEnd) -> None:
         if not math.isfinite(call.loss):
@@ -205,37 +227,86 @@ def after_call_actions(
     def show_progress(call: CallEnd) -> None:
         reporter.steps_done(call.done, call.loss, call.accuracy)
 
-    def stop_if_requested(call: CallEnd) -> None:
-        # Mid-epoch state is not saved: resuming restarts this epoch from the last completed
-        # one, so a resumed run trains exactly like an uninterrupted one. (At the epoch's
-        # end the checkpoint is saved first: the next epoch's start stops.)
-        if stopping.request.requested and call.done < steps_per_epoch:
-            raise_interrupted(stopping, call.epoch)
+    def checkpoint_or_stop(call: CallEnd) -> None:
+        # At the epoch's end its own checkpoint is saved first; a stop then ends the run at
+        # the next epoch's start.
+        if call.done >= steps_per_epoch:
+            return
+        # Every worker saves (the save is collective) and stops at the same step.
+        due, stop = saving.agree(
+            (saving.schedule.due(call.epoch, call.done), stopping.request.requested)
+        )
+        if not (due or stop):
+            return
+        position = Position(call.epoch, call.done)
+        saved = save_inside_epoch(saving, position, stopping if stop else None)
+        if stop:
+            raise_interrupted(stopping, call.epoch, position if saved else None)
 
-    return [heartbeat, loss_is_finite, weights_are_finite, show_progress, stop_if_requested]
+    return [heartbeat, loss_is_finite, weights_are_finite, show_progress, checkpoint_or_stop]
+
+
+# Seconds a save at a stop may take before the user is told it is still saving: Docker's
+# stop waits 10 s before its SIGKILL, Slurm's --signal as long as asked.
+STOP_SAVE_TOLD_AFTER_S = 5.0
+
+
+def save_inside_epoch(saving: Saving, position: Position, stopping: Stopping | None) -> bool:
+    """Save the checkpoint at `position`. At a stop (`stopping`), a save that takes over
+    STOP_SAVE_TOLD_AFTER_S seconds is said to be under way (a SIGKILL then keeps the
+    previous checkpoint: the index is written last), and one that fails is said and leaves
+    the stop to go on; False then. Other saves that fail raise."""
+    import threading
+
+    saving.session.progress("saving the checkpoint")
+    timer = None
+    if stopping is not None:
+        kept = saving.checkpoints.latest
+        timer = threading.Timer(STOP_SAVE_TOLD_AFTER_S, lambda: print(
+            f"{saving.session.tag}Still saving the checkpoint at {position.describe()} "
+            f"after {STOP_SAVE_TOLD_AFTER_S:g} s; if the process is killed before it "
+            f"finishes, the previous one is resumed ({kept or 'none: a fresh start'}).",
+            file=sys.stderr, flush=True))
+        timer.daemon = True
+        timer.start()
+    try:
+        saving.checkpoints.save(position)
+    except Exception as err:
+        if stopping is None:
+            raise
+        print(f"{saving.session.tag}The checkpoint at {position.describe()} could not be "
+              f"saved ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+              "the previous one is kept.", file=sys.stderr, flush=True)
+        return False
+    finally:
+        if timer is not None:
+            timer.cancel()
+    saving.schedule.saved()
+    saving.session.progress("training")
+    return True
 
 
 # -------------------------------------------------------------------- after each epoch
 
 
 def after_epoch_actions(
-    history: list[dict[str, Any]], saved: Checkpoints, session: WorkerSession, writer: Any,
-    reporter: Reporter, output_dir: Path | None,
+    history: list[dict[str, Any]], saving: Saving, writer: Any, output_dir: Path | None,
 ) -> list[AfterEpoch]:
     """history.json (`output_dir`: the chief's run folder; None on the other workers), the
-    checkpoint, TensorBoard's scalars and the epoch line, in that order: history.json first,
-    the checkpoint second, since on resume history is cut back to the checkpoint's epoch, so
-    a kill between the two loses nothing."""
+    checkpoint, TensorBoard's scalars, the epoch line and (once) what a checkpoint costs,
+    in that order: history.json first, the checkpoint second, since on resume history is
+    cut back to the checkpoint's epoch, so a kill between the two loses nothing."""
+    reporter = saving.reporter
 
     def keep_history(record: dict[str, Any]) -> None:
         if output_dir is not None:
             rundir.write_history(output_dir, history)
 
     def save_checkpoint(record: dict[str, Any]) -> None:
-        saved.epoch.assign(record["epoch"])
-        session.progress("saving the checkpoint")
-        saved.manager.save(checkpoint_number=record["epoch"])
-        session.progress("training")
+        saving.session.progress("saving the checkpoint")
+        saving.checkpoints.save(Position(record["epoch"]))
+        saving.schedule.saved()
+        saving.session.progress("training")
 
     def write_summaries(record: dict[str, Any]) -> None:
         import tensorflow as tf  # a no-op writer on the other workers
@@ -245,7 +316,22 @@ def after_epoch_actions(
                 tf.summary.scalar(name, record[name])
         writer.flush()
 
-    return [keep_history, save_checkpoint, write_summaries, reporter.epoch_end]
+    told: list[bool] = []
+
+    def tell_checkpoint_cost(record: dict[str, Any]) -> None:
+        # Once, after the first epoch this start trained: the save just made is measured.
+        if not told:
+            told.append(True)
+            reporter.note(checkpoint_cost_line(saving.schedule.interval,
+                                               saving.checkpoints.costs[-1]))
+
+    return [keep_history, save_checkpoint, write_summaries, reporter.epoch_end,
+            tell_checkpoint_cost]
+
+
+def checkpoint_cost_line(interval: CheckpointInterval, cost: SaveCost) -> str:
+    """What one checkpoint took, at the interval chosen."""
+    return f"Checkpoint: {cost.seconds:.2f} s and {cost.mb:.1f} MB each, {interval.describe()}"
 
 
 def before_epoch_actions(reporter: Reporter) -> list[BeforeEpoch]:
@@ -272,10 +358,15 @@ def raise_non_finite(stopping: Stopping, call: CallEnd, what: str) -> None:
     )
 
 
-def raise_interrupted(stopping: Stopping, epoch: int) -> None:
+def raise_interrupted(stopping: Stopping, epoch: int, saved: Position | None) -> None:
+    """Stop the run during `epoch` (0-based); `saved`: the checkpoint just saved (or, at an
+    epoch's start, the one there), None when it could not be saved."""
     signum = stopping.request.signum or signal.SIGTERM
     name = signal.Signals(signum).name
-    kept = rundir.checkpoint_kept(epoch)
+    if saved is not None and (saved.step or saved.epoch):
+        kept = f"the checkpoint at {saved.describe()} is saved"
+    else:
+        kept = rundir.checkpoint_kept(epoch) if saved is None else "no step had been trained"
     raise Interrupted(
         f"{name} received: training stopped during epoch {epoch + 1} of "
         f"{stopping.epochs}; {kept}.\n  Resume with: {stopping.resume_command}",

@@ -1,4 +1,5 @@
-"""`mgpu train`'s loop: train as planned, checkpoint every epoch, write the outputs.
+"""`mgpu train`'s loop: train as planned, checkpoint (every epoch, and inside epochs), write
+the outputs.
 
 `run_training(plan, show)` prepares the plan (`prepare.prepare`: TensorFlow started, the
 data loaded, the feed decided; here, under the run's signal handling, for every kind of
@@ -6,13 +7,14 @@ data), hands the prepared run to `show` (the command prints its summary there an
 how progress is shown), trains it and returns a `TrainResult`, or raises ConfigError
 (exit 2), RunFailed (exit 1) or `Interrupted` (exit 128 + signal number).
 
-Faults: a checkpoint is saved after every epoch (tf.train.CheckpointManager writes the
-data files first and the `checkpoint` index file last, by rename, so a kill -9 mid-save
-leaves the previous checkpoint the one referenced); starting again with the same
-OUTPUT_DIR restores the latest one and continues from the next epoch. SIGTERM or SIGINT
-stop training at the next step boundary (at most STEPS_PER_CALL steps), keep the last
-completed epoch's checkpoint, and raise `Interrupted` with the command that resumes. A
-non-finite loss, or a record that cannot be read (`training.input.corrupt`), stops with RunFailed.
+Faults: a checkpoint is saved after every epoch, and inside epochs as CHECKPOINT_EVERY asks,
+with the data's position (`run.checkpoints`: tf.train.CheckpointManager writes the data files
+first and the `checkpoint` index file last, by rename, so a kill -9 mid-save leaves the
+previous checkpoint the one referenced); starting again with the same OUTPUT_DIR restores
+the latest one and continues from its step. SIGTERM or SIGINT stop training at the next
+call's end (at most STEPS_PER_CALL steps), save a checkpoint there, and raise `Interrupted`
+with the command that resumes. A non-finite loss, or a record that cannot be read
+(`training.input.corrupt`), stops with RunFailed.
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ from mgpu_env.training.input.data import Data
 from mgpu_env.training.input.feed import Feed, make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.epochs import (
+from mgpu_env.training.run.checkpoints import (
     Checkpoints,
+    Position,
+    Schedule,
+    checkpoint_plan_line,
+)
+from mgpu_env.training.run.epochs import (
     Run,
+    Saving,
     Stopping,
     after_call_actions,
     after_epoch_actions,
@@ -48,8 +56,6 @@ from mgpu_env.training.run.prepare import PreparedRun, prepare
 from mgpu_env.training.run.report import Reporter
 from mgpu_env.training.run.signals import Interrupted, StopRequest, stop_on_signals
 from mgpu_env.training.step.build import Trainer, build_trainer
-
-CHECKPOINTS_KEPT = 3
 
 
 @dataclass
@@ -163,12 +169,8 @@ def _start(prepared: PreparedRun, session: WorkerSession) -> Trainer:
 
 def _restore_checkpoints(
     plan: TrainPlan, trainer: Trainer, session: WorkerSession
-) -> tuple[Checkpoints, int]:
-    """Claim the run folder (chief), restore the latest checkpoint; the epoch to start at."""
-    import tensorflow as tf
-
-    with trainer.strategy.scope():
-        epoch_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+) -> tuple[Checkpoints, Position]:
+    """Claim the run folder (chief), restore the latest checkpoint; where to start."""
     if plan.is_chief:
         rundir.claim_run_folder(plan.folder, plan.identity)
         directory = plan.folder.checkpoint_dir
@@ -176,22 +178,13 @@ def _restore_checkpoints(
         # Every worker must take part in saving (the save is collective); only the chief's
         # copy is kept. The others save to a scratch folder, deleted at the end.
         directory = session.checkpoint_dir(plan.folder.checkpoint_dir)
-    checkpoint = tf.train.Checkpoint(
-        model=trainer.model, optimizer=trainer.optimizer, epoch=epoch_counter
-    )
-    manager = tf.train.CheckpointManager(
-        checkpoint, str(directory), max_to_keep=CHECKPOINTS_KEPT, checkpoint_name="ckpt",
-    )
-    _restore(checkpoint, manager, epoch_counter)
+    checkpoints = Checkpoints(trainer, directory)
+    _restore(checkpoints)
     # Multi-worker: the chief's checkpoint is the truth; the others receive its values, so
-    # they need no shared folder (and resume from the same epoch).
-    session.share_restored(
-        trainer.strategy,
-        [*trainer.model.variables, *trainer.optimizer.variables, epoch_counter],
-    )
-    return Checkpoints(checkpoint, manager, epoch_counter, directory), int(
-        epoch_counter.numpy()
-    )
+    # they need no shared folder (and resume from the same position).
+    session.share_restored(trainer.strategy, checkpoints.shared_variables())
+    checkpoints.restore_metrics()
+    return checkpoints, checkpoints.position()
 
 
 @dataclass(frozen=True)
@@ -231,7 +224,8 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
     for line in check_devices(trainer.model, trainer.optimizer, plan.per_replica_batch_size,
                               plan.precision.policy, plan.runtime.selection.gpus)[1]:
         start.reporter.note(line)
-    saved, start_epoch = _restore_checkpoints(plan, trainer, session)
+    saved, position = _restore_checkpoints(plan, trainer, session)
+    start_epoch = position.epoch
     if plan.is_chief:
         # What this start ran with, and why (flag, env, .env, default), before any epoch.
         rundir.atomic_write_json(plan.output_dir / rundir.SETTINGS_FILE, {
@@ -239,12 +233,14 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
             "mgpu_version": __version__,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start.started)),
             "resumed_from_epoch": start_epoch,
+            "resumed_from_step": position.step,
             "settings": plan.settings_provenance(RUN_SETTINGS),
         })
-    if start_epoch:
-        start.reporter.note(
-            f"Resuming from the checkpoint of epoch {start_epoch} in {saved.directory}"
-        )
+    if start_epoch or position.step:
+        inside = f" and {position.step} steps ({position.describe()})" if position.step else ""
+        start.reporter.note(f"Resuming from the checkpoint of epoch {start_epoch}{inside} "
+                            f"in {saved.directory}")
+    start.reporter.note(checkpoint_plan_line(settings.checkpoint_every, saved))
     with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
         # Data kept on the devices is read (and checked) here, once.
         feed = make_feed(trainer.strategy, data, prepared.data_plan.feed,
@@ -256,7 +252,7 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
                                      settings.profile, data, plan.global_batch_size):
             start.reporter.note(line)
     outputs = _Outputs(trainer, saved, _summary_writer(plan))
-    return _epochs(prepared, start, outputs, feed, start_epoch), outputs
+    return _epochs(prepared, start, outputs, feed, position), outputs
 
 
 @dataclass(frozen=True)
@@ -276,22 +272,27 @@ def _summary_writer(plan: TrainPlan) -> Any:
 
 
 def _epochs(
-    prepared: PreparedRun, start: _Start, outputs: _Outputs, feed: Feed, start_epoch: int
+    prepared: PreparedRun, start: _Start, outputs: _Outputs, feed: Feed, position: Position
 ) -> Run:
     """The epochs to train, with the actions around their steps, each given what it uses."""
     plan, reporter = prepared.plan, start.reporter
     stopping = Stopping(start.stop, plan.settings.epochs, plan.settings.learning_rate,
                         plan.resume_command)
-    history = rundir.read_history(plan.output_dir, start_epoch) if start_epoch else []
+    history = rundir.read_history(plan.output_dir, position.epoch) if position.epoch else []
     per_epoch = prepared.data_plan.steps_per_epoch
+    strategy = outputs.trainer.strategy
+    saving = Saving(
+        outputs.saved, Schedule(plan.settings.checkpoint_every, per_epoch),
+        lambda flags: start.session.agree(strategy, flags), start.session, reporter,
+    )
     return Run(
-        outputs.trainer, prepared.data, feed, per_epoch, plan.global_batch_size, start_epoch,
-        stopping, history,
+        outputs.trainer, prepared.data, feed, per_epoch, plan.global_batch_size, position,
+        stopping, saving.schedule, history,
         before_epoch=before_epoch_actions(reporter),
-        after_call=after_call_actions(start.session, outputs.trainer.steps, reporter,
-                                      stopping, per_epoch),
-        after_epoch=after_epoch_actions(history, outputs.saved, start.session, outputs.writer,
-                                        reporter, plan.output_dir if plan.is_chief else None),
+        after_call=after_call_actions(outputs.trainer.steps, reporter, stopping, saving,
+                                      per_epoch),
+        after_epoch=after_epoch_actions(history, saving, outputs.writer,
+                                        plan.output_dir if plan.is_chief else None),
     )
 
 
@@ -304,7 +305,8 @@ def _finish(prepared: PreparedRun, run: Run, outputs: _Outputs, start: _Start) -
     with outputs.writer.as_default(step=plan.settings.epochs):
         tf.summary.scalar("test_accuracy", test[1])
     outputs.writer.flush()
-    metrics = run_metrics(plan, prepared.data_plan, run, test, time.time() - start.started)
+    metrics = run_metrics(plan, prepared.data_plan, run, test, time.time() - start.started,
+                          outputs.saved)
     if run.start_epoch == plan.settings.epochs and plan.finished is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.
@@ -335,21 +337,19 @@ def _evaluate(
     return float(steps.test_loss.result()), float(steps.test_accuracy.result())
 
 
-def _restore(checkpoint: Any, manager: Any, epoch_counter: Any) -> int:
-    """Restore the latest checkpoint, checking it matches the model; return its epoch.
+def _restore(checkpoints: Checkpoints) -> None:
+    """Restore the latest checkpoint, checking it matches the model.
 
     A checkpoint that cannot be restored is an error, never a silent fresh start that would
     overwrite it.
     """
-    latest = manager.latest_checkpoint
-    if latest is None:
-        return 0
+    latest = checkpoints.latest
     try:
-        checkpoint.restore(latest).assert_existing_objects_matched()
+        checkpoints.restore()
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
             f"The checkpoint {latest} cannot be restored ({type(err).__name__}: {first}).\n"
-            f"  Fix: move {Path(latest).parent} away to start over, or choose another OUTPUT_DIR."
+            f"  Fix: move {Path(str(latest)).parent} away to start over, or choose another "
+            "OUTPUT_DIR."
         ) from None
-    return int(epoch_counter.numpy())

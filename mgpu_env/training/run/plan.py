@@ -100,6 +100,8 @@ class TrainPlan:
     sizes: DataSizes | None
     notes: tuple[str, ...] = ()
     keep: keep.KeepLimit = keep.FALLBACK  # the most training data kept on each device
+    # Steps done of epoch resume_epoch + 1 at the latest checkpoint (CHECKPOINT_EVERY).
+    resume_step: int = 0
 
     @property
     def dataset(self) -> DatasetChoice:
@@ -222,6 +224,8 @@ class TrainPlan:
             "feed": data.feed.describe(),
             "epochs": self.settings.epochs,
             "resume_from_epoch": self.resume_epoch,
+            "resume_from_step": self.resume_step,
+            "checkpoint_every": str(self.settings.checkpoint_every),
             "output_dir": str(self.output_dir),
         }
 
@@ -272,7 +276,7 @@ def plan_training(
     keep_limit = plan_keep(runtime, runtime.strategy_plan.role.num_workers)
     notes.append(keep_limit.note())
     folder = rundir.inspect_run_folder(start.output_dir, start.values)
-    resume_epoch = rundir.completed_epochs(folder)
+    resume_epoch, resume_step = rundir.checkpoint_position(folder)
     if resume_epoch > settings.epochs:
         raise ConfigError(
             f"OUTPUT_DIR={start.output_dir} holds a run already trained for {resume_epoch} "
@@ -285,7 +289,7 @@ def plan_training(
         # A loader's or a folder's sizes are known only by calling or counting it: `prepare`.
         sizes=None if start.dataset.origin in ("hook", "files") else KNOWN_SIZES[
             start.dataset.name],
-        notes=tuple(notes), keep=keep_limit,
+        notes=tuple(notes), keep=keep_limit, resume_step=resume_step,
     )
 
 

@@ -3,7 +3,8 @@
 Layout:
     run.json        what defines the run (data set, batches, learning rate, seed, precision);
                     a second start with other values is refused rather than mixed in
-    checkpoints/    tf.train.CheckpointManager's files, one per completed epoch
+    checkpoints/    tf.train.CheckpointManager's files: ckpt-<E> at epoch E's end, ckpt-<E>-<S>
+                    S steps into the next (CHECKPOINT_EVERY); the 3 latest kept
     history.json    per-epoch loss, accuracy and samples/s, rewritten after every epoch
     settings.json   the settings of the latest start, each with where it came from (a
                     resume takes them where the user sets none: run/resume.py)
@@ -55,6 +56,8 @@ CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "logs"
 # The `checkpoint` index file's line naming the latest checkpoint (`ckpt-<epoch>` here).
 _LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.MULTILINE)
+# A checkpoint's name: ckpt-<epochs completed>, and -<steps done of the next> inside one.
+_NAME_RE = re.compile(r"ckpt-(\d+)(?:-(\d+))?")
 # Files whose presence marks a folder as an mgpu run (or something we must not overwrite).
 _RUN_MARKERS = (RUN_FILE, METRICS_FILE, MODEL_FILE, CHECKPOINT_DIR)
 
@@ -215,13 +218,14 @@ def write_history(folder: Path, history: list[dict[str, Any]]) -> None:
                       {"schema_version": SCHEMA_VERSION, "epochs": history})
 
 
-def latest_checkpoint_epoch(output_dir: Path) -> int | None:
-    """The epoch of the latest checkpoint in `output_dir`, read from the `checkpoint` index
-    file tf.train.CheckpointManager keeps (a text-format CheckpointState whose
-    `model_checkpoint_path` names the latest, `ckpt-<epoch>`), without TensorFlow: the one
-    reader of it (the plan's resume epoch, the "nothing to do" answer; the loop's
-    CheckpointManager then restores that checkpoint). None when there is no index or it
-    cannot be read. ConfigError for a name mgpu does not write."""
+def latest_checkpoint_position(output_dir: Path) -> tuple[int, int] | None:
+    """Where the latest checkpoint in `output_dir` stands, (epochs completed, steps done of
+    the next), read from the `checkpoint` index file tf.train.CheckpointManager keeps (a
+    text-format CheckpointState whose `model_checkpoint_path` names the latest: `ckpt-<E>`
+    at an epoch's end, `ckpt-<E>-<S>` inside one, `training.run.checkpoints.Position`),
+    without TensorFlow: the one reader of it (the plan's resume position, the "nothing to
+    do" answer; the loop's CheckpointManager then restores that checkpoint). None when there
+    is no index or it cannot be read. ConfigError for a name mgpu does not write."""
     directory = output_dir / CHECKPOINT_DIR
     try:
         text = (directory / "checkpoint").read_text(encoding="utf-8")
@@ -232,16 +236,28 @@ def latest_checkpoint_epoch(output_dir: Path) -> int | None:
         return None
     latest = Path(found.group(1))
     latest = latest if latest.is_absolute() else directory / latest
-    try:
-        return int(latest.name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
+    named = _NAME_RE.fullmatch(latest.name)
+    if named is None:
         raise ConfigError(
             f"{latest} is not a checkpoint mgpu wrote. Fix: choose another OUTPUT_DIR."
         ) from None
+    return int(named.group(1)), int(named.group(2) or 0)
+
+
+def latest_checkpoint_epoch(output_dir: Path) -> int | None:
+    """The epochs completed at the latest checkpoint in `output_dir` (a checkpoint inside
+    an epoch counts the epochs before it); None when there is none."""
+    position = latest_checkpoint_position(output_dir)
+    return None if position is None else position[0]
+
+
+def checkpoint_position(folder: RunFolder) -> tuple[int, int]:
+    """(epochs completed, steps done of the next) at the latest checkpoint; (0, 0) if none."""
+    if folder.fresh:
+        return 0, 0
+    return latest_checkpoint_position(folder.path) or (0, 0)
 
 
 def completed_epochs(folder: RunFolder) -> int:
     """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
-    if folder.fresh:
-        return 0
-    return latest_checkpoint_epoch(folder.path) or 0
+    return checkpoint_position(folder)[0]

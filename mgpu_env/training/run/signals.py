@@ -1,8 +1,9 @@
-"""SIGTERM and SIGINT during training: stop at the next step boundary, keep the checkpoint.
+"""SIGTERM and SIGINT during training: stop at the next step boundary, with a checkpoint there.
 
-`docker stop` sends SIGTERM; the loop checks `StopRequest` after every call of the step
-function (at most STEPS_PER_CALL steps), raises `Interrupted` with the resume command, and
-the CLI exits 128 + the signal number.
+`docker stop` (and Slurm's `--signal=TERM@...`) sends SIGTERM; the loop checks `StopRequest`
+after every call of the step function (at most STEPS_PER_CALL steps), saves a checkpoint
+there (`epochs.save_inside_epoch`), raises `Interrupted` with the resume command, and the
+CLI exits 128 + the signal number.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from mgpu_env.config.errors import RunFailed
 
 
 class Interrupted(RunFailed):
-    """SIGTERM/SIGINT stopped training; the last completed epoch's checkpoint is kept.
+    """SIGTERM/SIGINT stopped training; a checkpoint was saved where it stopped.
 
     Exit code 128 + the signal number (143 for SIGTERM, 130 for SIGINT), the shell's and
     Docker's convention for "terminated by a signal": a wrapper or scheduler can tell a

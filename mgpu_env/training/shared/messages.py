@@ -99,6 +99,10 @@ def tensorflow_message(err: Exception) -> str:
 
 
 def checkpoint_kept(epoch: int) -> str:
-    """What a run stopped during `epoch` (0-based) leaves to resume from, for its message:
-    every completed epoch is checkpointed, the one being trained never."""
-    return f"the checkpoint of epoch {epoch} is kept" if epoch else "no epoch had completed"
+    """What a run stopped during `epoch` (0-based) without a save of its own leaves to
+    resume from, for its message: every completed epoch is checkpointed, and the epoch being
+    trained up to its last checkpoint inside it (CHECKPOINT_EVERY), if it reached one."""
+    inside = f"the latest checkpoint inside epoch {epoch + 1} (CHECKPOINT_EVERY)"
+    if not epoch:
+        return f"no epoch had completed; {inside}, if any, is kept"
+    return f"the checkpoint of epoch {epoch} is kept, or {inside}"

@@ -1,0 +1,240 @@
+"""A run's checkpoints: where in the run each is, how one is saved and restored, when the
+next is due, and what one costs.
+
+A checkpoint holds the model, the optimizer (with the loss scale under float16), the epochs
+completed and the steps done in the next one, that epoch's running metrics, and the
+model's random state (Keras' seed generators: Dropout's draws, which the model's own
+checkpoint leaves out). The data's position needs nothing more: every feed's order is drawn
+from (SEED, epoch), so (epoch, step) is where each feed resumes (`Feed.runner`'s
+`first_step`): the kept rows' gather index, the streamed chunks cut from that step, the
+loader's rows and the files' records skipped to it.
+
+Names: `ckpt-<E>` at the end of epoch E (as before), `ckpt-<E>-<S>` after S steps of epoch
+E + 1. tf.train.CheckpointManager writes the data files first and the `checkpoint` index
+file last, by rename, so a kill -9 mid-save leaves the previous checkpoint the one
+referenced; the index lists the kept ones (`CHECKPOINTS_KEPT`, oldest deleted first), so a
+manager made for each save (its prefix names the epoch) takes over the list as it is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgpu_env.config.parsers import CheckpointInterval
+from mgpu_env.training.input.order import STEPS_PER_CALL
+
+CHECKPOINTS_KEPT = 3
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a run stands: `epoch` epochs completed and `step` steps done of the next."""
+
+    epoch: int
+    step: int = 0
+
+    @property
+    def name(self) -> str:
+        """The checkpoint's file prefix (`rundir.latest_checkpoint_position` reads it back)."""
+        return f"ckpt-{self.epoch}" if not self.step else f"ckpt-{self.epoch}-{self.step}"
+
+    def describe(self) -> str:
+        if not self.step:
+            return f"epoch {self.epoch}" if self.epoch else "the start"
+        return f"step {self.step} of epoch {self.epoch + 1}"
+
+
+@dataclass(frozen=True)
+class SaveCost:
+    """What one checkpoint took: seconds to write, and bytes on disk."""
+
+    seconds: float
+    bytes: int
+
+    @property
+    def mb(self) -> float:
+        return self.bytes / 1e6
+
+
+class Checkpoints:
+    """The run's checkpoint: what it holds, where it is written, and what saving cost."""
+
+    def __init__(self, trainer: Any, directory: Path) -> None:
+        import tensorflow as tf
+
+        weights = {id(v) for v in trainer.model.weights}
+        steps = trainer.steps
+        with trainer.strategy.scope():
+            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.directory = directory
+        self.model, self.optimizer = trainer.model, trainer.optimizer
+        # The epoch's running loss and accuracy, so a resumed epoch's record is the
+        # uninterrupted one's. Saved through a plain copy, outside the strategy: restoring
+        # the metrics' own (mirrored, summed) variables runs a collective on the chief
+        # alone under MultiWorkerMirroredStrategy, which the other workers never join.
+        self.metrics = [*steps.train_loss.variables, *steps.train_accuracy.variables]
+        self.metrics_copy = tf.Variable(tf.zeros([len(self.metrics)], tf.float64),
+                                        trainable=False, name="metrics")
+        self.checkpoint = tf.train.Checkpoint(
+            model=trainer.model, optimizer=trainer.optimizer, epoch=self.epoch, step=self.step,
+            metrics=self.metrics_copy,
+            # The model's state that is not a weight: its seed generators' states.
+            random=[v for v in trainer.model.variables if id(v) not in weights],
+        )
+        self.costs: list[SaveCost] = []
+
+    def shared_variables(self) -> list[Any]:
+        """Every value a checkpoint holds: what a multi-worker chief shares with the others
+        after restoring (they need no shared folder)."""
+        return [*self.model.variables, *self.optimizer.variables, self.metrics_copy,
+                self.epoch, self.step]
+
+    def estimated_bytes(self) -> int:
+        """The checkpoint's size from its values (the files add little): to tell the cost
+        before the first save."""
+        total = 0
+        for v in [*self.model.variables, *self.optimizer.variables, self.metrics_copy]:
+            count = 1
+            for dim in v.shape:
+                count *= int(dim)
+            total += count * _dtype_size(v.dtype)
+        return total
+
+    def manager(self, position: Position) -> Any:
+        """A CheckpointManager whose next save is `position`'s name."""
+        import tensorflow as tf
+
+        prefix = "ckpt" if not position.step else f"ckpt-{position.epoch}"
+        return tf.train.CheckpointManager(
+            self.checkpoint, str(self.directory), max_to_keep=CHECKPOINTS_KEPT,
+            checkpoint_name=prefix,
+        )
+
+    def save(self, position: Position) -> SaveCost:
+        """Save the run at `position`; return (and keep) what it cost."""
+        import tensorflow as tf
+
+        started = time.perf_counter()
+        self.epoch.assign(position.epoch)
+        self.step.assign(position.step)
+        self.metrics_copy.assign(tf.stack(
+            [tf.cast(tf.convert_to_tensor(v), tf.float64) for v in self.metrics]))
+        path = self.manager(position).save(
+            checkpoint_number=position.step if position.step else position.epoch
+        )
+        cost = SaveCost(time.perf_counter() - started, _size(Path(path)))
+        self.costs.append(cost)
+        return cost
+
+    @property
+    def latest(self) -> str | None:
+        return self.manager(Position(0)).latest_checkpoint
+
+    def restore(self) -> Position:
+        """Restore the latest checkpoint (the caller names one that cannot be): its
+        position, or the start when there is none."""
+        latest = self.latest
+        if latest is None:
+            return Position(0)
+        try:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+        except AssertionError:
+            # A checkpoint of an mgpu before checkpoints inside the epoch: the model, the
+            # optimizer and the epoch alone, at the epoch's end.
+            import tensorflow as tf
+
+            tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self.epoch
+                                ).restore(latest).assert_existing_objects_matched()
+            self.step.assign(0)
+        return self.position()
+
+    def restore_metrics(self) -> None:
+        """The epoch's running metrics from the restored copy: on every worker at once,
+        after the chief's values were shared (assigning them may be collective)."""
+        import tensorflow as tf
+
+        for variable, value in zip(self.metrics, tf.unstack(self.metrics_copy), strict=True):
+            variable.assign(tf.cast(value, variable.dtype))
+
+    def position(self) -> Position:
+        """The position the checkpoint's variables hold (after a restore, or a chief's)."""
+        return Position(int(self.epoch.numpy()), int(self.step.numpy()))
+
+    def describe_cost(self) -> dict[str, Any]:
+        """metrics.json's `checkpoint` costs: saves, mean and last seconds, size in MB."""
+        if not self.costs:
+            return {"saves": 0}
+        seconds = [c.seconds for c in self.costs]
+        return {"saves": len(self.costs), "mean_seconds": sum(seconds) / len(seconds),
+                "max_seconds": max(seconds), "mb": self.costs[-1].mb}
+
+
+def _dtype_size(dtype: Any) -> int:
+    """Bytes per element of a TensorFlow or Keras dtype (a name or an object)."""
+    import numpy as np
+
+    name = getattr(dtype, "name", dtype)
+    try:
+        return int(np.dtype(str(name)).itemsize)
+    except TypeError:
+        return 2 if "16" in str(name) else 4  # bfloat16 has no NumPy dtype
+
+
+def checkpoint_plan_line(interval: CheckpointInterval, checkpoints: Checkpoints) -> str:
+    """The start's line on checkpoints: when, and the size of one (estimated from its
+    values; its seconds are told after the first save, and kept in metrics.json)."""
+    size = checkpoints.estimated_bytes() / 1e6
+    return (f"Checkpoints: {interval.describe()}, about {size:.1f} MB each (model, "
+            f"optimizer, position in the data), in {checkpoints.directory}")
+
+
+def _size(prefix: Path) -> int:
+    """The bytes of a checkpoint's files (`<prefix>.index`, `<prefix>.data-*`)."""
+    return sum(p.stat().st_size for p in prefix.parent.glob(prefix.name + ".*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------ schedule
+
+
+@dataclass
+class Schedule:
+    """When a checkpoint inside an epoch is due (`CHECKPOINT_EVERY`), and where the calls
+    of the steps end so it lands there.
+
+    Calls end every STEPS_PER_CALL steps of an epoch, at its end, and (N steps asked) at
+    every step of the run that is a multiple of N: the save lands exactly at the step
+    asked. A time is checked at each call's end: the save lands at the first call boundary
+    after it (at most STEPS_PER_CALL steps late). The calls are a function of the position
+    alone, so a resumed run cuts its calls where the uninterrupted one did.
+    """
+
+    interval: CheckpointInterval
+    steps_per_epoch: int
+    last_save: float = 0.0  # time.monotonic() of the last save (or of training's start)
+
+    def call_steps(self, epoch: int, done: int) -> int:
+        """The steps of the next call of `epoch` (0-based) after `done` of its steps."""
+        count = min(STEPS_PER_CALL - done % STEPS_PER_CALL, self.steps_per_epoch - done)
+        every = self.interval.steps
+        if every:
+            run_step = epoch * self.steps_per_epoch + done
+            count = min(count, every - run_step % every)
+        return count
+
+    def due(self, epoch: int, done: int) -> bool:
+        """A checkpoint is due after `done` steps of `epoch` (never at its end: the epoch's
+        own checkpoint is saved there)."""
+        if done >= self.steps_per_epoch:
+            return False
+        if self.interval.steps:
+            return (epoch * self.steps_per_epoch + done) % self.interval.steps == 0
+        if self.interval.seconds:
+            return time.monotonic() - self.last_save >= self.interval.seconds
+        return False
+
+    def saved(self) -> None:
+        self.last_save = time.monotonic()
