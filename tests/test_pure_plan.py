@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support.children import REPO
 
@@ -63,19 +64,24 @@ print(json.dumps({
 USER_CODE = "raise SystemExit('user code was imported')\n"
 
 
-def test_planning_a_resumed_cluster_run_touches_no_tensorflow_user_code_or_network(
-    tmp_path: Path,
-) -> None:
+def _plan_in_child(tmp_path: Path, script: str) -> dict[str, Any]:
+    """Run a planning script in a child beside the user's modules; what it reports."""
     for name in ("user_loader", "user_model"):
         (tmp_path / f"{name}.py").write_text(USER_CODE)
-    script = f"OUTPUT = {str(tmp_path / 'run')!r}\n" + PLAN
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}:{REPO}",
              "HOME": str(tmp_path)}, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.splitlines()[-1])
+    found: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return found
+
+
+def test_planning_a_resumed_cluster_run_touches_no_tensorflow_user_code_or_network(
+    tmp_path: Path,
+) -> None:
+    found = _plan_in_child(tmp_path, f"OUTPUT = {str(tmp_path / 'run')!r}\n" + PLAN)
     assert found["touched"] == [] and found["loaded"] == [], found
     # It planned what was asked: a resume after epoch 2, a loader's sizes left to
     # `prepare`, two workers, and no note of peers (only a dry run looks them up).
@@ -90,14 +96,6 @@ def test_the_refusals_would_catch_a_plan_that_touched_them(tmp_path: Path) -> No
         "plan = plan_training(runtime, environ={})",
         "from mgpu_env.training.run.sequence import unresolved_peers\n"
         "plan = plan_training(runtime, environ={}, looked_up=unresolved_peers(runtime))")
-    for name in ("user_loader", "user_model"):
-        (tmp_path / f"{name}.py").write_text(USER_CODE)
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}:{REPO}",
-             "HOME": str(tmp_path)}, timeout=120, check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.splitlines()[-1])
+    found = _plan_in_child(tmp_path, script)
     assert any(touch.startswith("socket: 'peer-") for touch in found["touched"]), found
     assert any("peers that do not resolve yet: peer-b" in note for note in found["notes"]), found
