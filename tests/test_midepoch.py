@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,17 @@ def test_a_feed_started_at_a_step_trains_the_rest_of_the_order_once(
 
 # ------------------------------------------------------------------------ whole runs, stopped
 
+# The stop at a chosen call end: an action put before the run's own (STOP_AT=SIGNAL:epoch:step).
+STOP_HOOK = """
+import mgpu_env.training.run.loop as loop
+name, epoch, step = os.environ["STOP_AT"].split(":")
+actions = loop.after_call_actions
+def stop(call):
+    if (call.epoch, call.done) == (int(epoch), int(step)):
+        os.kill(os.getpid(), getattr(signal, name))
+loop.after_call_actions = lambda *a, **kw: [stop, *actions(*a, **kw)]
+"""
+
 # `mgpu train` in a child that can stream small data (the keep limit at 0, as over 2 GiB) and
 # sends itself a real signal (STOP_AT=SIGNAL:epoch:step, 0-based epoch) at that call's end,
 # before the run's own actions: a stop at a step the test chooses, not the machine's load.
@@ -164,14 +176,7 @@ if os.environ.get("STREAM"):
     import mgpu_env.training.input.keep as k, mgpu_env.training.input.data.loader as h
     k.keep_limit = lambda *a, **kw: k.KeepLimit(0, "test"); h.READ_LIMIT_BYTES = 0
 if os.environ.get("STOP_AT"):
-    import mgpu_env.training.run.loop as loop
-    name, epoch, step = os.environ["STOP_AT"].split(":")
-    actions = loop.after_call_actions
-    def stop(call):
-        if (call.epoch, call.done) == (int(epoch), int(step)):
-            os.kill(os.getpid(), getattr(signal, name))
-    loop.after_call_actions = lambda *a, **kw: [stop, *actions(*a, **kw)]
-sys.argv = ["mgpu", "train"]
+""" + textwrap.indent(STOP_HOOK, "    ") + """sys.argv = ["mgpu", "train"]
 runpy.run_module("entrypoint", run_name="__main__")
 """
 
@@ -276,17 +281,9 @@ def test_a_run_stopped_inside_epochs_resumes_to_the_uninterrupted_bits(
 # A worker's own signal, sent by the worker STOP_WORKER names alone (`sitecustomize` runs in
 # every process the launcher starts): the other worker never receives it.
 WORKER_STOP = """
-import os
+import os, signal
 if os.environ.get("STOP_AT") and os.environ.get("WORKER_INDEX") == os.environ["STOP_WORKER"]:
-    import signal
-    import mgpu_env.training.run.loop as loop
-    name, epoch, step = os.environ["STOP_AT"].split(":")
-    actions = loop.after_call_actions
-    def stop(call):
-        if (call.epoch, call.done) == (int(epoch), int(step)):
-            os.kill(os.getpid(), getattr(signal, name))
-    loop.after_call_actions = lambda *a, **kw: [stop, *actions(*a, **kw)]
-"""
+""" + textwrap.indent(STOP_HOOK, "    ")
 
 
 @pytest.mark.slow
