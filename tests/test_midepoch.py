@@ -180,16 +180,6 @@ if os.environ.get("STOP_AT"):
 runpy.run_module("entrypoint", run_name="__main__")
 """
 
-# The variables of a checkpoint, hashed (the save counter left out: a resumed run saved more).
-WEIGHTS = """
-import hashlib, sys, tensorflow as tf
-reader, digest = tf.train.load_checkpoint(sys.argv[1]), hashlib.sha256()
-for name in sorted(reader.get_variable_to_shape_map()):
-    if "save_counter" not in name and "OBJECT_GRAPH" not in name:
-        digest.update(name.encode() + reader.get_tensor(name).tobytes())
-print(digest.hexdigest())
-"""
-
 LOADER = """
 import numpy as np, tensorflow as tf
 def load():
@@ -210,10 +200,18 @@ def _train(output_dir: Path, stop_at: str = "", **settings: str
 
 
 def _weights(output_dir: Path, name: str) -> str:
-    found = subprocess.run(
-        [sys.executable, "-c", WEIGHTS, str(output_dir / rundir.CHECKPOINT_DIR / name)],
-        env=train_env(output_dir), capture_output=True, text=True, timeout=120, check=True)
-    return found.stdout.strip()
+    """The variables of a checkpoint, hashed (the save counter left out: a resumed run saved
+    more). Read in this process: the checkpoint reader starts no device."""
+    import hashlib
+
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(output_dir / rundir.CHECKPOINT_DIR / name))
+    digest = hashlib.sha256()
+    for variable in sorted(reader.get_variable_to_shape_map()):
+        if "save_counter" not in variable and "OBJECT_GRAPH" not in variable:
+            digest.update(variable.encode() + reader.get_tensor(variable).tobytes())
+    return digest.hexdigest()
 
 
 def _feed_settings(tmp_path: Path, feed: str) -> dict[str, str]:
