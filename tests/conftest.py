@@ -145,6 +145,18 @@ def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def canned_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor's host and version probes answer as a healthy host with the pinned
+    libraries: the modules that run `mgpu doctor` take it for every test
+    (`pytestmark = pytest.mark.usefixtures("canned_host")`)."""
+    from mgpu_env.doctor import facts as doctor_facts
+    from tests.support.fake_doctor import healthy_host, versions
+
+    monkeypatch.setattr(doctor_facts, "probe_host", lambda: healthy_host())
+    monkeypatch.setattr(doctor_facts, "probe_versions", lambda: versions())
+
+
+@pytest.fixture
 def use_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeNvml], FakeNvml]]:
     """Install a fake NVML: `use_fake_nvml(fake_with(2))`."""
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support.run_process import REPO, start
+from tests.support.children import REPO
+from tests.support.run_process import start
 
 CORPUS = REPO / "tests" / "keras2_scripts"
 OFFLINE = f"{REPO / 'tests' / 'tutorials' / 'offline'}:{CORPUS / 'offline'}:{REPO}"
