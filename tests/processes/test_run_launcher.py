@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.children import REPO
 from tests.support.run_process import (
-    REPO,
     TIMEOUT_S,
     finish,
     mgpu,
