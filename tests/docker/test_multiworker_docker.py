@@ -1,7 +1,7 @@
 """docker-compose.multiworker.yml: two worker containers train together, a kill, a network
 cut off (`docker network disconnect`), and the resume after each.
 
-The same checks as tests/test_multiworker_run.py, with each worker in its own container
+The same checks as tests/processes/test_multiworker_run.py, with each worker in its own container
 and address on the compose network. The image is built with the container check's own
 scripts (docker/build-base-image.sh, docker/build-image.sh: a CPU base, no registry), so
 the first run takes minutes and later ones reuse the cached layers.

@@ -1,7 +1,7 @@
 """The image's pins (Dockerfile, compose, lock) agree with the compatibility table.
 
 No Docker needed: these read the files. The container itself is checked by
-tests/test_container.py (`make test-container`).
+tests/docker/test_container.py (`make test-container`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ UBUNTU_PYTHON = {"20.04": "3.8", "22.04": "3.10", "24.04": "3.12"}
 DEBIAN_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
 
 # NVIDIA's smallest image: the container toolkit's settings and libcudart; the CUDA
-# libraries come from requirements-cuda.lock (tests/test_locks.py).
+# libraries come from requirements-cuda.lock (tests/unit/test_locks.py).
 BASE_TAG = re.compile(r"^nvidia/cuda:(?P<cuda>\d+\.\d+\.\d+)-base-ubuntu(?P<ubuntu>\d+\.\d+)$")
 
 
@@ -165,7 +165,7 @@ def _dockerignored(path: str, patterns: list[str]) -> bool:
         (".venv/bin/python", True),
         (".cache/keras/datasets/mnist.npz", True),
         (".git/HEAD", True),
-        ("tests/test_settings.py", True),
+        ("tests/unit/test_settings.py", True),
         ("mgpu_env/__pycache__/settings.cpython-311.pyc", True),
         ("mgpu_env/.env", True),
         ("docker/wheels/numpy-2.4.6-cp312-cp312-manylinux_2_28_x86_64.whl", False),

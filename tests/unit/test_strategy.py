@@ -65,7 +65,7 @@ def test_unknown_value_lists_the_valid_ones() -> None:
 
 
 def test_a_multi_worker_role_gives_a_multi_worker_plan() -> None:
-    # TF_CONFIG parsing itself is mgpu_env.training.multiworker's (tests/test_multiworker.py).
+    # TF_CONFIG parsing itself is mgpu_env.training.multiworker's (tests/unit/test_multiworker.py).
     role = WorkerRole("worker", 1, 2, _has_chief=False)
     assert not role.is_chief  # no chief listed: worker 0 writes the outputs
     assert WorkerRole("worker", 0, 2, _has_chief=False).is_chief
