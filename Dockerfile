@@ -29,7 +29,7 @@
 # docker/check_cuda_stack.py checks both in the built image.
 # Ubuntu 24.04's Python 3.12 is in TensorFlow 2.21's range (22.04's 3.10 is below the
 # lock's numpy). These pins must agree with mgpu_env/hardware/compat.py and
-# requirements-cuda.lock (tests/test_dockerfile_pins.py).
+# requirements-cuda.lock (tests/unit/test_dockerfile_pins.py).
 ARG BASE_IMAGE=nvidia/cuda:12.5.1-base-ubuntu24.04
 
 FROM ${BASE_IMAGE}

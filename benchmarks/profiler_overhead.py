@@ -11,7 +11,7 @@ unprofiled, then the same under the profiler (each in its `train` step marker, a
 and their ratio (the profiler's cost per step), the profiler's fixed cost per session
 (start, and stop with the session written), and the last round's split (xprof's
 converter). With the profiler off nothing of it is imported (`mgpu train` without PROFILE;
-tested in tests/test_bench_explain.py), so "off" costs nothing.
+tested in tests/processes/test_bench_explain.py), so "off" costs nothing.
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.slurm.test_slurm import free_port_pair
+from tests.support.children import REPO
 from tests.support.runfolders import completed_epochs
-from tests.support.slurm_cluster import REPO, start_cluster
-from tests.test_slurm import free_port_pair
+from tests.support.slurm_cluster import start_cluster
 
 FIRST_STEP = '''
 import time, tensorflow as tf, mgpu_env

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole container check, on a machine with a Docker engine and no GPU and
-# no registry (CI): `make test-container` runs it, and tests/test_container.py
+# no registry (CI): `make test-container` runs it, and tests/docker/test_container.py
 # runs that where Docker is present.
 #
 #   1. a CPU base image (Debian rootfs, docker import), reused when it exists;

@@ -9,7 +9,7 @@ killed and started again with the same RUN_NAME (or OUTPUT_DIR), it goes on from
 completed epoch. Data: scikit-learn's 8x8 digits (built in, offline).
 Between workers (WORKER_HOSTS) this script's `import keras` (Keras 3) cannot train
 (keras-team/keras#20585): there use `tf.keras`, which `mgpu run` makes Keras 2 (KERAS=auto),
-as TensorFlow's multi-worker `model.fit` tutorial does (tests/test_tutorials.py), or a
+as TensorFlow's multi-worker `model.fit` tutorial does (tests/processes/test_tutorials.py), or a
 custom loop (examples/custom_loop.py).
 """
 

@@ -75,10 +75,11 @@ def keep_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the tests by `start_rank` (a stable sort: files keep their order within a rank).
+    """Order the tests by `start_rank`, then by their file's name whatever its folder (a
+    stable sort: a file's tests keep their order), so the tree's folders change no test's turn.
     Skip the `gpu` tests where there is no GPU, saying why (NVML is asked once, and only
     when such a test was collected: `pytest -m gpu` on a GPU machine runs them)."""
-    items.sort(key=start_rank)
+    items.sort(key=lambda item: (start_rank(item), item.path.name))
     keep_xdist_groups(config, items)
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
@@ -142,6 +143,18 @@ def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(doctor_facts, "probe_p2p", lambda bus_ids: p2p_host())
     monkeypatch.setattr(doctor_facts, "probe_docker", lambda: docker_gpu())
+
+
+@pytest.fixture
+def canned_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor's host and version probes answer as a healthy host with the pinned
+    libraries: the modules that run `mgpu doctor` take it for every test
+    (`pytestmark = pytest.mark.usefixtures("canned_host")`)."""
+    from mgpu_env.doctor import facts as doctor_facts
+    from tests.support.fake_doctor import healthy_host, versions
+
+    monkeypatch.setattr(doctor_facts, "probe_host", lambda: healthy_host())
+    monkeypatch.setattr(doctor_facts, "probe_versions", lambda: versions())
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ what it says is broken, its generic cause and its fix.
   permission on /dev/nvidia*); no GPU is usable.
 
 The generic cause and fix are refined with the machine's own facts (`nvidiahost`) by the
-doctor (`mgpu_env.doctor.checks.nvmlcause`). `tests/test_nvml_codes.py` walks every
+doctor (`mgpu_env.doctor.checks.nvmlcause`). `tests/unit/test_nvml_codes.py` walks every
 `NVML_ERROR_*` the installed nvidia-ml-py defines through this table.
 """
 

@@ -210,8 +210,9 @@ def keras_3_loaded(modules: Mapping[str, Any]) -> bool:
 
 
 # Errors Keras 2 code meets in Keras 3, as Keras 3.15 and TensorFlow 2.21 word them, each with
-# what in the code causes it. Each one's code runs under tf_keras (tests/test_keras_choice.py
-# raises every one under Keras 3; the corpus in tests/keras2_scripts/ runs the scripts).
+# what in the code causes it. Each one's code runs under tf_keras
+# (tests/tensorflow_inprocess/test_keras_choice.py raises every one under Keras 3; the corpus
+# in tests/keras2_scripts/ runs the scripts).
 KERAS_2_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(pattern), cause) for pattern, cause in (
         (r"has no attribute 'reset_states'", "Keras 3 metrics have reset_state(), not "

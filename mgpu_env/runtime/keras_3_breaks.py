@@ -3,10 +3,11 @@
 Each rule is a fact about the two Keras this image ships (tf_keras 2.21, Keras 3.15), not an
 error string: a name Keras 3's `tf.keras` lacks, a keyword its methods lack, a file a save
 or a checkpoint writes that Keras 3 will not write. The tables of names and keywords are
-the difference between the two packages themselves (tests/test_source_scan.py compares them
-with both installed, so a new Keras that adds or drops one fails there, not in a user's run);
-the file rules are Keras 3's own checks (`saving_api.save_model`, `Model.save_weights`,
-`ModelCheckpoint.__init__`, `saving_api.load_model`), restated on the path as written.
+the difference between the two packages themselves (tests/processes/test_source_scan.py
+compares them with both installed, so a new Keras that adds or drops one fails there, not in a
+user's run); the file rules are Keras 3's own checks (`saving_api.save_model`,
+`Model.save_weights`, `ModelCheckpoint.__init__`, `saving_api.load_model`), restated on the
+path as written.
 From keras.io's "Migrating Keras 2 code to multi-backend Keras 3" and keras-team/keras#18467.
 
 Every function here is pure: an `ast` node (and the file's string constants) in, a reason
@@ -20,7 +21,7 @@ import ast
 from collections.abc import Mapping
 
 # Names tf_keras 2.21's modules have and Keras 3.15's `tf.keras` modules lack (both packages'
-# public names, compared by tests/test_source_scan.py).
+# public names, compared by tests/processes/test_source_scan.py).
 KERAS_2_ONLY_NAMES: dict[str, frozenset[str]] = {
     "backend": frozenset({
         "function", "in_test_phase", "in_train_phase", "learning_phase",

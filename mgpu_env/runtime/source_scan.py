@@ -8,7 +8,7 @@ TensorFlow: a few milliseconds) for:
   `save_format=`, an integer shape, `optimizer.lr`...): with KERAS=auto the script gets
   tf_keras at the start, not when its first checkpoint fails, and the summary names the API,
   its file:line and why Keras 3 fails. Each rule fails under Keras 3 and works under tf_keras
-  2.21 (tests/test_source_scan.py runs both);
+  2.21 (tests/processes/test_source_scan.py runs both);
 - whether the script uses `tf.keras` at all (`tf_keras_use`): a script that does and fails
   under the Keras 3 KERAS=auto chose ends with the KERAS=2 command, whatever its error;
 - what neither Keras has any more (`REMOVED`): KERAS=2 would not help, so the note names

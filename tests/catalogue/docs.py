@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.catalogue.threads import THREADS, Thread
 
-# The title each check has in the table (tests/test_doctor_catalogue.py checks them).
+# The title each check has in the table (tests/processes/test_doctor_catalogue.py checks them).
 CHECK_TITLES = {
     "driver.nvml": "Driver (NVML)",
     "driver.version": "Driver version",

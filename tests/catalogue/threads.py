@@ -4,8 +4,9 @@ what the doctor must say: which check flags it (`check`, `status`), the words th
 cause (`cause`), and the fix the thread converged on, as the doctor prints it (`fix`, with
 `{tmp}` and `{site}` for the simulation's folders).
 
-`tests/test_doctor_catalogue.py` runs every entry; `docs/troubleshooting.md` is written from
-it (`python -m tests.catalogue.docs`) and tested against it, so the two never disagree.
+`tests/processes/test_doctor_catalogue.py` runs every entry; `docs/troubleshooting.md` is
+written from it (`python -m tests.catalogue.docs`) and tested against it, so the two never
+disagree.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 MIRROR is a git clone of the notebook's repository, COMMIT the commit it is read at. The one
 change: a notebook-only line (`!pip install ...`, `%load_ext ...`), which Python cannot run,
 becomes `pass` with the line in a comment, at its indentation; the header lists those
-lines. Data downloads are not edited: tests/test_keras2_scripts.py serves them offline.
+lines. Data downloads are not edited: tests/processes/test_keras2_scripts.py serves them offline.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The corpus of public scripts (tests/keras2_scripts/): each one's stand-in data, what
 KERAS=auto gives it, and how to run it under `mgpu run` on 2 logical CPUs. Used by
-tests/test_keras2_scripts.py and tests/keras2_scripts/measure.py."""
+tests/processes/test_keras2_scripts.py and tests/keras2_scripts/measure.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support.run_process import REPO, start
+from tests.support.children import REPO
+from tests.support.run_process import start
 
 CORPUS = REPO / "tests" / "keras2_scripts"
 OFFLINE = f"{REPO / 'tests' / 'tutorials' / 'offline'}:{CORPUS / 'offline'}:{REPO}"

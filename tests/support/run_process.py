@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.children import REPO, child_env  # noqa: F401  (REPO: for the tests that import it from here)
+from tests.support.children import child_env
 
 TIMEOUT_S = 300
 

@@ -2,7 +2,7 @@
 # site/en/tutorials/distribute/multi_worker_with_keras.ipynb in github.com/tensorflow/docs at commit
 # 7c3650212740204359d4ceae481abc79345541be (Apache License 2.0, as the notebook says).
 # The notebook runs it as `python main.py` on each worker, with TF_CONFIG set; here
-# `mgpu run` sets TF_CONFIG from WORKER_HOSTS and WORKER_INDEX (tests/test_tutorials.py).
+# `mgpu run` sets TF_CONFIG from WORKER_HOSTS and WORKER_INDEX (tests/processes/test_tutorials.py).
 # Only this header is added; the code below the marker is the cell's, byte for byte.
 # --- the tutorial's code ---
 

@@ -4,7 +4,7 @@
 cluster) what only training needs: the run (`identity.identify`: the folder, the data set,
 the batches), the keep limit, whether it resumes and whether it is finished already. It is
 pure: no TensorFlow, no network, no user code imported, no data read, no file written
-(tests/test_pure_plan.py runs it with all four refused). A built-in data set's sizes are
+(tests/unit/test_pure_plan.py runs it with all four refused). A built-in data set's sizes are
 known before it is read (official: `sizes`); a loader's or a folder's only by loading it.
 
 `DataPlan` is what the sizes decide, once they are known (`plan_data`): the feed and the

@@ -1,7 +1,7 @@
 """A stand-in for `tensorflow_datasets`, for the corpus's scripts, offline: only what they
 call, `tfds.load('mnist', ...)` and `tfds.disable_progress_bar()`.
 
-`load` serves the MNIST stand-in that tests/test_keras2_scripts.py writes where Keras
+`load` serves the MNIST stand-in that tests/processes/test_keras2_scripts.py writes where Keras
 caches MNIST (~/.keras/datasets/mnist.npz), shaped as TFDS gives MNIST with
 `as_supervised=True`: (uint8 image of shape (28, 28, 1), int64 label). Any other data set is
 refused, so a script that needs one fails plainly instead of training on the wrong data.
