@@ -22,7 +22,7 @@ from entrypoint.app import app
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime.cluster import local
 from mgpu_env.runtime.cluster.local import LocalWorkers, gpu_shares, plan_local_workers, supervise
-from tests.support.children import REPO
+from tests.support.children import REPO, child_env
 
 # ------------------------------------------------------------------------------ the plan
 
@@ -95,7 +95,7 @@ def fixed_plan(count: int) -> LocalWorkers:
                         (None,) * count, None)
 
 
-def test_all_workers_succeed_and_every_line_is_tagged_once() -> None:
+def test_all_workers_succeed_and_every_line_is_tagged_once(tmp_path: Path) -> None:
     out, err = io.StringIO(), io.StringIO()
     code = supervise(fixed_plan(2), python_workers("""
         import os, sys
@@ -103,7 +103,7 @@ def test_all_workers_succeed_and_every_line_is_tagged_once() -> None:
         print("hello from", i, os.environ["WORKER_HOSTS"])
         print(f"[worker {i}] already tagged")
         print("to stderr", file=sys.stderr)
-    """), dict(os.environ), stdout=out, stderr=err)
+    """), child_env(tmp_path), stdout=out, stderr=err)
     assert code == 0
     lines = sorted(out.getvalue().splitlines())
     assert lines == [
@@ -132,10 +132,12 @@ STOPPABLE = """
 """
 
 
-def test_one_failing_worker_stops_the_others_and_its_code_is_the_launchers() -> None:
+def test_one_failing_worker_stops_the_others_and_its_code_is_the_launchers(
+    tmp_path: Path
+) -> None:
     out, err = io.StringIO(), io.StringIO()
     started = time.monotonic()
-    code = supervise(fixed_plan(3), python_workers(STOPPABLE), {**os.environ, "FAIL": "1"},
+    code = supervise(fixed_plan(3), python_workers(STOPPABLE), child_env(tmp_path, FAIL="1"),
                      stdout=out, stderr=err)
     assert code == 3
     assert time.monotonic() - started < 30
@@ -144,11 +146,11 @@ def test_one_failing_worker_stops_the_others_and_its_code_is_the_launchers() -> 
         assert f"[worker {index}] worker {index} stopped by signal 15" in out.getvalue()
 
 
-def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_time() -> None:
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_time(tmp_path: Path) -> None:
     body = STOPPABLE.replace("signal.signal(signal.SIGTERM, stop)",
                              "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
     started = time.monotonic()
-    code = supervise(fixed_plan(2), python_workers(body), {**os.environ, "FAIL": "1"},
+    code = supervise(fixed_plan(2), python_workers(body), child_env(tmp_path, FAIL="1"),
                      stdout=io.StringIO(), stderr=io.StringIO(), grace_s=1.0)
     assert code == 3 and time.monotonic() - started < 20
 

@@ -29,7 +29,7 @@ from mgpu_env.training.input.data.sets import DatasetChoice
 from mgpu_env.training.multiworker.backstop import probe, stuck_message
 from mgpu_env.training.run.signals import Interrupted
 from mgpu_env.training.shared.messages import plural, unwritable_folder
-from tests.support.children import REPO
+from tests.support.children import child_env
 from tests.support.filedata import write_npy, write_tfrecords
 from tests.support.runfolders import completed_epochs
 
@@ -59,7 +59,7 @@ def _stuck_worker(peer: str) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-c", STUCK.format(), peer], capture_output=True, text=True,
-        timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120, env=child_env(Path(tempfile.gettempdir())),
     )
     return result, time.monotonic() - started
 
@@ -235,8 +235,8 @@ def test_a_read_only_mount_is_named_read_only(read_only_mount: Path) -> None:
 
 
 def test_train_refuses_a_read_only_run_folder(read_only_mount: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GPUS": "none", "DATASET": "digits",
-           "OUTPUT_DIR": str(read_only_mount)}
+    env = child_env(Path(tempfile.gettempdir()), GPUS="none", DATASET="digits",
+                    OUTPUT_DIR=str(read_only_mount))
     result = subprocess.run([sys.executable, "-m", "entrypoint", "train"], env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr
@@ -266,7 +266,7 @@ def test_a_folder_its_owner_may_not_write_is_not_an_ownership_problem() -> None:
         os.chown(folder, 65534, 65534)
         folder.chmod(0o555)
         result = subprocess.run([sys.executable, "-c", OWN_FOLDER, str(folder)],
-                                env={**os.environ, "PYTHONPATH": str(REPO)},
+                                env=child_env(top),
                                 capture_output=True, text=True, timeout=60, check=True)
         assert result.stdout == (
             f"OUTPUT_DIR={folder} cannot be written: {folder} is this user's (uid 65534) but "
@@ -300,9 +300,8 @@ def test_a_requested_stop_is_not_an_error() -> None:
 @pytest.mark.slow
 def test_sigterm_stops_training_without_an_error_line(tmp_path: Path) -> None:
     output = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "MGPU_DEBUG")}
-    env.update(PYTHONPATH=str(REPO), GPUS="none", DATASET="digits", EPOCHS="200", QUIET="1",
-               OUTPUT_DIR=str(output), HOME=str(tmp_path / "home"))
+    env = child_env(tmp_path / "home", GPUS="none", DATASET="digits", EPOCHS="200", QUIET="1",
+                    OUTPUT_DIR=str(output))
     process = subprocess.Popen([sys.executable, "-m", "entrypoint", "train"], env=env,
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)

@@ -9,7 +9,6 @@ recognises, runs in tf_keras), or gone from both.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.runtime.source_scan import MAX_FILES, scan_script
-from tests.support.children import REPO
+from tests.support.children import child_env
 
 # (snippet, the API the scan reports, kind): each runs after PRELUDE.
 PRELUDE = """\
@@ -321,8 +320,8 @@ def run_each(tmp_path: Path, legacy: str) -> dict[str, list]:
                 + [s for s, _ in KERAS_3_REFUSES] + SEEN_ONLY_WHEN_IT_FAILS)
     data = write(tmp_path, "snippets.json", json.dumps([PRELUDE, snippets]))
     script = write(tmp_path, "check.py", CHECK_EACH)
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": legacy, "TF_CPP_MIN_LOG_LEVEL": "3",
-           "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    env = child_env(tmp_path, TF_USE_LEGACY_KERAS=legacy, TF_CPP_MIN_LOG_LEVEL="3",
+                    CUDA_VISIBLE_DEVICES="")
     done = subprocess.run([sys.executable, str(script), str(data)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
@@ -406,8 +405,8 @@ def test_the_tables_are_the_difference_between_the_two_keras(tmp_path: Path) -> 
     from mgpu_env.runtime.keras_3_breaks import KERAS_2_ONLY_KEYWORDS, KERAS_2_ONLY_NAMES
 
     script = write(tmp_path, "tables.py", TABLES)
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "0", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    env = child_env(tmp_path, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="3",
+                    CUDA_VISIBLE_DEVICES="")
     done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("TABLES ")]

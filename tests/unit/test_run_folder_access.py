@@ -22,7 +22,7 @@ from mgpu_env.doctor.checks import check_run_folder
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware.folders import FolderAccess, folder_access
 from mgpu_env.hardware.nvml import GpuListing, NvmlSnapshot
-from tests.support.children import REPO
+from tests.support.children import child_env
 from tests.support.runtimes import runtime_of
 
 NOBODY = 65534
@@ -54,7 +54,7 @@ def read_only_folder() -> Iterator[Path]:
 def test_a_read_only_folder_is_unwritable_for_another_user(read_only_folder: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", AS_NOBODY.format(uid=NOBODY), str(read_only_folder / "run")],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, env=child_env(read_only_folder.parent),
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
