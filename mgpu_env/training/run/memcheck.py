@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgpu_env.estimate.memory import MemoryEstimate, compare, device_peaks, size_text
+from mgpu_env.hardware.nvml import GpuInfo
 from mgpu_env.training.input.data import DataSizes
 from mgpu_env.training.run.plan import TrainPlan
 from mgpu_env.training.step import memprobe
@@ -47,7 +48,7 @@ class MemoryCheck:
                 "lines": list(self.lines)}
 
 
-def measured_gpus(plan: TrainPlan) -> list[Any]:
+def measured_gpus(plan: TrainPlan) -> list[GpuInfo]:
     """The selected GPUs whose total memory NVML reports: what an estimate is compared
     with."""
     return [gpu for gpu in plan.runtime.selection.gpus

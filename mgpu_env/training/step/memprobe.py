@@ -106,9 +106,11 @@ def measure_in_process(request: MemoryRequest) -> Measured:
 
 def measure_in_child(request: MemoryRequest, environ: Mapping[str, str],
                      timeout_s: float = TIMEOUT_S) -> Measured:
-    """`measure_in_process` in a child Python with `environ`, every GPU hidden from it.
-    Raises ConfigError (the child's, for a user's builder) or NotMeasured (no answer)."""
-    env = {**environ, **cuda_environment("", uses_gpu=False)}
+    """`measure_in_process` in a child Python with `environ`, every GPU hidden from it (and
+    no cluster: it builds one model alone). Raises ConfigError (the child's, for a user's
+    builder) or NotMeasured (no answer)."""
+    env = {k: v for k, v in environ.items() if k != "TF_CONFIG"}
+    env.update(cuda_environment("", uses_gpu=False))
     done = childprobe.run([sys.executable, "-m", __name__, request.to_json()], env,
                           marker=JSON_MARKER, timeout_s=timeout_s)
     if done.start_error is not None:
@@ -117,10 +119,14 @@ def measure_in_child(request: MemoryRequest, environ: Mapping[str, str],
         raise NotMeasured(f"the model was not built within {timeout_s:g} s")
     if done.answer is None:
         raise NotMeasured(done.exited("the child that builds the model"))
-    answer: dict[str, Any] = json.loads(done.answer)
-    if "error" in answer:
-        raise ConfigError(str(answer["error"]))
-    return Measured.from_json(done.answer)
+    try:
+        answer: dict[str, Any] = json.loads(done.answer)
+        if "error" in answer:
+            raise ConfigError(str(answer["error"]))
+        return Measured.from_json(done.answer)
+    except (ValueError, KeyError, TypeError) as err:
+        raise NotMeasured(f"unreadable answer from the child that builds the model: {err}"
+                          ) from None
 
 
 def main(argv: list[str]) -> None:
