@@ -32,8 +32,11 @@ MLP_WEIGHTS = 784 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+    # From HOME (a scratch folder): `python -m` puts the working folder first on sys.path,
+    # which would shadow PYTHONPATH's checkout with the one run from.
     start = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(argv, env=env, cwd=env["HOME"], capture_output=True, text=True,
+                          check=True)
     return time.perf_counter() - start, done.stdout
 
 
