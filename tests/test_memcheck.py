@@ -267,3 +267,27 @@ def test_a_cpu_run_records_no_peak_and_no_estimate(tmp_path: Path) -> None:
             "with (mgpu train --dry-run shows the estimate)\n") in done.stdout
     assert ("  memory: not estimated; no peak measured (TensorFlow counts GPU memory only)"
             in done.stdout)
+
+
+def test_the_start_summary_shows_each_gpus_share(
+    use_fake_nvml: Callable[[Any], Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from entrypoint import train as train_command
+    from entrypoint.app import app
+    from tests.support.fake_nvml import GIB, fake_with
+
+    use_fake_nvml(fake_with(2))  # two 80 GiB GPUs
+    monkeypatch.setattr(train_command, "_preflight", lambda runtime, wait: None)
+    result = CliRunner().invoke(app, ["train", "--dry-run"], env={
+        "GPUS": "0,1", "DATASET": "digits", "OUTPUT_DIR": str(tmp_path / "run")})
+    assert result.exit_code == 0, result.output
+    estimate = canned_measure(mlp_request(), {}).estimate
+    largest = estimate.largest_batch(80 * GIB)
+    assert ("  memory         per replica: about 897.2 KiB (weights 215.0 KiB, gradients "
+            "215.0 KiB, optimizer slots 430.1 KiB, activations 37.0 KiB at batch 64)\n"
+            f"                 GPU 0: 0% of its 80.0 GiB; the largest batch per replica that "
+            f"fits is about {largest:,}\n"
+            f"                 GPU 1: 0% of its 80.0 GiB; the largest batch per replica that "
+            f"fits is about {largest:,}\n") in result.stdout
