@@ -15,6 +15,11 @@ The fixed part (all but the activations) does not grow with the batch; the activ
 linearly with it, so the largest batch per replica that fits is one division. Compare with
 the GPU's total memory from NVML, less USABLE_FRACTION for the CUDA context, cuDNN's and
 XLA's workspaces and the allocator's fragmentation.
+
+`measure` (a built model: the estimate's parts) and `compare` (against NVML's GPUs: the
+summary's lines, or the refusal) are apart, so the model can be measured in another process
+(`training.step.memprobe`) than the one that compares; `device_peaks` reads what a step
+really took, to set beside the estimate.
 """
 
 from __future__ import annotations
