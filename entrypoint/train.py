@@ -32,14 +32,17 @@ from mgpu_env.training.shared.messages import plural
 if TYPE_CHECKING:  # the training modules come after runtime.apply() set the environment
     from mgpu_env.runtime import Runtime
     from mgpu_env.training.run.loop import TrainResult
+    from mgpu_env.training.run.memcheck import MemoryCheck
     from mgpu_env.training.run.plan import DataPlan, TrainPlan
     from mgpu_env.training.run.prepare import PreparedRun
     from mgpu_env.training.run.report import Reporter
 
 
-def plan_lines(plan: TrainPlan, data: DataPlan, verbose: bool = False) -> list[str]:
+def plan_lines(plan: TrainPlan, data: DataPlan, memory: MemoryCheck,
+               verbose: bool = False) -> list[str]:
     """The one-screen start summary (also what --dry-run prints): the settings that were
-    set, and how many kept their defaults (all of them with `verbose`)."""
+    set, and how many kept their defaults (all of them with `verbose`); `memory`: the
+    memory check's lines (the estimate per replica, each GPU's share)."""
     info = plan.describe(data)
     devices = ", ".join(info["devices"])
     physical = ", ".join(info["physical_devices"])
@@ -75,6 +78,8 @@ def plan_lines(plan: TrainPlan, data: DataPlan, verbose: bool = False) -> list[s
         f"{data.test_size} test",
         f"  feed           {data.feed.kind} ({data.feed.why})",
         f"  model          {_model_line(plan.model, data)}",
+        *(f"  {'memory' if i == 0 else '':<15}{line.removeprefix('memory ')}"
+          for i, line in enumerate(memory.lines)),
         f"  epochs         {plan.settings.epochs}, {resume}",
         f"  checkpoints    {plan.settings.checkpoint_every.describe()}, "
         "with the data's position (the size and seconds of one: told as training starts)",
@@ -169,18 +174,18 @@ def command(
     runtime = start_process(resolved, "train")  # a GPU the machine lacks: exit 2
     TAG.set_for(runtime)
     if dry_run:
-        plan, data = training.dry_run(runtime, preflight=_preflight)
+        plan, data, memory = training.dry_run(runtime, preflight=_preflight)
         if as_json:
-            typer.echo(json.dumps(plan.to_dict(data), indent=2))
+            typer.echo(json.dumps({**plan.to_dict(data), "memory": memory.as_dict()}, indent=2))
             return
         say("mgpu train: dry run, nothing is trained or written")
-        for line in plan_lines(plan, data, verbose):
+        for line in plan_lines(plan, data, memory, verbose):
             say(line)
         return
 
     def show(prepared: PreparedRun) -> Reporter:
         say("mgpu train")
-        for line in plan_lines(prepared.plan, prepared.data_plan, verbose):
+        for line in plan_lines(prepared.plan, prepared.data_plan, prepared.memory, verbose):
             say(line)
         return _reporter(resolved.settings.quiet, prepared.plan)
 
@@ -207,6 +212,10 @@ def _say_result(result: TrainResult, is_chief: bool) -> None:
         f"{result.training_time_s:.1f} s (the epochs), wall time {result.wall_time_s:.1f} s "
         "(start-up included)"
     )
+    if "memory" in result.metrics:  # beside the estimate, each GPU's first peak (or none)
+        from mgpu_env.training.run.memcheck import memory_result_line
+
+        say(f"  {memory_result_line(result.metrics['memory'])}")
     if is_chief:
         say(
             f"  outputs in {result.output_dir} (metrics.json, model.keras, checkpoints/, logs/)"

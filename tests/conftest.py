@@ -13,7 +13,9 @@ from mgpu_env import api
 from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.runtime import decisions
+from mgpu_env.training.step import memprobe
 from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.memory import REAL_MEASURE, canned_measure
 from tests.support.runtimes import logical_cpu_devices, logical_cpus_applied
 
 
@@ -143,6 +145,20 @@ def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(doctor_facts, "probe_p2p", lambda bus_ids: p2p_host())
     monkeypatch.setattr(doctor_facts, "probe_docker", lambda: docker_gpu())
+
+
+@pytest.fixture(autouse=True)
+def canned_memory_child(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory check's child answers from `tests.support.memory` (no TensorFlow import
+    in a child per dry run); tests that take `real_memory_child` start the real one."""
+    if "real_memory_child" not in request.fixturenames:
+        monkeypatch.setattr(memprobe, "measure_in_child", canned_measure)
+
+
+@pytest.fixture
+def real_memory_child() -> Callable[..., object]:
+    """The real `memprobe.measure_in_child` (the canned one is not installed)."""
+    return REAL_MEASURE
 
 
 @pytest.fixture

@@ -47,15 +47,12 @@ def explain_variant(spec: Any, strategy: Any, trainer: Any, batch: Any, arrays: 
 def _memory_estimate(trainer: Any, per_replica_batch: int) -> dict[str, int]:
     """The memory estimate (`estimate.memory`) for this point's model, optimizer and batch,
     to set beside the GPUs' measured peak."""
-    from mgpu_env.estimate.memory import COMPUTE_DTYPE, SLOTS, estimate, optimizer_slots
+    from mgpu_env.estimate.memory import COMPUTE_DTYPE, measure
 
     policy = str(getattr(getattr(trainer.model, "dtype_policy", None), "name", "float32"))
-    try:
-        slots = optimizer_slots(trainer.optimizer)
-    except ValueError:  # an optimizer of the user's: Adam's two, as training assumes
-        slots = SLOTS["adam"]
-    return estimate(trainer.model, slots, per_replica_batch,
-                    COMPUTE_DTYPE.get(policy, "float32")).as_dict()
+    # An optimizer of the user's is taken as Adam (two slots), as training's check takes it.
+    return measure(trainer.model, trainer.optimizer, per_replica_batch,
+                   policy if policy in COMPUTE_DTYPE else "float32")[0].as_dict()
 
 
 def _busbw_sweep(strategy: Any, replicas: int) -> list[list[float]]:

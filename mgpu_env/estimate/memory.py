@@ -15,11 +15,16 @@ The fixed part (all but the activations) does not grow with the batch; the activ
 linearly with it, so the largest batch per replica that fits is one division. Compare with
 the GPU's total memory from NVML, less USABLE_FRACTION for the CUDA context, cuDNN's and
 XLA's workspaces and the allocator's fragmentation.
+
+`measure` (a built model: the estimate's parts) and `compare` (against NVML's GPUs: the
+summary's lines, or the refusal) are apart, so the model can be measured in another process
+(`training.step.memprobe`) than the one that compares; `device_peaks` reads what a step
+really took, to set beside the estimate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +71,13 @@ class MemoryEstimate:
 
     def fits(self, device_bytes: int) -> bool:
         return self.total <= device_bytes * USABLE_FRACTION
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryEstimate:
+        """The estimate `as_dict` wrote (its `total` is derived, so not read)."""
+        return cls(**{name: int(data[name]) for name in (
+            "per_replica_batch", "weights", "compute_copy", "gradients", "slots",
+            "activations")})
 
     def as_dict(self) -> dict[str, int]:
         return {"per_replica_batch": self.per_replica_batch, "weights": self.weights,
@@ -153,10 +165,17 @@ def refusal(estimate_: MemoryEstimate, device_bytes: int, device: str) -> str | 
 
 def check_devices(model: Any, optimizer: Any, per_replica_batch: int, policy: str,
                   gpus: Sequence[GpuInfo]) -> tuple[MemoryEstimate, list[str]]:
-    """The estimate for a built model and optimizer under the Keras `policy`, and a line
-    for the start summary per GPU against NVML's total memory (none on CPUs: their memory
-    is the host's). Raises ConfigError (exit 2) with the largest batch that fits when a GPU
-    is too small."""
+    """`measure` then `compare`, in one process: the estimate for a built model and
+    optimizer under the Keras `policy`, and the summary's lines against these GPUs."""
+    found, assumed = measure(model, optimizer, per_replica_batch, policy)
+    return found, compare(found, assumed, gpus)
+
+
+def measure(model: Any, optimizer: Any, per_replica_batch: int, policy: str
+            ) -> tuple[MemoryEstimate, str]:
+    """The estimate for a built model and optimizer under the Keras `policy`, and what it
+    had to assume (empty, or ", ..." clauses for the summary's line): an optimizer of the
+    user's is taken as Adam, a model whose layers have no outputs yet has no activations."""
     try:
         slots, assumed = optimizer_slots(optimizer), ""
     except ValueError:  # an optimizer of the user's: Adam's two slots, said so
@@ -164,10 +183,17 @@ def check_devices(model: Any, optimizer: Any, per_replica_batch: int, policy: st
     found = estimate(model, slots, per_replica_batch, COMPUTE_DTYPE[policy])
     if not found.activations:
         assumed += ", activations unknown: the model's layers have no outputs before it runs"
-    lines = [f"memory per replica: about {_size(found.total)} (weights "
-             f"{_size(found.weights)}, gradients {_size(found.gradients)}, optimizer slots "
-             f"{_size(found.slots)}, activations {_size(found.activations)} at batch "
-             f"{per_replica_batch}{assumed})"]
+    return found, assumed
+
+
+def compare(found: MemoryEstimate, assumed: str, gpus: Sequence[GpuInfo]) -> list[str]:
+    """A line for the start summary, and one per GPU against NVML's total memory (none on
+    CPUs: their memory is the host's). Raises ConfigError (exit 2) with the largest batch
+    that fits when a GPU is too small."""
+    lines = [f"memory per replica: about {size_text(found.total)} (weights "
+             f"{size_text(found.weights)}, gradients {size_text(found.gradients)}, optimizer slots "
+             f"{size_text(found.slots)}, activations {size_text(found.activations)} at batch "
+             f"{found.per_replica_batch}{assumed})"]
     for gpu in gpus:
         if not (gpu.memory_total_mib.ok and gpu.memory_total_mib.value):
             continue
@@ -178,9 +204,35 @@ def check_devices(model: Any, optimizer: Any, per_replica_batch: int, policy: st
         lines.append(f"GPU {gpu.index}: {100 * found.total / device_bytes:.0f}% of its "
                      f"{device_bytes / 2**30:.1f} GiB; the largest batch per replica that fits "
                      f"is about {found.largest_batch(device_bytes):,}")
-    return found, lines
+    return lines
 
 
-def _size(size_bytes: int) -> str:
-    return (f"{size_bytes / 2**30:.1f} GiB" if size_bytes >= 2**30
-            else f"{size_bytes / 2**20:.1f} MiB")
+def device_peaks(devices: Iterable[str],
+                 read: Callable[[str], dict[str, int]] | None = None) -> dict[str, int] | None:
+    """Each GPU's peak memory so far, by TensorFlow's allocator
+    (`tf.config.experimental.get_memory_info(device)["peak"]`), keyed "GPU:0"; None where
+    none of `devices` (TensorFlow device names) is a GPU: CPUs keep no such count. A GPU
+    whose count cannot be read is left out, not a failure. `read`: the probe (tests)."""
+    gpus = [name.rsplit("/device:", 1)[-1] for name in devices]
+    gpus = [name for name in gpus if name.upper().startswith("GPU")]
+    if not gpus:
+        return None
+    if read is None:
+        import tensorflow as tf
+
+        read = tf.config.experimental.get_memory_info
+    peaks = {}
+    for name in gpus:
+        try:
+            peaks[name] = int(read(name)["peak"])
+        except (ValueError, RuntimeError):  # could not collect: left out
+            continue
+    return peaks
+
+
+def size_text(size_bytes: int) -> str:
+    """Bytes as the summaries write them: KiB below 1 MiB, MiB, or GiB from 1 GiB."""
+    if size_bytes >= 2**30:
+        return f"{size_bytes / 2**30:.1f} GiB"
+    return (f"{size_bytes / 2**20:.1f} MiB" if size_bytes >= 2**20
+            else f"{size_bytes / 2**10:.1f} KiB")

@@ -95,17 +95,9 @@ def call_cost_ms(strategy: Any, calls: int) -> float:
 def _peak_memory(strategy: Any) -> dict[str, int]:
     """Each GPU's peak memory so far (TensorFlow's allocator), to set beside the estimate;
     empty on CPUs, where TensorFlow keeps no such count."""
-    import tensorflow as tf
+    from mgpu_env.estimate.memory import device_peaks
 
-    peaks = {}
-    for device in strategy.extended.worker_devices:
-        name = device.rsplit("/device:", 1)[-1]
-        if name.upper().startswith("GPU"):
-            try:
-                peaks[name] = int(tf.config.experimental.get_memory_info(name)["peak"])
-            except (ValueError, RuntimeError):  # could not collect: left out, not a failure
-                continue
-    return peaks
+    return device_peaks(strategy.extended.worker_devices) or {}
 
 
 class _SameBatch:

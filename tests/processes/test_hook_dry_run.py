@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_env.estimate.memory import size_text
 from tests.support.children import REPO
 from tests.support.filedata import write_npy
 
@@ -62,5 +63,11 @@ def test_a_model_that_fits_passes_with_a_note_and_a_quiet_stderr(tmp_path: Path)
     # Flatten(8x8) -> Dense(5): 64 x 5 weights + 5 biases.
     assert ("note: MODEL=mymodels:build was built on the CPU for this check: 325 "
             "parameters, outputs (batch, 5) for the data's 5 classes") in result.stdout
+    # Its memory, from the child that built it: 325 float32 weights, their gradients and
+    # Adam's two slots; the outputs of Flatten (64) and Dense (5) at BATCH_SIZE=8.
+    assert (f"  memory         per replica: about {size_text(4 * 325 * 4 + 69 * 4 * 8)} "
+            f"(weights {size_text(325 * 4)}, gradients {size_text(325 * 4)}, optimizer "
+            f"slots {size_text(2 * 325 * 4)}, activations {size_text(69 * 4 * 8)} at batch 8)"
+            ) in result.stdout
     assert result.stderr == ""
     assert not (tmp_path / "run").exists()

@@ -51,6 +51,7 @@ from mgpu_env.training.run.epochs import (
     run_metrics,
 )
 from mgpu_env.training.run.finished import FinishedRun
+from mgpu_env.training.run.memcheck import FirstPeak, MemoryCheck, memory_record
 from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
 from mgpu_env.training.run.prepare import PreparedRun, prepare
 from mgpu_env.training.run.report import Reporter
@@ -96,12 +97,13 @@ class TrainResult:
 
 def run_training(
     plan: TrainPlan, show: Callable[[PreparedRun], Reporter] | None = None,
-    started: float | None = None,
+    started: float | None = None, memory: MemoryCheck | None = None,
 ) -> TrainResult:
     """Prepare the plan (once, under the run's signal handling), show it (`show` returns
     what reports the progress; default: nothing), train it, checkpoint every epoch, write
     the outputs when done. `started` (`time.time()`): when the command started, the start
-    of the wall time (default: now).
+    of the wall time (default: now). `memory`: the memory check the sequence made before
+    TensorFlow started (None: `prepare` makes it once the data's shape is known).
 
     Raises ConfigError (bad data, an unreadable checkpoint), RunFailed (TensorFlow failed)
     or Interrupted (a signal stopped the run; the command to resume is in the message).
@@ -114,7 +116,7 @@ def run_training(
     )
     with stop_on_signals(stop):
         try:
-            prepared = prepare(plan)
+            prepared = prepare(plan, memory)
             reporter = show(prepared) if show is not None else Reporter()
             result = _train(prepared, _Start(started, reporter, stop, session))
             session.close(succeeded=True)
@@ -218,12 +220,6 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
     plan, data = prepared.plan, prepared.data
     settings, session = plan.settings, start.session
     trainer = _start(prepared, session)
-    # Each GPU's memory for this model and batch, before the first step: a batch that cannot
-    # fit stops here (ConfigError, exit 2, with the largest batch that fits), not as an OOM.
-    from mgpu_env.estimate.memory import check_devices
-    for line in check_devices(trainer.model, trainer.optimizer, plan.per_replica_batch_size,
-                              plan.precision.policy, plan.runtime.selection.gpus)[1]:
-        start.reporter.note(line)
     saved, position = _restore_checkpoints(plan, trainer, session)
     start_epoch = position.epoch
     if plan.is_chief:
@@ -251,17 +247,20 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
         for line in profile_training(trainer.strategy, trainer, plan.output_dir / rundir.LOG_DIR,
                                      settings.profile, data, plan.global_batch_size):
             start.reporter.note(line)
-    outputs = _Outputs(trainer, saved, _summary_writer(plan))
+    outputs = _Outputs(trainer, saved, _summary_writer(plan),
+                       FirstPeak(trainer.strategy.extended.worker_devices))
     return _epochs(prepared, start, outputs, feed, position), outputs
 
 
 @dataclass(frozen=True)
 class _Outputs:
-    """What the run writes with: the model's trainer, its checkpoints, TensorBoard's writer."""
+    """What the run writes with: the model's trainer, its checkpoints, TensorBoard's writer,
+    and each GPU's memory peak after the first call (metrics.json's, beside the estimate)."""
 
     trainer: Trainer
     saved: Checkpoints
     writer: Any  # tf.summary writer (a no-op one on a worker that is not the chief)
+    peak: FirstPeak
 
 
 def _summary_writer(plan: TrainPlan) -> Any:
@@ -289,8 +288,8 @@ def _epochs(
         outputs.trainer, prepared.data, feed, per_epoch, plan.global_batch_size, position,
         stopping, saving.schedule, history,
         before_epoch=before_epoch_actions(reporter),
-        after_call=after_call_actions(outputs.trainer.steps, reporter, stopping, saving,
-                                      per_epoch),
+        after_call=[outputs.peak, *after_call_actions(outputs.trainer.steps, reporter,
+                                                      stopping, saving, per_epoch)],
         after_epoch=after_epoch_actions(history, saving, outputs.writer,
                                         plan.output_dir if plan.is_chief else None),
     )
@@ -307,6 +306,7 @@ def _finish(prepared: PreparedRun, run: Run, outputs: _Outputs, start: _Start) -
     outputs.writer.flush()
     metrics = run_metrics(plan, prepared.data_plan, run, test, time.time() - start.started,
                           outputs.saved)
+    metrics["memory"] = memory_record(prepared.memory, outputs.peak)
     if run.start_epoch == plan.settings.epochs and plan.finished is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.

@@ -4,12 +4,15 @@
 user's MODEL module (to fail before the data loads, not after), starts TensorFlow the
 decided way (the device split, the precision policy: `Execution.prepare_tensorflow`,
 once), loads the data once, checks a built-in file against its official sizes, and
-decides the feed from the loaded data (`plan.plan_data`, once). The loop
+decides the feed from the loaded data (`plan.plan_data`, once). The memory check
+(`memcheck`) the sequence made before TensorFlow started is passed in; a loader's or a
+folder's data, whose shape only the load tells, is checked here, right after it. The loop
 (`loop.run_training`) trains the `PreparedRun` it returns.
 
 `--dry-run` shows the plan without training: `dry_run_data` loads only what the plan
 cannot know (a loader's or a folder's data, as `prepare` does; a built-in set's official
-sizes stand for its data) and builds a user's model on the CPU against the data's shape.
+sizes stand for its data) and makes the memory check, whose child builds the model (a
+user's too, with its checks) on the CPU against the data's shape.
 """
 
 from __future__ import annotations
@@ -20,50 +23,51 @@ from dataclasses import dataclass
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.training.input.data import Data, DataSizes, load_data
+from mgpu_env.training.run.memcheck import MemoryCheck, check_memory
 from mgpu_env.training.run.plan import DataPlan, TrainPlan, plan_data
 
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """A run ready to train: its plan, the loaded data, and what the data's sizes decided
-    (the feed, the steps per epoch)."""
+    """A run ready to train: its plan, the loaded data, what the data's sizes decided (the
+    feed, the steps per epoch) and the memory check."""
 
     plan: TrainPlan
     data_plan: DataPlan
     data: Data
+    memory: MemoryCheck
 
 
-def prepare(plan: TrainPlan) -> PreparedRun:
+def prepare(plan: TrainPlan, memory: MemoryCheck | None = None) -> PreparedRun:
     """Import a user's MODEL module, start TensorFlow's devices and precision (once), load
-    the data (once) and decide its feed. Raises ConfigError for a builder that cannot be
-    imported, data that does not match the plan (a built-in file of other sizes) or a
-    global batch larger than the training samples."""
+    the data (once) and decide its feed. `memory`: the check made before TensorFlow
+    started (None: the data's shape was unknown then, so it is made after the load). Raises
+    ConfigError for a builder that cannot be imported, data that does not match the plan
+    (a built-in file of other sizes), a global batch larger than the training samples, or
+    a batch that cannot fit."""
     _import_model(plan)
     prepare_tensorflow = _once(plan.runtime.execution.prepare_tensorflow)
     prepare_tensorflow()
     data = _load(plan, prepare_tensorflow)
-    return PreparedRun(plan, plan_data(plan, data), data)
+    data_plan = plan_data(plan, data)
+    if memory is None:
+        memory = check_memory(plan, data_plan.sizes, dry_run=False)
+    return PreparedRun(plan, data_plan, data, memory)
 
 
-def dry_run_data(plan: TrainPlan) -> tuple[TrainPlan, DataPlan]:
+def dry_run_data(plan: TrainPlan) -> tuple[TrainPlan, DataPlan, MemoryCheck]:
     """What `--dry-run` shows beside the plan: a built-in set's feed from its official
     sizes, a loader's or a folder's from its loaded data (a loader may start TensorFlow; a
-    folder's counts are cached after the first time), and a user's MODEL built on the CPU
-    against the data's shape, so a model that does not fit the data fails here (its note
-    added to the plan's)."""
+    folder's counts are cached after the first time), and the memory check, whose child
+    builds the model on the CPU against the data's shape, so a user's model that does not
+    fit the data fails here (its note added to the plan's)."""
     _import_model(plan)
     if plan.sizes is not None:
         data_plan = plan_data(plan, plan.sizes)
     else:
         data_plan = plan_data(plan, _load(plan, _once(plan.runtime.execution.prepare_tensorflow)))
-    if plan.model == "mlp":
-        return plan, data_plan
-    # The builder is called only in the strategy's scope when training starts; the dry
-    # run builds it on the CPU.
-    from mgpu_env.training.step import user_code
-
-    note = user_code.check_on_cpu(plan.model, data_plan.input_shape, data_plan.num_classes)
-    return dataclasses.replace(plan, notes=(*plan.notes, note)), data_plan
+    memory = check_memory(plan, data_plan.sizes, dry_run=True)
+    return dataclasses.replace(plan, notes=(*plan.notes, *memory.notes)), data_plan, memory
 
 
 def _import_model(plan: TrainPlan) -> None:

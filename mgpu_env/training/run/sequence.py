@@ -4,6 +4,8 @@ Keras' `fit()` and orbit's `Controller.train()` own theirs; the command only res
 settings, calls one of them and renders what it returns.
 
     plan      pure: the run, "already finished", the folder's access, the resume epoch
+    memory    each replica's memory, estimated in a child (`memcheck`): a batch that
+              cannot fit is refused before TensorFlow starts here
     preflight the doctor's checks (passed in: training and the doctor never import each
               other), which in a cluster wait for the peers' names to resolve
     prepare   TensorFlow, the data, the feed: under the run's signal handling (loop.py)
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
+from mgpu_env.training.run.memcheck import MemoryCheck, check_memory
 from mgpu_env.training.run.plan import DataPlan, TrainPlan, plan_training
 
 if TYPE_CHECKING:
@@ -52,17 +55,22 @@ def train(
         from mgpu_env.training.run.loop import TrainResult
 
         return TrainResult.nothing_to_do(plan.finished)
+    # Before the pre-flight, which imports TensorFlow where there are GPUs. A loader's or a
+    # folder's data gives its shape only once loaded: `prepare` checks it after the load.
+    memory = None if plan.sizes is None else check_memory(plan, plan.sizes, dry_run=False)
     preflight(runtime, True)
     from mgpu_env.training.run.loop import run_training
 
-    return run_training(plan, show, started)
+    return run_training(plan, show, started, memory)
 
 
-def dry_run(runtime: Runtime, *, preflight: Preflight) -> tuple[TrainPlan, DataPlan]:
-    """The plan `mgpu train --dry-run` shows, and what its data's sizes decide: nothing is
-    trained or written. The network is asked once (a cluster's peers that do not resolve
-    yet are noted, not waited for); a loader's or a folder's data is loaded for its sizes,
-    and a user's MODEL built on the CPU (`prepare.dry_run_data`)."""
+def dry_run(runtime: Runtime, *, preflight: Preflight
+            ) -> tuple[TrainPlan, DataPlan, MemoryCheck]:
+    """The plan `mgpu train --dry-run` shows, what its data's sizes decide and the memory
+    check: nothing is trained or written. The network is asked once (a cluster's peers
+    that do not resolve yet are noted, not waited for); a loader's or a folder's data is
+    loaded for its sizes, and the model (a user's MODEL too) built on the CPU in a child
+    for the memory estimate (`prepare.dry_run_data`)."""
     from mgpu_env.training.run.prepare import dry_run_data
 
     plan = plan_training(runtime, looked_up=unresolved_peers(runtime))

@@ -143,16 +143,9 @@ def build_model(
     return model
 
 
-def check_on_cpu(
-    spec: str, input_shape: tuple[int, ...], num_classes: int, *, setting: str = "MODEL"
-) -> str:
-    """`--dry-run`'s check of the user's builder: build the model on the CPU (nothing is
-    trained, no accelerator memory is asked for) with `build_model`'s checks, so a model
-    whose output does not fit the data's classes fails the dry run, as training would.
-    Returns the plan's note. Raises ConfigError."""
-    tf = import_tensorflow()
-    with tf.device("/CPU:0"):
-        model = build_model(spec, input_shape, num_classes, setting=setting)
+def built_note(spec: str, model: Any, num_classes: int, *, setting: str = "MODEL") -> str:
+    """What the summary says of the user's model once `build_model` built it and it passed
+    its checks (`training.step.memprobe` builds it on the CPU, in a child, before the run)."""
     return (
         f"{setting}={spec} was built on the CPU for this check: {model.count_params():,} "
         f"parameters, outputs (batch, {num_classes}) for the data's {num_classes} classes"
