@@ -26,7 +26,7 @@ from mgpu_env.training.run.plan import DataPlan, TrainPlan, plan_training
 if TYPE_CHECKING:
     from mgpu_env.training.run.loop import TrainResult
     from mgpu_env.training.run.prepare import PreparedRun
-    from mgpu_env.training.run.report import Reporter
+    from mgpu_env.training.run.progress import Progress
 
 # The doctor's pre-flight (`mgpu_env.doctor.require_ready`): the runtime, and whether to
 # wait for a cluster's peers (a dry run only notes the missing ones).
@@ -35,7 +35,7 @@ Preflight = Callable[[Runtime, bool], None]
 
 def train(
     runtime: Runtime, *, preflight: Preflight,
-    show: Callable[[PreparedRun], Reporter] | None = None, started: float | None = None,
+    show: Callable[[PreparedRun], Progress] | None = None, started: float | None = None,
 ) -> TrainResult:
     """Train the run the applied runtime describes, or answer that its folder holds it
     finished (`TrainResult.finished`, said before TensorFlow is imported).
