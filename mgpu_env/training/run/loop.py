@@ -99,7 +99,7 @@ def run_training(
     started: float | None = None,
 ) -> TrainResult:
     """Prepare the plan (once, under the run's signal handling), show it (`show` returns
-    what reports the progress; default: nothing), train it, checkpoint every epoch, write
+    what shows the progress; default: nothing), train it, checkpoint every epoch, write
     the outputs when done. `started` (`time.time()`): when the command started, the start
     of the wall time (default: now).
 
@@ -190,7 +190,7 @@ def _restore_checkpoints(
 @dataclass(frozen=True)
 class _Start:
     """This start of the run: when the command started (the wall time's start), what
-    reports its progress, the stop request its signals set, and its worker session."""
+    shows its progress, the stop request its signals set, and its worker session."""
 
     started: float
     progress: Progress

@@ -41,7 +41,7 @@ def train(
     finished (`TrainResult.finished`, said before TensorFlow is imported).
 
     `show`: called once the run is prepared (its data's sizes and feed known) and before
-    it trains; it returns what reports the progress (the command prints the start summary
+    it trains; it returns what shows the progress (the command prints the start summary
     there). `started` (`time.time()`): the wall time's start (default: now). Raises
     ConfigError (exit 2), RunFailed (exit 1) or Interrupted (128 + the signal).
     """
