@@ -171,7 +171,7 @@ def test_an_exception_shows_the_scripts_traceback_only_and_exits_1(
     assert err.startswith("Traceback (most recent call last):")
     assert f'File "{path}", line 4, in <module>' in err and "in inner" in err
     assert err.strip().endswith("ValueError: shape (3,) wrong")
-    assert "launcher.py" not in err and "runpy" not in err
+    assert "mgpu_env/launcher" not in err and "runpy" not in err
 
 
 def test_dash_m_runs_a_module_from_the_working_folder(
