@@ -71,6 +71,8 @@ def main() -> None:
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import FEATURES, load_arrays, resolve_dataset
     from mgpu_env.training.input.feed import ResidentFeed, StreamFeed
+    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input.keep import FALLBACK
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
 
@@ -92,11 +94,14 @@ def main() -> None:
     same = SameBatchFeed.make(strategy, BATCH, (FEATURES,), 10, SEED)
     feeds["synthetic"] = (synthetic, same.runner(synthetic.steps, 0))
     real = trainer()
-    resident = ResidentFeed.place(strategy, arrays, global_batch, SEED)
+    # Every feed takes the plan's count (the same for kept and streamed arrays).
+    per_epoch = plan_feed(arrays, FALLBACK, global_batch).steps_per_epoch
+    resident = ResidentFeed.place(strategy, arrays, global_batch, SEED, steps_per_epoch=per_epoch)
     feeds["real"] = (real, resident.runner(real.steps, 0, -(-total // resident.steps_per_epoch)))
     if args.stream:
         streamed = trainer()
-        stream = StreamFeed(strategy, arrays, global_batch, SEED, steps_per_call=args.steps)
+        stream = StreamFeed(strategy, arrays, global_batch, SEED, steps_per_call=args.steps,
+                            steps_per_epoch=per_epoch)
         feeds["stream"] = (streamed, stream.runner(
             streamed.steps, 0, -(-total // stream.steps_per_epoch)))
 

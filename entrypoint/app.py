@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from entrypoint import bench, doctor, run, train
+from entrypoint import bench, doctor, launch, train
 from entrypoint.options import DEBUG
 from mgpu_env.about import about
 from mgpu_env.tfprobes import tfimport
@@ -24,7 +24,7 @@ app = typer.Typer(
 app.command("train")(train.command)
 app.command("doctor")(doctor.command)
 app.command("bench")(bench.command)
-app.command("run", context_settings=run.CONTEXT_SETTINGS)(run.command)
+app.command("run", context_settings=launch.CONTEXT_SETTINGS)(launch.command)
 
 
 def show_version(value: bool) -> None:

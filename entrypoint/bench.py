@@ -13,7 +13,7 @@ from rich.table import Table
 from entrypoint.options import EXIT_FAILED, SettingFlags, resolve, with_settings
 from mgpu_env.api import start_process
 from mgpu_env.bench.plot import plot_bench
-from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_report
+from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_results
 
 PROFILE_DIR = "profile"  # BENCH_EXPLAIN's traces: tensorboard --logdir <OUTPUT_DIR>/profile
 ExplainOption = Annotated[bool, typer.Option(
@@ -45,9 +45,9 @@ def command(flags: SettingFlags, explain: ExplainOption = False) -> None:
         else:
             err_console.print(f"{what}: {point['samples_per_s']['median']:,.0f} samples/s")
 
-    report = run_bench(runtime, on_point=progress, profile_root=output_dir / PROFILE_DIR)
-    data = report.as_dict()
-    json_path = write_report(report, output_dir)
+    results = run_bench(runtime, on_point=progress, profile_root=output_dir / PROFILE_DIR)
+    data = results.as_dict()
+    json_path = write_results(results, output_dir)
     png_path = plot_bench(data, output_dir / BENCH_PNG)
 
     # Piped (a batch system's output file), rich would wrap the table at 80 columns; a
@@ -79,9 +79,9 @@ def command(flags: SettingFlags, explain: ExplainOption = False) -> None:
     if settings.bench_explain:
         print_explain(console, data, output_dir / PROFILE_DIR)
     console.print(f"wrote {json_path} and {png_path}")
-    for point in report.failed:
+    for point in results.failed:
         typer.echo(f"error: {point['error']}", err=True)
-    if report.failed:
+    if results.failed:
         raise typer.Exit(code=EXIT_FAILED)
 
 

@@ -25,7 +25,7 @@ from entrypoint.options import (
 )
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import SettingsErrors
-from mgpu_env.doctor import Report, SkippedGroup, SmokeResult, diagnose, unusable_settings
+from mgpu_env.doctor import Diagnosis, SkippedGroup, SmokeResult, diagnose, unusable_settings
 from mgpu_env.doctor.report import BugReport, build_report
 
 STYLES = {"ok": "green", "warn": "yellow", "error": "bold red", "skip": "dim"}
@@ -112,13 +112,13 @@ def print_wrapped(console: Console, lead: Text, text: str) -> None:
         console.print(Text(" " * len(lead) + line), soft_wrap=True, highlight=False)
 
 
-def exit_code(report: Report, strict: bool) -> int:
+def exit_code(diagnosis: Diagnosis, strict: bool) -> int:
     """2: a setting does not fit the machine (GPUS, an impossible MIXED_PRECISION, KERAS,
     the cluster); 1: an error (or a warning with --strict), or
     the smoke job failed."""
-    if report.bad_settings:
+    if diagnosis.bad_settings:
         return EXIT_BAD_CONFIG
-    return EXIT_FAILED if report.failing(strict) or report.smoke_failed else EXIT_OK
+    return EXIT_FAILED if diagnosis.failing(strict) or diagnosis.smoke_failed else EXIT_OK
 
 
 def render_smoke(smoke: SmokeResult, console: Console) -> None:
@@ -163,18 +163,18 @@ def print_trimmed(console: Console, renderable: RenderableType) -> None:
     console.file.flush()
 
 
-def render(report: Report, console: Console, strict: bool, verbose: bool = False) -> None:
+def render(diagnosis: Diagnosis, console: Console, strict: bool, verbose: bool = False) -> None:
     """The verdict, a compact table (status, check, found; expected under a finding that is
     off; the checks skipped for one reason as one row unless `verbose`), then the fixes,
     numbered, each listed once."""
-    code = exit_code(report, strict)
+    code = exit_code(diagnosis, strict)
     print_trimmed(
-        console, Text(report.verdict(strict), style=STYLES["error"] if code else STYLES["ok"])
+        console, Text(diagnosis.verdict(strict), style=STYLES["error"] if code else STYLES["ok"])
     )
     rows: list[Row] = []
     fixes: list[tuple[str, str]] = []  # (fix, status), in first-seen order
     folded = 0
-    for item in report.rows(verbose):
+    for item in diagnosis.rows(verbose):
         if isinstance(item, SkippedGroup):
             folded += len(item.checks)
             rows.append(Row("skip", item.title, [(item.reason.why, STYLES["skip"])]))
@@ -194,17 +194,17 @@ def render(report: Report, console: Console, strict: bool, verbose: bool = False
     print_rows(console, ("Status", "Check", "Found"), rows)
     for number, (fix, status) in enumerate(fixes, start=1):
         print_wrapped(console, Text(f"[{number}] ", style=STYLES[status]), fix)
-    errors, warnings = len(report.errors), len(report.warnings)
+    errors, warnings = len(diagnosis.errors), len(diagnosis.warnings)
     summary = f"{errors} error(s), {warnings} warning(s)"
     if strict and warnings:
         summary += " (--strict: warnings count as errors)"
-    if report.bad_settings:
+    if diagnosis.bad_settings:
         summary += "; a setting does not fit this machine (exit 2)"
     if folded:
         summary += f"; --verbose lists the {folded} skipped checks one by one"
     print_wrapped(console, Text(""), summary)
-    if report.smoke is not None:
-        render_smoke(report.smoke, console)
+    if diagnosis.smoke is not None:
+        render_smoke(diagnosis.smoke, console)
 
 
 @with_settings(
@@ -254,14 +254,14 @@ def command(
             raise
         _echo_unusable_settings(err, strict)
         raise typer.Exit(code=EXIT_BAD_CONFIG) from None
-    report = diagnose(resolved, os.environ, with_tensorflow=not no_tf, smoke=smoke)
-    code = exit_code(report, strict)
+    diagnosis = diagnose(resolved, os.environ, with_tensorflow=not no_tf, smoke=smoke)
+    code = exit_code(diagnosis, strict)
     if as_json:
-        _echo_json(report, resolved, strict=strict, code=code, bug_report=bug_report)
+        _echo_json(diagnosis, resolved, strict=strict, code=code, bug_report=bug_report)
     elif bug_report:
-        typer.echo(render_markdown(build_report(report, resolved, os.environ, strict=strict)))
+        typer.echo(render_markdown(build_report(diagnosis, resolved, os.environ, strict=strict)))
     else:
-        render(report, Console(), strict, verbose)
+        render(diagnosis, Console(), strict, verbose)
     raise typer.Exit(code=code)
 
 
@@ -275,15 +275,15 @@ def _echo_unusable_settings(err: SettingsErrors, strict: bool) -> None:
 
 
 def _echo_json(
-    report: Report, resolved: ResolvedSettings, *, strict: bool, code: int, bug_report: bool
+    diagnosis: Diagnosis, resolved: ResolvedSettings, *, strict: bool, code: int, bug_report: bool
 ) -> None:
     """--json: the checks, the raw facts, the exit code and (with --report) the bug report."""
-    data = report.to_dict(strict)
+    data = diagnosis.to_dict(strict)
     data["summary"]["strict"] = strict
     data["summary"]["exit_code"] = code
     data["settings_warnings"] = list(resolved.warnings)
     if bug_report:
-        data["report"] = build_report(report, resolved, os.environ, strict=strict).to_dict()
+        data["report"] = build_report(diagnosis, resolved, os.environ, strict=strict).to_dict()
     typer.echo(json.dumps(data, indent=2, default=str))
 
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the training modules come after runtime.apply() set the env
     from mgpu_env.training.run.memcheck import MemoryCheck
     from mgpu_env.training.run.plan import DataPlan, TrainPlan
     from mgpu_env.training.run.prepare import PreparedRun
-    from mgpu_env.training.run.report import Reporter
+    from mgpu_env.training.run.progress import Progress
 
 
 def plan_lines(plan: TrainPlan, data: DataPlan, memory: MemoryCheck,
@@ -130,16 +130,16 @@ def _model_line(model: str, data: DataPlan) -> str:
     return f"{model} (your builder), {shape}"
 
 
-def _reporter(quiet: bool, plan: TrainPlan) -> Reporter:
+def _progress(quiet: bool, plan: TrainPlan) -> Progress:
     """How progress is shown: nothing (QUIET), a progress bar on a terminal, else a line an
     epoch (logs and CI)."""
-    from mgpu_env.training.run.report import EpochLineReporter, ProgbarReporter, Reporter
+    from mgpu_env.training.run.progress import EpochLines, Progbar, Progress
 
     if quiet:
-        return Reporter()
+        return Progress()
     if interactive(sys.stdout, os.environ):
-        return ProgbarReporter(say, samples_per_step=plan.global_batch_size)
-    return EpochLineReporter(say)
+        return Progbar(say, samples_per_step=plan.global_batch_size)
+    return EpochLines(say)
 
 
 @with_settings(scope="train")
@@ -183,11 +183,11 @@ def command(
             say(line)
         return
 
-    def show(prepared: PreparedRun) -> Reporter:
+    def show(prepared: PreparedRun) -> Progress:
         say("mgpu train")
         for line in plan_lines(prepared.plan, prepared.data_plan, prepared.memory, verbose):
             say(line)
-        return _reporter(resolved.settings.quiet, prepared.plan)
+        return _progress(resolved.settings.quiet, prepared.plan)
 
     result = training.train(runtime, preflight=_preflight, show=show, started=started)
     _say_result(result, runtime.strategy_plan.role.is_chief)

@@ -68,7 +68,8 @@ def start_process(
     resolved: ResolvedSettings, command: Command, *, keras_2_code: str | None = None
 ) -> Runtime:
     """Make this process's decisions once, where every entry point starts (mgpu train, run
-    and bench, and a script's first `runtime()`): decide the run folder (OUTPUT_DIR), build
+    and bench, and a script's first `runtime()`), from settings with the run folder already
+    decided (`training.run.resume.resolve_run_settings`; bench names its own): build
     the runtime from the resolved settings (a GPU the machine lacks: ConfigError), write the
     environment TensorFlow reads (CUDA_VISIBLE_DEVICES, TF_CONFIG: before TensorFlow is
     imported), and keep it as this process's runtime, so code of the user's that calls
@@ -76,10 +77,7 @@ def start_process(
     `keras_2_code`: what `mgpu run`'s source scan found that only Keras 2 has (KERAS=auto
     then gives the script tf_keras)."""
     from mgpu_env.runtime import build_runtime
-    from mgpu_env.training.run.rundir import decide_output_dir
 
-    if command != "bench":  # bench names its own folder, runs/bench-<...>
-        resolved = decide_output_dir(resolved)  # the run folder: decided once, here
     built = build_runtime(resolved, command=command, keras_2_code=keras_2_code)
     built.apply()
     adopt(built, tensorflow_prepared=False)
@@ -97,10 +95,10 @@ def runtime() -> Runtime:
     """
     with _LOCK:
         if _STATE.runtime is None:
-            from mgpu_env.config.resolve import resolve_settings
+            from mgpu_env.training.run.resume import resolve_script_settings
 
             # A script of the user's, as under `mgpu run`.
-            return start_process(resolve_settings({}, os.environ), "run")
+            return start_process(resolve_script_settings({}, os.environ), "run")
         return _STATE.runtime
 
 
@@ -156,7 +154,7 @@ def run_dir() -> Path:
         if _STATE.run_dir is None:
             from mgpu_env.training.run.rundir import run_folder
 
-            folder = run_folder(runtime().settings)  # decided by `start_process`
+            folder = run_folder(runtime().settings)  # decided by `resolve_run_settings`
             if is_chief():
                 folder.mkdir(parents=True, exist_ok=True)
             _STATE.run_dir = folder

@@ -15,6 +15,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.runtime import Runtime
+from mgpu_env.training.input.keep import FALLBACK_BYTES
 
 RESULT_PREFIX = "MGPU_BENCH_RESULT "
 
@@ -47,6 +48,9 @@ class PointSpec:
     # The runtime's decisions for this point (`Execution` as JSON: environment, device
     # split, precision, strategy), made by the parent; the child applies them.
     execution: str = ""
+    # Training's keep limit on this machine (`training.run.plan.plan_keep`), decided once by
+    # the parent: whether DATASET's files are read whole here, as `mgpu train` decides it.
+    keep_bytes: int = FALLBACK_BYTES
 
     @property
     def global_batch(self) -> int:

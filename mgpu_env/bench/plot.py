@@ -12,11 +12,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def plot_bench(report: dict[str, Any], path: Path) -> Path:
+def plot_bench(results: dict[str, Any], path: Path) -> Path:
     """Draw bench.json's content (`draw_bench`) to a PNG at `path`."""
     import matplotlib.pyplot as plt
 
-    fig = draw_bench(report)
+    fig = draw_bench(results)
     try:
         rundir.atomic_save(path, lambda temp: fig.savefig(temp, dpi=100, format="png"), ".png")
     finally:
@@ -24,7 +24,7 @@ def plot_bench(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def draw_bench(report: dict[str, Any]) -> Figure:
+def draw_bench(results: dict[str, Any]) -> Figure:
     """Two panels, one series per variant; the caller saves and closes the figure.
 
     Left: median samples/s against replicas, with the interquartile range as error bars
@@ -38,11 +38,11 @@ def draw_bench(report: dict[str, Any]) -> Figure:
     import matplotlib.pyplot as plt
 
     series: dict[str, list[dict[str, Any]]] = {}
-    for point in report.get("points", []):
+    for point in results.get("points", []):
         if not point.get("error"):
             series.setdefault(point["variant"], []).append(point)
 
-    explained = [p for p in report.get("points", [])
+    explained = [p for p in results.get("points", [])
                  if not p.get("error") and (p.get("explain") or {}).get("split")]
     if explained:
         fig, (ax_tp, ax_eff, ax_split) = plt.subplots(1, 3, figsize=(16.5, 4.5))
@@ -53,9 +53,9 @@ def draw_bench(report: dict[str, Any]) -> Figure:
     for index, (variant, points) in enumerate(sorted(series.items())):
         all_replicas.update(_draw_variant(ax_tp, ax_eff, index, variant, points))
     ax_eff.axhline(100.0, linestyle="--", color="grey", label="ideal")
-    _label_axes(report, (ax_tp, ax_eff), sorted(all_replicas), legend=bool(series))
-    points = report.get("points") or [{}]
-    model = points[0].get("model") or report.get("settings", {}).get("BENCH_MODEL", "")
+    _label_axes(results, (ax_tp, ax_eff), sorted(all_replicas), legend=bool(series))
+    points = results.get("points") or [{}]
+    model = points[0].get("model") or results.get("settings", {}).get("BENCH_MODEL", "")
     fig.suptitle(f"mgpu bench: {model}, weak scaling (global batch = batch x replicas)")
     fig.tight_layout()
     return fig
@@ -102,10 +102,10 @@ def _draw_split(ax: Axes, points: list[dict[str, Any]]) -> None:
 
 
 def _label_axes(
-    report: dict[str, Any], axes: tuple[Axes, Axes], ticks: list[int], *, legend: bool
+    results: dict[str, Any], axes: tuple[Axes, Axes], ticks: list[int], *, legend: bool
 ) -> None:
     """Both panels' labels, ticks, grid and titles; every axis from 0."""
-    devices = report.get("devices", {})
+    devices = results.get("devices", {})
     kind = devices.get("kind", "?")
     if devices.get("logical"):
         kind = f"logical {kind} devices"

@@ -37,17 +37,17 @@ from mgpu_env.bench.plan import (
     power_of_two_counts,
     replica_counts,
 )
-from mgpu_env.bench.report import (
+from mgpu_env.bench.results import (
     BENCH_JSON,
     SCHEMA_VERSION,
-    BenchReport,
+    BenchResults,
     add_efficiencies,
     chunk_notes,
     input_alone_verdicts,
     input_costs,
     point_record,
     seed_comparison,
-    write_report,
+    write_results,
 )
 from mgpu_env.config.errors import RunFailed
 from mgpu_env.config.settings import Settings
@@ -62,7 +62,7 @@ __all__ = [
     "BENCH_PNG",
     "RESULT_PREFIX",
     "SCHEMA_VERSION",
-    "BenchReport",
+    "BenchResults",
     "DevicePlan",
     "Group",
     "PointSpec",
@@ -81,7 +81,7 @@ __all__ = [
     "run_bench",
     "run_child",
     "seed_comparison",
-    "write_report",
+    "write_results",
 ]
 
 
@@ -175,11 +175,11 @@ def run_bench(
     runner: ChildRunner | None = None,
     on_point: Callable[[dict[str, Any], int, int], None] | None = None,
     profile_root: Path | None = None,
-) -> BenchReport:
-    """Run the sweep (and the seed comparison if BENCH_COMPARE) and return the report.
+) -> BenchResults:
+    """Run the sweep (and the seed comparison if BENCH_COMPARE) and return the results.
 
     A point whose child fails is recorded with its error and the sweep goes on; the caller
-    decides the exit code from `report.failed`. Raises ConfigError for an impossible plan.
+    decides the exit code from `results.failed`. Raises ConfigError for an impossible plan.
     BENCH_EXPLAIN profiles each point into a folder under `profile_root` (else a temporary one).
     """
     environ = os.environ if environ is None else environ
@@ -195,14 +195,15 @@ def run_bench(
             # BENCH_TIMEOUT is each point's: a child measuring three variants gets three.
             return run_child(group, timeout_s=settings.bench_timeout * len(group))
     devices = plan_devices(settings, runtime.selection, environ)
-    specs = _planned_points(runtime, devices, profile_root)
+    keep = _keep_bytes(runtime)
+    specs = _planned_points(runtime, devices, profile_root, keep)
     comparison = None
     if settings.bench_compare:
-        seed_spec, mgpu_spec = attach_executions(
-            comparison_points(settings, devices), devices, runtime
-        )
+        seed_spec, mgpu_spec = (dataclasses.replace(spec, keep_bytes=keep) for spec in
+                                attach_executions(comparison_points(settings, devices),
+                                                  devices, runtime))
         comparison = (seed_spec, mgpu_spec)
-    report = BenchReport(
+    results = BenchResults(
         settings=settings.describe(),
         devices=devices,
         method=dict(METHOD, warmup_steps=settings.bench_warmup,
@@ -217,26 +218,35 @@ def run_bench(
         if comparison[1] not in specs:
             groups.insert(1, (comparison[1],))
     measured = _measure_groups(groups, runner, on_point)
-    report.points.extend(measured[spec] for spec in specs)
-    add_efficiencies(report.points)
+    results.points.extend(measured[spec] for spec in specs)
+    add_efficiencies(results.points)
     if settings.bench_explain:
-        explain_points(report.points, _link_class(runtime))
-    report.notes.extend(chunk_notes(report.points))
+        explain_points(results.points, _link_class(runtime))
+    results.notes.extend(chunk_notes(results.points))
     if comparison is not None:
         seed_spec, mgpu_spec = comparison
         seed, twin = measured[seed_spec], measured[mgpu_spec]
-        report.seed_comparison = seed_comparison(seed, twin)
-    return report
+        results.seed_comparison = seed_comparison(seed, twin)
+    return results
 
 
-def _planned_points(runtime: Runtime, devices: DevicePlan, profile_root: Path | None
-                    ) -> list[PointSpec]:
-    """The sweep's points with their executions, and their profile folders (BENCH_EXPLAIN)."""
+def _keep_bytes(runtime: Runtime) -> int:
+    """Training's keep limit on this machine, decided once for every point (`plan_keep`,
+    as `mgpu train` decides it): a point reads DATASET's files whole only under it."""
+    from mgpu_env.training.run.plan import plan_keep
+
+    return plan_keep(runtime, workers=1).bytes
+
+
+def _planned_points(runtime: Runtime, devices: DevicePlan, profile_root: Path | None,
+                    keep_bytes: int) -> list[PointSpec]:
+    """The sweep's points with their executions, training's keep limit, and their profile
+    folders (BENCH_EXPLAIN)."""
     settings = runtime.settings
-    specs = attach_executions(
+    specs = [dataclasses.replace(spec, keep_bytes=keep_bytes) for spec in attach_executions(
         plan_points(settings, devices, runtime.compute_capabilities(), runtime.cpu_flags),
         devices, runtime,
-    )
+    )]
     return with_profile_dirs(specs, profile_root) if settings.bench_explain else specs
 
 

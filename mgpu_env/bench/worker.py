@@ -52,6 +52,7 @@ def point_data(spec: PointSpec) -> PointData:
     synthetic data are measured on the same model."""
     from mgpu_env.bench.models import model_shape
     from mgpu_env.training.input.data import load_arrays, load_data, resolve_dataset
+    from mgpu_env.training.input.keep import KeepLimit
 
     choice = resolve_dataset(spec.dataset, Path(spec.data_dir) if spec.data_dir else None)
     if choice.origin == "hook":
@@ -65,7 +66,9 @@ def point_data(spec: PointSpec) -> PointData:
                 "your own."
             )
         return PointData(choice, arrays, shape)
-    kept = None if spec.data == "synthetic" else load_arrays(choice, spec.seed)
+    # Files are read whole under training's keep limit, as `mgpu train` would keep them.
+    keep = KeepLimit(spec.keep_bytes, "training's keep limit")
+    kept = None if spec.data == "synthetic" else load_arrays(choice, spec.seed, keep)
     return PointData(choice, kept, model_shape(spec.model))
 
 

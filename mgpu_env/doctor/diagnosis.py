@@ -13,7 +13,7 @@ from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import SettingError, SettingsErrors
 from mgpu_env.doctor.checks import ALL_CHECKS, run_checks
 from mgpu_env.doctor.facts import Facts, HostFacts
-from mgpu_env.doctor.verdict import Report
+from mgpu_env.doctor.verdict import Diagnosis
 from mgpu_env.hardware import cudadriver, cudalibs, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
@@ -158,7 +158,7 @@ def diagnose(
     with_tensorflow: bool = True,
     smoke: bool = False,
     smoke_timeout_s: float | None = None,
-) -> Report:
+) -> Diagnosis:
     """Gather the facts and judge them all; with `smoke`, also run the smoke job with the
     runtime training would have. Never raises for what it finds."""
     environ = os.environ if environ is None else environ
@@ -167,5 +167,5 @@ def diagnose(
     if smoke:
         import mgpu_env.doctor.smoke as smoke_job
 
-        smoke_result = smoke_job.run(runtime, environ, smoke_timeout_s, p2p=facts.p2p)
-    return Report(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)
+        smoke_result = smoke_job.smoke_test(runtime, environ, smoke_timeout_s, p2p=facts.p2p)
+    return Diagnosis(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)

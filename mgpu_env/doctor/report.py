@@ -3,7 +3,7 @@
 Like `accelerate env` and `python -m torch.utils.collect_env`: versions, the TensorFlow
 build, the driver, each GPU, NCCL, CPU and RAM, the packages that differ from
 requirements.lock, and the settings with where each came from. Built from a doctor
-`Report` (nothing is probed twice) plus a few probes of its own, each of which answers
+`Diagnosis` (nothing is probed twice) plus a few probes of its own, each of which answers
 "could not collect (why)" rather than fail. Values of variables whose names say token, key,
 secret or password are masked, and so are passwords inside URLs.
 """
@@ -25,7 +25,7 @@ from mgpu_env.about import About, about
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import BY_ENV
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.doctor.verdict import Report
+from mgpu_env.doctor.verdict import Diagnosis
 from mgpu_env.hardware.nvml import Probed, probe
 
 MASK = "****"
@@ -199,10 +199,10 @@ def probe_package_drift(environ: Mapping[str, str]) -> Probed[tuple[PackageDrift
 # ----------------------------------------------------------------------------- report
 
 
-def _gpu_lines(report: Report) -> tuple[GpuLine, ...]:
-    used = {gpu.index for gpu in report.facts.selected}
+def _gpu_lines(diagnosis: Diagnosis) -> tuple[GpuLine, ...]:
+    used = {gpu.index for gpu in diagnosis.facts.selected}
     lines = []
-    for gpu in report.facts.gpus:
+    for gpu in diagnosis.facts.gpus:
         total = gpu.memory_total_mib
         cc = gpu.compute_capability
         mig = gpu.mig_enabled
@@ -218,10 +218,10 @@ def _gpu_lines(report: Report) -> tuple[GpuLine, ...]:
     return tuple(lines)
 
 
-def _tensorflow(report: Report) -> dict[str, str]:
-    tf = report.facts.tensorflow
+def _tensorflow(diagnosis: Diagnosis) -> dict[str, str]:
+    tf = diagnosis.facts.tensorflow
     if tf is None:
-        version = report.facts.versions.get("TensorFlow", Probed(error="not probed"))
+        version = diagnosis.facts.versions.get("TensorFlow", Probed(error="not probed"))
         return {"version": version.text(), "build": "not probed (--no-tf)"}
     out = {"version": tf.version.text()}
     build = tf.build.value if tf.build.ok else None
@@ -259,15 +259,15 @@ def _environment(resolved: ResolvedSettings, environ: Mapping[str, str]) -> dict
 
 
 def build_report(
-    report: Report,
+    diagnosis: Diagnosis,
     resolved: ResolvedSettings,
     environ: Mapping[str, str] | None = None,
     *,
     strict: bool = False,
 ) -> BugReport:
-    """The bug report for a doctor `report` run with `resolved` settings. Never raises."""
+    """The bug report for a doctor `diagnosis` made with `resolved` settings. Never raises."""
     environ = os.environ if environ is None else environ
-    facts = report.facts
+    facts = diagnosis.facts
     snapshot = facts.nvml
     versions = facts.versions
     system = {
@@ -293,17 +293,17 @@ def build_report(
     }
     return BugReport(
         about=about(environ),
-        verdict=report.verdict(strict),
+        verdict=diagnosis.verdict(strict),
         system=system,
-        tensorflow=_tensorflow(report),
+        tensorflow=_tensorflow(diagnosis),
         driver=driver,
-        gpus=_gpu_lines(report),
+        gpus=_gpu_lines(diagnosis),
         nccl=probe_nccl(),
         packages=probe_package_drift(environ),
         settings=settings,
         environment=_environment(resolved, environ),
         problems=tuple(
-            (c.status, c.title, c.found) for c in report.checks if c.status in ("warn", "error")
+            (c.status, c.title, c.found) for c in diagnosis.checks if c.status in ("warn", "error")
         ),
     )
 

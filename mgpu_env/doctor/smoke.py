@@ -110,7 +110,7 @@ def failed(error: str, fix: str, seconds: float = 0.0) -> SmokeResult:
 # ------------------------------------------------------------------------------- parent
 
 
-def run(
+def smoke_test(
     runtime: Runtime | None, environ: Mapping[str, str], timeout_s: float | None = None,
     *, p2p: P2pHost | None = None, phase_timeout_s: float | None = None,
 ) -> SmokeResult:
@@ -130,7 +130,7 @@ def run(
     # TensorFlow's whole log comes back on the child's stderr; `tflog` keeps its reason.
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"
     env["MGPU_DEBUG"] = "1"
-    done = childprobe.run(
+    done = childprobe.ask(
         [sys.executable, "-m", "mgpu_env.doctor.smoke", runtime.execution.to_json()], env,
         marker=JSON_MARKER, timeout_s=timeout,
         progress=childprobe.Progress(links.PHASE_MARKER, phase_timeout,
@@ -152,7 +152,7 @@ def run(
                   done.seconds)
 
 
-def _hung(done: childprobe.ChildRun, timeout: float, phase_timeout: float,
+def _hung(done: childprobe.ChildAnswer, timeout: float, phase_timeout: float,
           p2p: P2pHost | None) -> SmokeResult:
     """The smoke job stopped: past its timeout, or in a phase between devices without
     progress (then with the likely cause the host's P2P facts name)."""

@@ -1,4 +1,4 @@
-"""The doctor's report as data: the judged checks, the facts behind them, the one-line
+"""The doctor's diagnosis as data: the judged checks, the facts behind them, the one-line
 verdict, and the JSON object `mgpu doctor --json` prints (its layout: SCHEMA_VERSION)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class Report:
+class Diagnosis:
     """The judged checks and the raw facts behind them."""
 
     checks: tuple[Check, ...]

@@ -31,7 +31,7 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class ChildRun:
+class ChildAnswer:
     """What a probe child gave back. `answer`: the text after the marker (None: no such
     line); `start_error`: why it could not start; `timed_out`: stopped at the timeout;
     `hung_in`: the phase it was stopped in (with `Progress`)."""
@@ -92,17 +92,17 @@ def _answer(stdout: str, marker: str) -> str | None:
     return None
 
 
-def run(
+def ask(
     argv: Sequence[str], environ: Mapping[str, str], *, marker: str, timeout_s: float,
     progress: Progress | None = None,
-) -> ChildRun:
+) -> ChildAnswer:
     """Run the child `argv` with `environ`; never raises."""
     start = time.monotonic()
     try:
         process = subprocess.Popen(list(argv), env=dict(environ), stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as error:
-        return ChildRun(None, start_error=f"could not start Python: {error}")
+        return ChildAnswer(None, start_error=f"could not start Python: {error}")
     out, err, state, readers = _read(process, progress)
     hung: str | None = None
     while process.poll() is None:
@@ -119,7 +119,7 @@ def run(
     for reader in readers:
         reader.join(timeout=5)
     stdout, stderr = "".join(out), "".join(err)
-    return ChildRun(None if hung is not None else _answer(stdout, marker), stdout, stderr,
+    return ChildAnswer(None if hung is not None else _answer(stdout, marker), stdout, stderr,
                     process.returncode, timed_out=hung is not None,
                     hung_in=hung if progress is not None else None,
                     seconds=time.monotonic() - start)

@@ -100,7 +100,7 @@ def _from_json(text: str) -> DriverApi:
 
 def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) -> Probed[DriverApi]:
     """Ask CUDA's driver API in a child with `environ`. Never raises."""
-    done = childprobe.run([sys.executable, "-I", "-S", "-c", CHILD], environ,
+    done = childprobe.ask([sys.executable, "-I", "-S", "-c", CHILD], environ,
                           marker=JSON_MARKER, timeout_s=timeout_s)
     if done.start_error is not None:
         return Probed(error=done.start_error)

@@ -354,7 +354,7 @@ def from_json(text: str) -> CudaStack:
 
 def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) -> CudaStack:
     """Run `collect_in_process` in a child Python with `environ`. Never raises."""
-    done = childprobe.run([sys.executable, "-m", "mgpu_env.hardware.cudalibs"], environ,
+    done = childprobe.ask([sys.executable, "-m", "mgpu_env.hardware.cudalibs"], environ,
                           marker=JSON_MARKER, timeout_s=timeout_s)
     if done.start_error is not None:
         return failed(done.start_error)

@@ -214,7 +214,7 @@ def decide_runtime(
     from plain python), "train" or "bench" (mgpu's own); it decides KERAS=auto between
     workers. Raises SettingsErrors (a GPU the machine lacks) or ConfigError (settings that
     cannot work together here): both exit 2. `keras_2_code`: what in `mgpu run`'s script
-    only Keras 2 has (`runtime.source_scan`), for KERAS=auto.
+    only Keras 2 has (`launcher.source_scan`), for KERAS=auto.
     """
     settings, environ = resolved.settings, machine.environ
     decision = decide_cluster(settings, environ)

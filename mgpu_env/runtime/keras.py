@@ -9,7 +9,7 @@ with the other decisions, and travels as that variable in the `Execution`'s envi
 
 Code written for Keras 2 (`tf.keras` before TensorFlow 2.16) meets Keras 3 on one machine
 too: `metric.reset_states()`, `tf.keras.optimizers.legacy`, `get_scaled_loss`. `mgpu run`
-reads the script first (`runtime/source_scan.py`); what only Keras 2 has makes KERAS=auto
+reads the script first (`launcher/source_scan.py`); what only Keras 2 has makes KERAS=auto
 choose tf_keras, with the API and its file:line in the reason. What the scan cannot see,
 the failure does: a `tf.keras` script that fails under the Keras 3 KERAS=auto chose ends with
 KERAS=2 and the command, whatever the error (`KerasChoice.by_default`), and `keras_2_error`

@@ -225,7 +225,7 @@ def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) ->
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"
     env["MGPU_DEBUG"] = "1"
     visibility = {k: env[k] for k in VISIBILITY_VARIABLES if k in env}
-    done = childprobe.run([sys.executable, "-m", "mgpu_env.tfprobes.tfprobe"], env,
+    done = childprobe.ask([sys.executable, "-m", "mgpu_env.tfprobes.tfprobe"], env,
                           marker=JSON_MARKER, timeout_s=timeout_s)
     if done.start_error is not None:
         return failed(done.start_error, visibility)

@@ -24,7 +24,7 @@ import pytest
 
 import mgpu_env
 from mgpu_env.config.resolve import resolve_settings
-from mgpu_env.doctor import Report, diagnose
+from mgpu_env.doctor import Diagnosis, diagnose
 from mgpu_env.doctor import facts as probes
 from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.hardware.nvml import Probed
@@ -207,7 +207,7 @@ def set_up(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Any, d
     return settings, environ
 
 
-def render_table(report: Report) -> str:
+def render_table(report: Diagnosis) -> str:
     from rich.console import Console
 
     from entrypoint.doctor import render
@@ -218,7 +218,7 @@ def render_table(report: Report) -> str:
     return out.getvalue()
 
 
-def judge(thread: Thread, report: Report, table: str, tmp: Path) -> Outcome:
+def judge(thread: Thread, report: Diagnosis, table: str, tmp: Path) -> Outcome:
     flagged = [c for c in report.checks if c.status in ("warn", "error")]
     detected = bool(report.errors) if thread.status == "error" else bool(flagged)
     said = " ".join(f"{c.found} {c.fix}" for c in flagged).lower()
@@ -232,7 +232,7 @@ def judge(thread: Thread, report: Report, table: str, tmp: Path) -> Outcome:
     )
 
 
-def simulate(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Outcome, Report]:
+def simulate(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Outcome, Diagnosis]:
     """Simulate `thread` in `tmp` and run the doctor on it."""
     settings, environ = set_up(thread, tmp, patch)
     report = diagnose(settings, environ)

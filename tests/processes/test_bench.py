@@ -40,7 +40,7 @@ from mgpu_env.bench.sweep import (
     plan_points,
     replica_counts,
     run_bench,
-    write_report,
+    write_results,
 )
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest
@@ -161,7 +161,7 @@ def test_bench_json_holds_points_settings_devices_and_efficiencies(tmp_path: Pat
     chosen = settings(VIRTUAL_DEVICES="4", BENCH_STEPS="10", BENCH_INTERVALS="4",
                       BATCH_SIZE="64")
     report = run_bench(runtime_of(chosen), environ={}, runner=fake_runner())
-    path = write_report(report, tmp_path / "out")
+    path = write_results(report, tmp_path / "out")
     data = json.loads(path.read_text())
 
     assert path.name == "bench.json"
@@ -311,6 +311,29 @@ def test_seed_comparison_reuses_the_sweeps_point_and_reports_the_ratio() -> None
     assert comparison["ratio"] == pytest.approx(3.0)
     assert comparison["seed"]["runner"] == "seed"
     assert len(data["points"]) == 2  # the seed is not a sweep point
+
+
+def test_every_point_reads_files_under_trainings_keep_limit(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_env.training.input import keep
+    from mgpu_env.training.run.plan import plan_keep
+
+    calls: list[PointSpec] = []
+    runner = fake_runner()
+
+    def counting(group: Group) -> list[dict[str, Any]]:
+        calls.extend(group)
+        return runner(group)
+
+    # The host's memory, as `mgpu train` would read it, fixed so both readings agree.
+    monkeypatch.setattr(keep, "host_available_bytes", lambda *a: 6 * keep.GIB)
+    runtime = runtime_of(settings(VIRTUAL_DEVICES="2", BENCH_COMPARE="1"))
+    run_bench(runtime, environ={}, runner=counting)
+    trainings = plan_keep(runtime, workers=1).bytes
+    assert trainings not in (0, keep.FALLBACK_BYTES)  # a limit that is not the fixed one
+    assert [s.keep_bytes for s in calls] == [trainings] * 3  # the seed's point too
+    assert [s.runner for s in calls] == ["seed", "mgpu", "mgpu"]  # the twin is still shared
 
 
 def test_seed_comparison_runs_its_own_fp32_point_when_the_sweep_has_none() -> None:
@@ -482,7 +505,7 @@ def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_
     # Chunks of 5 steps: 4 rows of 3 float32 features and a label each per replica.
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 4 * (3 + 1) * 4)
     strategy = mirrored_over(logical_cpus[:2])
-    feed = stream.StreamFeed(strategy, small_arrays(), 8, 42)
+    feed = stream.StreamFeed(strategy, small_arrays(), 8, 42, steps_per_epoch=100 // 8)
     assert (feed.steps_per_epoch, feed.steps_per_chunk) == (12, 5)
     # 2 epochs: 24 batches but 5 elements (chunks of 5, 5, 5, 5 and 4 steps per replica).
     # The first is the warm-up; the budget is never reached: the stream ends first.
@@ -493,7 +516,8 @@ def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_
     alone = measure_input_alone(feed, strategy, 8, 0)
     assert (alone["elements"], alone["samples"]) == (MIN_TIMED_ELEMENTS, 32 * 5 * 8)
     # One element of a stream with nothing after it: nothing to time, and no error.
-    short = time_dataset(stream.StreamFeed(strategy, small_arrays(20), 8, 42).dataset(0, 1),
+    short = time_dataset(stream.StreamFeed(strategy, small_arrays(20), 8, 42,
+                                          steps_per_epoch=20 // 8).dataset(0, 1),
                          strategy, True, 1, 10**9)
     assert short["samples_per_s"] is None and "warm-up" in short["skipped"]
 
@@ -508,11 +532,13 @@ def test_a_loaders_stream_alone_counts_per_replica_batches(
     strategy = mirrored_over(logical_cpus[:2])
     arrays = small_arrays()
     rows = tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train))
-    feed = RowStreamFeed(strategy, rows, arrays.train_size, 8, 42)
+    feed = RowStreamFeed(strategy, rows, arrays.train_size, 8, 42,
+                         steps_per_epoch=arrays.train_size // 8)
     alone = measure_input_alone(feed, strategy, 8, 80)
     # Each element is one global batch, 4 rows on each of the 2 replicas.
     assert (alone["elements"], alone["samples"]) == (MIN_TIMED_ELEMENTS, 32 * 8)
-    kept = measure_input_alone(ResidentFeed.place(strategy, arrays, 8, 42), strategy, 8, 80)
+    resident = ResidentFeed.place(strategy, arrays, 8, 42, steps_per_epoch=arrays.train_size // 8)
+    kept = measure_input_alone(resident, strategy, 8, 80)
     assert kept == {"samples_per_s": None, "skipped": KEPT_REASON}
     assert element_samples([(tf.zeros((3, 4, 2)), tf.zeros((3, 4)))], chunked=True) == 12
     assert element_samples([(tf.zeros((3, 4, 2)), tf.zeros((3, 4)))], chunked=False) == 3

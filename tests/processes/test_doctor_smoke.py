@@ -39,7 +39,7 @@ def python_that(tmp_path: Path, body: str) -> str:
 
 def test_a_hung_job_is_stopped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sys, "executable", python_that(tmp_path, "sleep 30"))
-    result = smoke.run(CPU, {}, timeout_s=0.5)
+    result = smoke.smoke_test(CPU, {}, timeout_s=0.5)
     assert not result.ok
     assert result.error == "the smoke job did not finish within 0.5 s (stopped)"
     assert "NCCL_DEBUG=INFO mgpu doctor --smoke" in result.fix
@@ -63,12 +63,12 @@ def test_hung_job_exits_1_with_the_fix_and_no_traceback(
 def test_crashed_job_is_a_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sys, "executable",
                         python_that(tmp_path, "echo 'Segmentation fault' >&2; exit 139"))
-    result = smoke.run(CPU, {})
+    result = smoke.smoke_test(CPU, {})
     assert not result.ok and "exited with code 139: Segmentation fault" in (result.error or "")
 
 
 def test_settings_that_make_no_runtime_run_nothing() -> None:
-    result = smoke.run(None, {})
+    result = smoke.smoke_test(None, {})
     assert not result.ok and "settings do not fit" in (result.error or "")
 
 
@@ -86,8 +86,8 @@ def test_a_failed_step_is_rendered_with_its_fix(
         devices=("GPU:0", "GPU:1"), device_type="GPU", cross_device_ops="nccl",
     )
     asked: list[Runtime | None] = []
-    monkeypatch.setattr(smoke, "run", lambda runtime, env, timeout_s=None, **kw: asked.append(
-        runtime) or canned)
+    monkeypatch.setattr(smoke, "smoke_test",
+                        lambda runtime, env, timeout_s=None, **kw: asked.append(runtime) or canned)
     code, out = invoke("--smoke", env={"VIRTUAL_DEVICES": "2"})
     assert code == 1
     # The job gets the runtime training would have: its split and all-reduce.
@@ -178,7 +178,7 @@ def test_a_hang_between_devices_is_named_with_its_likely_cause(
     from tests.support.fake_doctor import p2p_host
 
     monkeypatch.setattr(sys, "executable", child_that_hangs_in(tmp_path, "copy GPU:0->GPU:1"))
-    result = smoke.run(CPU, {}, timeout_s=60, phase_timeout_s=0.5,
+    result = smoke.smoke_test(CPU, {}, timeout_s=60, phase_timeout_s=0.5,
                        p2p=p2p_host(acs=("0000:00:03.1",)))
     assert not result.ok and result.hung_in == "copy GPU:0->GPU:1"
     assert "hung in copy GPU:0->GPU:1" in (result.error or "")
@@ -192,7 +192,7 @@ def test_a_hang_in_a_vm_gets_the_vm_fix(monkeypatch: pytest.MonkeyPatch,
     from tests.support.fake_doctor import p2p_host
 
     monkeypatch.setattr(sys, "executable", child_that_hangs_in(tmp_path, "all-reduce"))
-    result = smoke.run(CPU, {}, timeout_s=60, phase_timeout_s=0.5,
+    result = smoke.smoke_test(CPU, {}, timeout_s=60, phase_timeout_s=0.5,
                        p2p=p2p_host(hypervisor=True))
     assert result.hung_in == "all-reduce" and result.fix == FIX_P2P_VM
     assert "virtual machine" in (result.error or "")

@@ -118,12 +118,15 @@ def _rows_seen(strategy: Any, feed_kind: str, size: int, global_batch: int,
 
     steps = StepFunctions(count_rows, None, None, None, None, None, None)
     arrays = Arrays("test", x, y, x[:10], y[:10])
+    per_epoch = size // global_batch  # the plan's count: whole global batches
     feed: Any = (
-        ResidentFeed.place(strategy, arrays, global_batch, seed=3) if feed_kind == "resident"
-        else StreamFeed(strategy, arrays, global_batch, seed=3, steps_per_call=4)
+        ResidentFeed.place(strategy, arrays, global_batch, seed=3, steps_per_epoch=per_epoch)
+        if feed_kind == "resident"
+        else StreamFeed(strategy, arrays, global_batch, seed=3, steps_per_call=4,
+                        steps_per_epoch=per_epoch)
         if feed_kind == "stream"
         else RowStreamFeed(strategy, tf.data.Dataset.from_tensor_slices((x, y)), size,
-                           global_batch, seed=3)
+                           global_batch, seed=3, steps_per_epoch=per_epoch)
     )
     seen = []
     for first, count in spans:
@@ -383,7 +386,7 @@ def test_a_save_at_a_stop_that_takes_long_or_fails_is_said(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from mgpu_env.training.run import epochs
-    from mgpu_env.training.run.report import Reporter
+    from mgpu_env.training.run.progress import Progress
     from mgpu_env.training.run.signals import StopRequest
 
     monkeypatch.setattr(epochs, "STOP_SAVE_TOLD_AFTER_S", 0.05)
@@ -391,7 +394,7 @@ def test_a_save_at_a_stop_that_takes_long_or_fails_is_said(
 
     def saving(checkpoints: Any) -> Any:
         return epochs.Saving(checkpoints, Schedule(CheckpointInterval(), 100),
-                             lambda flags: flags, _Session(), Reporter())
+                             lambda flags: flags, _Session(), Progress())
 
     slow = _SlowOrBrokenCheckpoints(seconds=0.3)
     assert epochs.save_inside_epoch(saving(slow), Position(2, 40), stopping)

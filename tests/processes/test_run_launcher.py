@@ -95,7 +95,7 @@ def test_the_scripts_exit_code_is_mgpus(
         tail = result.stderr[result.stderr.index("Traceback (most recent call last):"):]
         assert 'File "train.py", line 3, in <module>' in tail and "in load" in tail
         assert tail.strip().endswith(stderr)
-        assert "launcher.py" not in tail and "runpy" not in tail and "--debug" not in tail
+        assert "mgpu_env/launcher" not in tail and "runpy" not in tail and "--debug" not in tail
 
 
 def test_dash_m_runs_a_module_with_its_arguments(tmp_path: Path) -> None:

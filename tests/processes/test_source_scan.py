@@ -1,4 +1,4 @@
-"""The source scan of `mgpu run` (runtime/source_scan.py) and the Keras 2 failure notes.
+"""The source scan of `mgpu run` (launcher/source_scan.py) and the Keras 2 failure notes.
 
 The fast tests read sources only. The slow one runs every snippet of the catalogue in two
 real processes, tf.keras = Keras 3 and tf.keras = tf_keras, and holds each entry to what
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env.runtime.source_scan import MAX_FILES, scan_script
+from mgpu_env.launcher.source_scan import MAX_FILES, scan_script
 from tests.support.children import child_env
 
 # (snippet, the API the scan reports, kind): each runs after PRELUDE.
@@ -56,7 +56,7 @@ GONE = [
      "tf.keras.wrappers.scikit_learn.KerasClassifier"),
     ("tf.keras.backend.get_session()", ".get_session()"),
 ]
-# What Keras 3 refuses and tf_keras runs, found by the rules of runtime/keras_3_breaks.py
+# What Keras 3 refuses and tf_keras runs, found by the rules of launcher/keras_3_breaks.py
 # (snippet, the API a finding on its line shows): files a save, checkpoint or load names,
 # keywords and names Keras 3's tf.keras lacks, integer shapes, `optimizer.lr`.
 KERAS_3_REFUSES = [
@@ -376,7 +376,7 @@ TABLES = """\
 import inspect, json, sys
 import tensorflow as tf
 import tf_keras
-from mgpu_env.runtime.keras_3_breaks import COMPARED_MODULES
+from mgpu_env.launcher.keras_3_breaks import COMPARED_MODULES
 names = {}
 for module in COMPARED_MODULES:
     old, new = tf_keras, tf.keras
@@ -402,7 +402,7 @@ def test_the_tables_are_the_difference_between_the_two_keras(tmp_path: Path) -> 
     module; KERAS_2_ONLY_KEYWORDS holds every keyword Model's signatures lost (compile's
     sample_weight_mode and experimental_steps_per_execution went through **kwargs: the
     catalogue above runs them)."""
-    from mgpu_env.runtime.keras_3_breaks import KERAS_2_ONLY_KEYWORDS, KERAS_2_ONLY_NAMES
+    from mgpu_env.launcher.keras_3_breaks import KERAS_2_ONLY_KEYWORDS, KERAS_2_ONLY_NAMES
 
     script = write(tmp_path, "tables.py", TABLES)
     env = child_env(tmp_path, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="3",

@@ -67,6 +67,18 @@ def test_each_layout_is_counted_once_then_read_from_the_cache(
     assert isinstance(npy, Arrays) and isinstance(npy.x_train, np.memmap)
 
 
+def test_files_are_read_whole_only_under_the_callers_keep_limit(tmp_path: Path) -> None:
+    from mgpu_env.training.input.data import load_arrays, resolve_dataset
+    from mgpu_env.training.input.keep import KeepLimit
+
+    choice = resolve_dataset(f"tfrecord:{write_tfrecords(tmp_path / 'tf', files=2, per_file=8)}",
+                             None)
+    assert load_arrays(choice, seed=0).train_size == 16  # the fixed limit keeps them
+    assert load_arrays(choice, 0, KeepLimit(1024**3, "test")).train_size == 16
+    with pytest.raises(ConfigError, match=r"decoded samples are over 0 GiB, so they stream"):
+        load_arrays(choice, 0, KeepLimit(0, "nothing kept"))
+
+
 def test_a_changed_file_is_counted_again(tmp_path: Path) -> None:
     folder = write_npy(tmp_path / "np")
     assert load("npy", folder).train_size == 64
@@ -323,7 +335,8 @@ def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
     strategy = make_strategy(plan_strategy("auto", logical_cpus[:2], "CPU", 1))
 
     def chunks(arrays: Arrays) -> list[np.ndarray]:
-        feed = stream.StreamFeed(strategy, arrays, global_batch=16, seed=1)
+        feed = stream.StreamFeed(strategy, arrays, global_batch=16, seed=1,
+                                 steps_per_epoch=arrays.train_size // 16)
         return [np.concatenate([v.numpy() for v in strategy.experimental_local_results(x)])
                 for x, _ in feed.dataset(0, epochs=2)]
 

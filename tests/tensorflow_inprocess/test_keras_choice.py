@@ -12,9 +12,9 @@ from mgpu_env import launcher
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.doctor.checks import check_keras
 from mgpu_env.doctor.facts import KerasFacts
+from mgpu_env.launcher.source_scan import ScriptScan, scan_script
 from mgpu_env.runtime import Execution
 from mgpu_env.runtime.keras import KerasChoice, choose_keras
-from mgpu_env.runtime.source_scan import ScriptScan, scan_script
 from tests.support.runtimes import runtime_of
 
 HOSTS = {"WORKER_HOSTS": "127.0.0.1:2222,127.0.0.1:2223", "WORKER_INDEX": "0",

@@ -170,7 +170,7 @@ def test_an_exception_shows_the_scripts_traceback_only_and_exits_1(
     assert err.startswith("Traceback (most recent call last):")
     assert f'File "{path}", line 4, in <module>' in err and "in inner" in err
     assert err.strip().endswith("ValueError: shape (3,) wrong")
-    assert "launcher.py" not in err and "runpy" not in err
+    assert "mgpu_env/launcher" not in err and "runpy" not in err
 
 
 def test_dash_m_runs_a_module_from_the_working_folder(
@@ -249,8 +249,8 @@ def test_plain_python_bad_settings_raise_the_same_message(
 
 
 def test_the_plan_is_said_in_the_words_of_the_setting_that_chose_it() -> None:
+    from mgpu_env.launcher.strategy_watch import planned_replicas
     from mgpu_env.runtime.strategy import StrategyPlan
-    from mgpu_env.runtime.strategy_watch import planned_replicas
 
     def plan(devices: int, device_type: str, physical: int, kind: str = "mirrored") -> Any:
         names = tuple(f"/device:{device_type}:{i}" for i in range(devices))
@@ -265,7 +265,7 @@ def test_the_plan_is_said_in_the_words_of_the_setting_that_chose_it() -> None:
 
 
 def test_each_way_a_script_strategy_can_differ_from_the_plan_has_its_words_and_fix() -> None:
-    from mgpu_env.runtime.strategy_watch import (
+    from mgpu_env.launcher.strategy_watch import (
         BuiltStrategy,
         PlannedReplicas,
         end_line,
@@ -313,7 +313,7 @@ def test_real_strategies_are_recorded_as_they_are_built(
     import tensorflow as tf
     from tensorflow.python.distribute import distribute_lib
 
-    from mgpu_env.runtime import strategy_watch
+    from mgpu_env.launcher import strategy_watch
 
     # Restore TensorFlow's constructor, and forget what was built, after the test.
     monkeypatch.setattr(distribute_lib.StrategyBase, "__init__",

@@ -209,17 +209,20 @@ def _losses_per_call(
     y = (x[:, :10].argmax(axis=1)).astype(np.int32)
     arrays = Arrays("test", x, y, x[:10], y[:10])
     global_batch = 64  # 10 steps per epoch; 60 rows of each epoch are left out
+    per_epoch = len(x) // global_batch  # the plan's count: whole global batches
     trainer = build_trainer(
         strategy, lambda: build_model(0), learning_rate=0.01,
         precision=PrecisionChoice(FLOAT32, False, "test"), global_batch_size=global_batch,
         jit_compile=False,
     )
     feed: Any = (
-        ResidentFeed.place(strategy, arrays, global_batch, seed=3) if feed_kind == "resident"
-        else StreamFeed(strategy, arrays, global_batch, seed=3, steps_per_call=stream_call)
+        ResidentFeed.place(strategy, arrays, global_batch, seed=3, steps_per_epoch=per_epoch)
+        if feed_kind == "resident"
+        else StreamFeed(strategy, arrays, global_batch, seed=3, steps_per_call=stream_call,
+                        steps_per_epoch=per_epoch)
         if feed_kind == "stream"
         else RowStreamFeed(strategy, tf.data.Dataset.from_tensor_slices((x, y)), len(x),
-                           global_batch, seed=3)
+                           global_batch, seed=3, steps_per_epoch=per_epoch)
     )
     if steps_per_call is not None:
         assert feed.steps_per_call == steps_per_call
@@ -396,7 +399,8 @@ def test_a_new_feed_needs_only_the_replica_step(
 
     before, new = trained(lambda: HostFeed(strategy, x, y))
     assert not all(np.array_equal(b, a) for b, a in zip(before, new, strict=True))
-    _, kept = trained(lambda: ResidentFeed.place(strategy, Arrays("test", x, y, x, y), 64, 3))
+    _, kept = trained(lambda: ResidentFeed.place(strategy, Arrays("test", x, y, x, y), 64, 3,
+                                                  steps_per_epoch=len(x) // 64))
     for weights, reference in zip(new, kept, strict=True):
         np.testing.assert_array_equal(weights, reference)
 
@@ -411,12 +415,12 @@ def test_each_feed_says_what_it_is(logical_cpus: tuple[str, ...]) -> None:
     x = np.zeros((100, 784), np.float32)
     arrays = Arrays("test", x, np.zeros(100, np.int32), x[:1], np.zeros(1, np.int32))
     two, one = mirrored(logical_cpus[:2]), mirrored(logical_cpus[:1])
-    assert (ResidentFeed.place(two, arrays, 8, 1).describe()
+    assert (ResidentFeed.place(two, arrays, 8, 1, steps_per_epoch=12).describe()
             == "rows kept on each of 2 devices, gathered by index")
-    assert (StreamFeed(one, arrays, 8, 1, steps_per_call=5).describe()
+    assert (StreamFeed(one, arrays, 8, 1, steps_per_call=5, steps_per_epoch=12).describe()
             == "rows in host memory, streamed to the device by tf.data in chunks of 5 steps")
     rows = tf.data.Dataset.from_tensor_slices((x, arrays.y_train))
-    assert RowStreamFeed(two, rows, 100, 8, 1).describe() == (
+    assert RowStreamFeed(two, rows, 100, 8, 1, steps_per_epoch=12).describe() == (
         "a loader's rows, streamed from its pipeline to each of 2 devices by tf.data, "
         "shuffled among 10,000")
     assert (SameBatchFeed.make(two, 4, (784,), 10, 1).describe()
@@ -440,7 +444,8 @@ def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, .
     x = np.zeros((100, 784), np.float32)
     arrays = Arrays("test", x, np.zeros(100, np.int32), x[:1], np.zeros(1, np.int32))
     # 4 replicas in sync as 2 workers of 2: global batch 8, 2 rows per replica batch.
-    feed = StreamFeed(mirrored(logical_cpus[:4]), arrays, global_batch=8, seed=1)
+    feed = StreamFeed(mirrored(logical_cpus[:4]), arrays, global_batch=8, seed=1,
+                      steps_per_epoch=100 // 8)
     order = epoch_order(1, 0, 100, 8).reshape(-1, 2)  # 48 replica batches, 12 steps
     first, second = (feed.worker_batches(0, 1, workers=2, worker=w) for w in (0, 1))
     # Step s: replicas 0 and 1 (worker 0) take batches 4s and 4s+1, worker 1 4s+2 and 4s+3.
@@ -501,7 +506,7 @@ def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
     from mgpu_env.training.run.loop import run_training
     from mgpu_env.training.run.plan import plan_training
     from mgpu_env.training.run.prepare import PreparedRun
-    from mgpu_env.training.run.report import Reporter
+    from mgpu_env.training.run.progress import Progress
 
     # The whole test: its global batch on 1, 2 and 4 replicas is
     # test_every_replica_count_trains_on_the_same_global_batches["rows"].
@@ -511,9 +516,9 @@ def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
     )
     shown: list[PreparedRun] = []
 
-    def show(prepared: PreparedRun) -> Reporter:
+    def show(prepared: PreparedRun) -> Progress:
         shown.append(prepared)
-        return Reporter()
+        return Progress()
 
     metrics = run_training(plan_training(runtime_of(resolved)), show).metrics
     plan = shown[0].data_plan

@@ -14,8 +14,8 @@ from mgpu_env.hardware import childprobe
 MARKER = "TEST_JSON "
 
 
-def _run(code: str, timeout_s: float = 20, **kwargs: object) -> childprobe.ChildRun:
-    return childprobe.run([sys.executable, "-c", code], {"PATH": os.environ["PATH"]},
+def _run(code: str, timeout_s: float = 20, **kwargs: object) -> childprobe.ChildAnswer:
+    return childprobe.ask([sys.executable, "-c", code], {"PATH": os.environ["PATH"]},
                           marker=MARKER, timeout_s=timeout_s, **kwargs)  # type: ignore[arg-type]
 
 
@@ -32,7 +32,7 @@ def test_no_answer_keeps_stderrs_tail() -> None:
 
 
 def test_a_child_that_cannot_start() -> None:
-    done = childprobe.run(["/no/such/python"], {}, marker=MARKER, timeout_s=5)
+    done = childprobe.ask(["/no/such/python"], {}, marker=MARKER, timeout_s=5)
     assert done.answer is None and done.start_error is not None
     assert done.start_error.startswith("could not start Python:")
 

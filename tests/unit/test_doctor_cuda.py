@@ -41,11 +41,11 @@ def test_healthy_stack_is_ok(use_fake_nvml: Install) -> None:
 
 
 def test_json_carries_the_stack(use_fake_nvml: Install) -> None:
-    from mgpu_env.doctor import Report
+    from mgpu_env.doctor import Diagnosis
 
     use_fake_nvml(fake_with(1))
     facts = make_facts("all", tf=tf_facts(1), cuda=cuda_stack(missing=("nccl",)))
-    data = Report(tuple(run_checks(facts)), facts).to_dict()
+    data = Diagnosis(tuple(run_checks(facts)), facts).to_dict()
     libraries = data["facts"]["cuda"]["libraries"]
     assert libraries["cudnn"]["value"]["version"] == "9.3.0"
     assert "libnccl.so.2" in libraries["nccl"]["error"]

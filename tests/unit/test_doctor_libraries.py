@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.config.resolve import resolve_settings
-from mgpu_env.doctor import Report, diagnose
+from mgpu_env.doctor import Diagnosis, diagnose
 from mgpu_env.doctor import facts as probes
 from mgpu_env.hardware import cudadriver, cudalibs
 from mgpu_env.hardware.cudalibs import elf_runpath
@@ -42,7 +42,7 @@ def machine(use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cudadriver, "collect", REAL["driver"])
 
 
-def run(site_root: Path, *ld: Path, runpath: bool = True) -> Report:
+def run(site_root: Path, *ld: Path, runpath: bool = True) -> Diagnosis:
     site = build_site(site_root, runpath=runpath)
     build_libcuda(site_root.parent / "driver", device_count=2)
     env = site.environ({"PATH": os.environ["PATH"]}, LD_LIBRARY_PATH=":".join(
@@ -50,7 +50,7 @@ def run(site_root: Path, *ld: Path, runpath: bool = True) -> Report:
     return diagnose(resolve_settings({}, env), env)
 
 
-def by_id(report: Report) -> dict[str, object]:
+def by_id(report: Diagnosis) -> dict[str, object]:
     return {c.id: c for c in report.checks}
 
 

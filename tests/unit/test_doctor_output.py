@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from entrypoint.doctor import render
-from mgpu_env.doctor import Report, checks, smoke
+from mgpu_env.doctor import Diagnosis, checks, smoke
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import Check
 from mgpu_env.hardware import cudaerrors
@@ -76,7 +76,7 @@ def printed_fixes(text: str) -> dict[int, str]:
     return {n: " ".join(parts) for n, parts in fixes.items()}
 
 
-def render_text(report: Report, width: int) -> str:
+def render_text(report: Diagnosis, width: int) -> str:
     out = io.StringIO()
     render(report, Console(file=out, width=width, no_color=True, force_terminal=False),
            strict=False)
@@ -89,7 +89,7 @@ def test_every_fix_is_printed_as_json_has_it(use_fake_nvml: Install, width: int)
     facts = make_facts("all", tf=tf_facts(1))
     fixes = [*every_fix_constant(), *TRICKY_FIXES]
     assert len(fixes) > 20
-    report = Report(tuple(Check(f"x.{i}", f"Check {i}", "error", "found", "", fix)
+    report = Diagnosis(tuple(Check(f"x.{i}", f"Check {i}", "error", "found", "", fix)
                           for i, fix in enumerate(fixes)), facts)
     shown = printed_fixes(render_text(report, width))
     for number, fix in enumerate(fixes, start=1):

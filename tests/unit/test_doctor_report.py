@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from mgpu_env.config.resolve import resolve_settings
-from mgpu_env.doctor import SCHEMA_VERSION, Report, diagnose
+from mgpu_env.doctor import SCHEMA_VERSION, Diagnosis, diagnose
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import report as bug
 from mgpu_env.tfprobes import tfprobe
@@ -135,7 +135,7 @@ def make_report(
     environ = {**environ, "MGPU_LOCK_FILE": str(lock), "MGPU_IMAGE_TAG": "mgpu-env:0.1.0"}
     resolved = resolve_settings({}, environ)
     monkeypatch.setattr(tfprobe, "collect", lambda env, timeout_s=0: tf_facts(2))
-    report: Report = diagnose(resolved, environ)
+    report: Diagnosis = diagnose(resolved, environ)
     return bug.build_report(report, resolved, environ)
 
 

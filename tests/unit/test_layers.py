@@ -36,6 +36,8 @@ FORBIDDEN = {
                 "mgpu_env.launcher", "entrypoint"),
     "estimate": ("mgpu_env.runtime", "mgpu_env.training", "mgpu_env.doctor", "mgpu_env.bench",
                  "mgpu_env.launcher", "entrypoint"),
+    # `mgpu run`'s launcher, its source scan and strategy watch: below the commands only.
+    "launcher": ("entrypoint",),
 }
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from entrypoint.train import interactive, settings_lines
-from mgpu_env.training.run.report import EpochLineReporter
+from mgpu_env.training.run.progress import EpochLines
 from tests.support.children import REPO
 
 COLOUR = re.compile(r"\x1b\[[0-9;]*(3[0-7]|9[0-7]|38;)[0-9;]*m")
@@ -69,11 +69,11 @@ def test_progress_bar_only_on_a_colour_terminal() -> None:
 
 def test_one_plain_line_per_epoch() -> None:
     lines: list[str] = []
-    reporter = EpochLineReporter(lines.append)
+    progress = EpochLines(lines.append)
     for epoch in (1, 2):
-        reporter.epoch_begin(epoch, 2, 22)
-        reporter.steps_done(22, 0.5, 0.9)
-        reporter.epoch_end({"epoch": epoch, "loss": 0.41213, "accuracy": 0.887,
+        progress.epoch_begin(epoch, 2, 22)
+        progress.steps_done(22, 0.5, 0.9)
+        progress.epoch_end({"epoch": epoch, "loss": 0.41213, "accuracy": 0.887,
                             "samples_per_sec": 2124.4, "seconds": 0.66})
     assert lines == [
         "Epoch 1/2: loss 0.4121, accuracy 0.8870, 2,124 samples/s, 0.7 s",

@@ -97,7 +97,7 @@ def test_the_start_summary_always_says_why_the_precision(mode: str, why: str) ->
 
 
 def test_a_custom_loop_under_fp16_without_loss_scaling_gets_a_warning_with_the_fix() -> None:
-    from mgpu_env.runtime.source_scan import Finding, ScriptScan
+    from mgpu_env.launcher.source_scan import Finding, ScriptScan
 
     loop = Finding("keras_2", ".apply_gradients()", "train.py", 52)
     warned = [line for line in _summary({"MIXED_PRECISION": "fp16"}, ScriptScan(

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_env.training.run.resume import recorded_settings, resolve_run_settings, resume_note
+from mgpu_env.training.run.resume import (
+    recorded_settings,
+    resolve_run_settings,
+    resolve_script_settings,
+    resume_note,
+)
 
 
 def run_folder(path: Path, settings: dict[str, str], identity: dict[str, object]) -> Path:
@@ -40,6 +45,19 @@ def test_a_fresh_folder_takes_nothing(tmp_path: Path) -> None:
     resolved = resolve_run_settings({}, {"OUTPUT_DIR": str(tmp_path / "new")})
     assert resolved.from_run_folder() == [] and resume_note(resolved) is None
     assert resolved.settings.epochs == 5
+
+
+def test_a_scripts_settings_decide_the_folder_but_read_no_record(tmp_path: Path) -> None:
+    # `mgpu run` and a script's `runtime()`: the folder decided where `mgpu train`'s is,
+    # and what a run of `mgpu train` recorded there is not taken.
+    folder = run_folder(tmp_path / "run", {"EPOCHS": "200"}, {"seed": 42})
+    resolved = resolve_script_settings({}, {"OUTPUT_DIR": str(folder)})
+    assert resolved.settings.epochs == 5 and resolved.from_run_folder() == []
+    assert resolved.settings.output_dir == folder
+    named = resolve_script_settings({}, {"GPUS": "none", "RUN_NAME": "exp"})
+    assert named.settings.output_dir == Path("runs/exp")
+    stamped = resolve_script_settings({}, {"GPUS": "none"}).settings.output_dir
+    assert stamped is not None and stamped.parent == Path("runs")
 
 
 def test_a_keras_2_run_resumes_with_keras_2(tmp_path: Path) -> None:

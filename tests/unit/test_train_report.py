@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import io
 
-from mgpu_env.training.run.report import ProgbarReporter, epoch_line
+from mgpu_env.training.run.progress import Progbar, epoch_line
 
 
 def test_progress_bar_shows_samples_per_second() -> None:
     stream, echoed = io.StringIO(), []
-    bar = ProgbarReporter(echoed.append, samples_per_step=128, stream=stream)
+    bar = Progbar(echoed.append, samples_per_step=128, stream=stream)
     bar.epoch_begin(1, 5, 10)
     bar.steps_done(5, 0.5, 0.8)
     record = {"epoch": 1, "loss": 0.41, "accuracy": 0.887, "samples_per_sec": 2124.0,

@@ -12,7 +12,7 @@ it never changes the exit code.
 - `cluster`: the engine that described the cluster, and whether each peer answers;
 - `versions`: Python, TensorFlow, Keras against the table and the lock;
 - `common`: `Check`, `Status` and the helpers the topics share;
-- `run`: `ALL_CHECKS` in report order and `run_checks`.
+- `judge`: `ALL_CHECKS` in report order and `run_checks`.
 
 A check is a function of `Facts` decorated with `@check(order, preflight=...)`
 (`common`) in its topic module: that is the one place it is added.
@@ -71,9 +71,9 @@ from mgpu_env.doctor.checks.gpus import (
 )
 from mgpu_env.doctor.checks.health import check_health
 from mgpu_env.doctor.checks.host import check_docker, check_p2p
+from mgpu_env.doctor.checks.judge import ALL_CHECKS, PREFLIGHT_CHECKS, registered, run_checks
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
-from mgpu_env.doctor.checks.run import ALL_CHECKS, PREFLIGHT_CHECKS, registered, run_checks
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import check_request, check_tf_devices, check_visibility_env
 

@@ -51,7 +51,7 @@ class Registered:
     preflight: bool
 
 
-# Every check, by name: filled by `@check` when its topic module is imported (run.py
+# Every check, by name: filled by `@check` when its topic module is imported (judge.py
 # imports them all), so a new check is added in one place, its own module.
 REGISTRY: dict[str, Registered] = {}
 _Function = TypeVar("_Function", bound=Callable[..., Any])

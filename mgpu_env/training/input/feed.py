@@ -82,10 +82,13 @@ class ResidentFeed:
     global_batch: int
     seed: int
     row_bytes: int  # one training row, x and y
+    # The plan's count (`feedplan.plan_feed`), passed down: a feed never counts its own.
+    steps_per_epoch: int = field(kw_only=True)
     loops: LoopCache[Any] = field(default_factory=LoopCache, repr=False, compare=False)
 
     @classmethod
-    def place(cls, strategy: Any, arrays: Arrays, global_batch: int, seed: int) -> ResidentFeed:
+    def place(cls, strategy: Any, arrays: Arrays, global_batch: int, seed: int, *,
+              steps_per_epoch: int) -> ResidentFeed:
         """Copy the training rows onto every local replica's device (one copy each)."""
         # Memory-mapped or uint8 samples (an npy folder) become float32 here, once; the
         # file's pages, all read, need not stay in this process's memory.
@@ -93,11 +96,8 @@ class ResidentFeed:
         release_pages(arrays.x_train)
         rows = _on_each_device(strategy, lambda: (x_train, arrays.y_train))
         row_bytes = (x_train.nbytes + arrays.y_train.nbytes) // max(arrays.train_size, 1)
-        return cls(strategy, rows, arrays.train_size, global_batch, seed, row_bytes)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.size // self.global_batch
+        return cls(strategy, rows, arrays.train_size, global_batch, seed, row_bytes,
+                   steps_per_epoch=steps_per_epoch)
 
     @property
     def steps_per_call(self) -> int:
@@ -187,7 +187,8 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
 
 @runtime_checkable
 class Feed(Protocol):
-    """What the loop and bench take from any feed: the steps of an epoch, a runner that runs
+    """What the loop and bench take from any feed: the steps of an epoch (the plan's,
+    `feedplan.FeedPlan.steps_per_epoch`, given to it by `make_feed`), a runner that runs
     them `count` at a time from any step of an epoch (`first_step`: where a checkpoint left
     the data; the steps before it are not trained, the ones after it are the order's next),
     and what the feed is, in words. Each feed wraps the replica step
@@ -212,23 +213,26 @@ def make_feed(
 ) -> Feed:
     """The feed the run's feed plan names (`feedplan.plan_feed`, decided from the data and
     the keep limit): rows kept on each device (files read whole first), streamed from host
-    memory, from a loader's pipeline, or from the files. `steps_per_call`: a stream's calls
-    (default: training's)."""
+    memory, from a loader's pipeline, or from the files; each with the plan's steps per
+    epoch. `steps_per_call`: a stream's calls (default: training's)."""
+    steps = feed.steps_per_epoch  # counted once, by the plan
     if feed.kind == "row_stream":
         assert isinstance(data, Streamed)
         return RowStreamFeed(strategy, data.train.rows, data.train.size, global_batch, seed,
-                             deterministic)
+                             deterministic, steps_per_epoch=steps)
     if feed.kind == "file_stream":
         assert isinstance(data, FileData)
-        return FileStreamFeed(strategy, data, global_batch, seed, deterministic)
+        return FileStreamFeed(strategy, data, global_batch, seed, deterministic,
+                              steps_per_epoch=steps)
     if isinstance(data, FileData):
         from mgpu_env.training.input.data.read import read_whole
 
         data = read_whole(data)
     assert isinstance(data, Arrays)
     if feed.kind == "resident":
-        return ResidentFeed.place(strategy, data, global_batch, seed)
+        return ResidentFeed.place(strategy, data, global_batch, seed, steps_per_epoch=steps)
     if steps_per_call is None:
-        return StreamFeed(strategy, data, global_batch, seed, deterministic)
+        return StreamFeed(strategy, data, global_batch, seed, deterministic,
+                          steps_per_epoch=steps)
     return StreamFeed(strategy, data, global_batch, seed, deterministic,
-                      steps_per_call=steps_per_call)
+                      steps_per_call=steps_per_call, steps_per_epoch=steps)

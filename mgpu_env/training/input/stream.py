@@ -79,6 +79,7 @@ class StreamFeed:
     # The steps the caller's runs ask for at once (training's calls; `mgpu bench`'s
     # intervals): chunks are cut to divide it, so a call takes whole chunks.
     steps_per_call: int = STEPS_PER_CALL
+    steps_per_epoch: int = field(kw_only=True)  # the plan's (`feedplan.plan_feed`)
     loops: LoopCache[ChunkLoops] = field(default_factory=LoopCache, repr=False, compare=False)
 
     @property
@@ -88,10 +89,6 @@ class StreamFeed:
     def describe(self) -> str:
         return (f"rows in host memory, streamed to {each_device(self.strategy)} by tf.data "
                 f"in chunks of {self.steps_per_chunk} steps")
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.size // self.global_batch
 
     @property
     def steps_per_chunk(self) -> int:
@@ -268,11 +265,8 @@ class RowStreamFeed:
     global_batch: int
     seed: int
     deterministic: bool = True
+    steps_per_epoch: int = field(kw_only=True)  # the plan's (`feedplan.plan_feed`)
     loops: LoopCache[Any] = field(default_factory=LoopCache, repr=False, compare=False)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.size // self.global_batch
 
     def describe(self) -> str:
         return (f"a loader's rows, streamed from its pipeline to {each_device(self.strategy)} "
@@ -333,6 +327,8 @@ class FileStreamFeed:
     global_batch: int
     seed: int
     deterministic: bool = True
+    # The plan's: the whole global batches every worker's share of the files gives.
+    steps_per_epoch: int = field(kw_only=True)
     loops: LoopCache[Any] = field(default_factory=LoopCache, repr=False, compare=False)
 
     def describe(self) -> str:
@@ -346,11 +342,11 @@ class FileStreamFeed:
         same whole steps."""
         import tensorflow as tf
 
-        from mgpu_env.training.input.data.read import steps_per_epoch, worker_rows
+        from mgpu_env.training.input.data.read import worker_rows
 
         replicas = self.strategy.num_replicas_in_sync
         workers, worker = context.num_input_pipelines, context.input_pipeline_id
-        steps = steps_per_epoch(self.data.train, self.global_batch, workers)
+        steps = self.steps_per_epoch
         per_epoch = [
             worker_rows(self.data, self.seed, epoch, workers, worker)
             .batch(self.global_batch // replicas, drop_remainder=True)
@@ -369,15 +365,6 @@ class FileStreamFeed:
         distributed."""
         return _distribute(self.strategy, lambda context: self.worker_dataset(
             context, first_epoch, epochs, first_step))
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """The whole global batches every worker's share of the files gives."""
-        from mgpu_env.training.input.data.read import steps_per_epoch
-
-        local = len(self.strategy.extended.worker_devices)
-        workers = self.strategy.num_replicas_in_sync // local
-        return steps_per_epoch(self.data.train, self.global_batch, workers)
 
     def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
                first_step: int = 0) -> StepRunner:

@@ -4,7 +4,7 @@ missing when this one is stuck where Python cannot run.
 `faulthandler.dump_traceback_later(exit=True)` is what ends a process stuck in
 MultiWorkerMirroredStrategy's constructor (it holds the GIL: see `faults.Watchdog`), but what
 it prints is "Timeout (0:00:30)!" and every thread's stack. So its output goes into a pipe
-that is full before it writes (`Backstop.report_fd`): its first write blocks. This helper,
+that is full before it writes (`Backstop.dump_fd`): its first write blocks. This helper,
 another process and so free of our GIL, keeps the same deadline from the progress lines the
 watchdog sends it. When the deadline passes with no progress it asks each other worker's
 address whether anything listens there, prints one message (which worker, which address, how
@@ -37,21 +37,21 @@ PROBE_TIMEOUT_S = 2.0
 
 
 class Backstop:
-    """The helper process and its two pipes: progress lines to it, faulthandler's report
-    into the blocked one. `report_fd` is what faulthandler writes to."""
+    """The helper process and its two pipes: progress lines to it, faulthandler's dump
+    into the blocked one. `dump_fd` is what faulthandler writes to."""
 
     def __init__(self, who: str, timeout_s: float, grace_s: float,
                  peers: Mapping[str, str], tag: str = "") -> None:
-        report_read, self.report_fd = os.pipe()
-        _fill(self.report_fd)
+        dump_read, self.dump_fd = os.pipe()
+        _fill(self.dump_fd)
         control_read, self._control = os.pipe()
         config = {"who": who, "timeout_s": timeout_s, "grace_s": grace_s,
                   "peers": dict(peers), "tag": tag, "control_fd": control_read}
         self._process = subprocess.Popen(
             [sys.executable, "-I", os.path.abspath(__file__), json.dumps(config)],
-            stdin=report_read, pass_fds=(control_read,), stdout=subprocess.DEVNULL,
+            stdin=dump_read, pass_fds=(control_read,), stdout=subprocess.DEVNULL,
         )
-        os.close(report_read)
+        os.close(dump_read)
         os.close(control_read)
 
     def progress(self, phase: str) -> None:
@@ -60,7 +60,7 @@ class Backstop:
 
     def close(self) -> None:
         """Disarmed for good (faulthandler's timer cancelled first): the helper ends."""
-        for fd in (self._control, self.report_fd):
+        for fd in (self._control, self.dump_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         try:
@@ -183,7 +183,7 @@ def main(config: Mapping[str, Any]) -> None:
         sys.stderr.write("".join(f"{tag}{line}\n" for line in
                                  f"error: {message}".splitlines()))
         sys.stderr.flush()
-        # Now faulthandler may write its report (into this pipe, read and dropped) and exit.
+        # Now faulthandler may write its dump (into this pipe, read and dropped) and exit.
         while os.read(0, 65536):
             pass
         return

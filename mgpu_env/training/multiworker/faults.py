@@ -111,7 +111,7 @@ class Watchdog:
     it (measured with TF 2.21: the thread never ran; so does SIGTERM's handler, and the
     coordination service's `cluster_register_timeout` did not end the wait either). So
     `backstop` also arms `faulthandler.dump_traceback_later`, whose C thread needs no GIL:
-    BACKSTOP_GRACE_S after the deadline it exits 1. Its "Timeout" report and stacks go to a
+    BACKSTOP_GRACE_S after the deadline it exits 1. Its "Timeout" dump and stacks go to a
     helper process (`backstop.Backstop`), which prints instead which of `peers` (name ->
     address) do not answer, each line after `tag`.
     """
@@ -158,14 +158,14 @@ class Watchdog:
             helper = self._backstop_helper()
             faulthandler.dump_traceback_later(
                 self.timeout_s + BACKSTOP_GRACE_S, repeat=False,
-                file=helper.report_fd if helper is not None else sys.stderr, exit=True,
+                file=helper.dump_fd if helper is not None else sys.stderr, exit=True,
             )
             if helper is not None:
                 helper.progress(self._phase)
 
     def _backstop_helper(self) -> Backstop | None:
-        """The helper that puts the backstop's report in words, started once; None (the
-        raw report then) where it cannot start."""
+        """The helper that puts the backstop's dump in words, started once; None (the
+        raw dump then) where it cannot start."""
         if self._helper is None:
             try:
                 self._helper = Backstop(self.who, self.timeout_s, BACKSTOP_GRACE_S,

@@ -1,12 +1,12 @@
 """The epochs of a run: one object holds what they share, and what happens around the steps
 is a list of small actions, as orbit's Controller runs its trainer and calls its Actions.
 
-`Run.train_epoch(epoch, first)` runs an epoch from its step `first` (a checkpoint's) in calls
+`EpochLoop.train_epoch(epoch, first)` runs an epoch from its step `first` (a checkpoint's) in calls
 of at most STEPS_PER_CALL steps, cut where a checkpoint is due (`checkpoints.Schedule`).
-Before the epoch, every action in `Run.before_epoch` sees an `EpochStart` (the progress
-display); after each call, every action in `Run.after_call` sees a `CallEnd` (the heartbeat,
+Before the epoch, every action in `EpochLoop.before_epoch` sees an `EpochStart` (the progress
+display); after each call, every action in `EpochLoop.after_call` sees a `CallEnd` (the heartbeat,
 the finite checks, the progress, a checkpoint when CHECKPOINT_EVERY's is due or a stop was
-asked, then the stop); after the epoch, every action in `Run.after_epoch`
+asked, then the stop); after the epoch, every action in `EpochLoop.after_epoch`
 sees its record (history.json, the checkpoint, TensorBoard, the epoch line). Each action
 is built with what it uses (`after_call_actions`, `after_epoch_actions`) and called with the
 output alone; it raises to stop the run and returns nothing. The progress a user sees is
@@ -34,7 +34,7 @@ from mgpu_env.training.multiworker import WorkerSession
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.checkpoints import Checkpoints, Position, SaveCost, Schedule
 from mgpu_env.training.run.plan import TRAIN_SETTINGS, DataPlan, TrainPlan
-from mgpu_env.training.run.report import Reporter
+from mgpu_env.training.run.progress import Progress
 from mgpu_env.training.run.signals import Interrupted, StopRequest
 from mgpu_env.training.step.build import Trainer
 from mgpu_env.training.step.steps import StepFunctions
@@ -76,7 +76,7 @@ AfterEpoch = Callable[[dict[str, Any]], None]
 
 
 @dataclass
-class Run:
+class EpochLoop:
     """What the epochs of one run share: the steps, the feed of the data, how many steps and
     epochs, how a stop is said, the epochs' records, and the actions around the steps."""
 
@@ -149,7 +149,8 @@ class Run:
 
 
 def run_metrics(
-    plan: TrainPlan, data_plan: DataPlan, run: Run, test: tuple[float, float], wall_time_s: float,
+    plan: TrainPlan, data_plan: DataPlan, epochs: EpochLoop, test: tuple[float, float],
+    wall_time_s: float,
     checkpoints: Checkpoints,
 ) -> dict[str, Any]:
     """metrics.json: the run's results (`test`: the test loss and accuracy), its plan, its
@@ -160,18 +161,18 @@ def run_metrics(
         "schema_version": rundir.SCHEMA_VERSION,
         "status": "finished",
         "epochs_completed": plan.settings.epochs,
-        "resumed_from_epoch": run.start_epoch,
-        "resumed_from_step": run.start.step,
+        "resumed_from_epoch": epochs.start_epoch,
+        "resumed_from_step": epochs.start.step,
         "replicas": plan.replicas,
         "per_replica_batch_size": plan.per_replica_batch_size,
         "global_batch_size": plan.global_batch_size,
         "precision_policy": plan.precision.policy,
         "dataset": plan.dataset.name,
-        "train_samples_per_sec": run.samples_per_sec(),
+        "train_samples_per_sec": epochs.samples_per_sec(),
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
-        "history": run.history,
-        "training_time_s": run.trained_seconds,
+        "history": epochs.history,
+        "training_time_s": epochs.trained_seconds,
         "wall_time_s": wall_time_s,
         "train_samples": data_plan.train_size,
         "test_samples": data_plan.test_size,
@@ -181,7 +182,7 @@ def run_metrics(
         "cross_device_ops": plan.strategy.cross_device_ops,
         "xla": plan.xla,
         # What this start's checkpoints cost, at the interval asked (`every`).
-        "checkpoint": {"every": str(run.schedule.interval), **checkpoints.describe_cost()},
+        "checkpoint": {"every": str(epochs.schedule.interval), **checkpoints.describe_cost()},
         "settings": {
             k: v for k, v in plan.settings.describe().items() if k in TRAIN_SETTINGS
         },
@@ -201,11 +202,11 @@ class Saving:
     schedule: Schedule
     agree: Callable[[tuple[bool, ...]], tuple[bool, ...]]
     session: WorkerSession
-    reporter: Reporter
+    progress: Progress
 
 
 def after_call_actions(
-    steps: StepFunctions, reporter: Reporter, stopping: Stopping, saving: Saving,
+    steps: StepFunctions, progress: Progress, stopping: Stopping, saving: Saving,
     steps_per_epoch: int,
 ) -> list[AfterCall]:
     """The heartbeat, the finite checks, the progress, then a checkpoint when one is due or
@@ -225,7 +226,7 @@ def after_call_actions(
                              f"infinite (the loss reads {call.loss:.4f})")
 
     def show_progress(call: CallEnd) -> None:
-        reporter.steps_done(call.done, call.loss, call.accuracy)
+        progress.steps_done(call.done, call.loss, call.accuracy)
 
     def checkpoint_or_stop(call: CallEnd) -> None:
         # At the epoch's end its own checkpoint is saved first; a stop then ends the run at
@@ -296,7 +297,7 @@ def after_epoch_actions(
     checkpoint, TensorBoard's scalars, the epoch line and (once) what a checkpoint costs,
     in that order: history.json first, the checkpoint second, since on resume history is
     cut back to the checkpoint's epoch, so a kill between the two loses nothing."""
-    reporter = saving.reporter
+    progress = saving.progress
 
     def keep_history(record: dict[str, Any]) -> None:
         if output_dir is not None:
@@ -322,10 +323,10 @@ def after_epoch_actions(
         # Once, after the first epoch this start trained: the save just made is measured.
         if not told:
             told.append(True)
-            reporter.note(checkpoint_cost_line(saving.schedule.interval,
+            progress.note(checkpoint_cost_line(saving.schedule.interval,
                                                saving.checkpoints.costs[-1]))
 
-    return [keep_history, save_checkpoint, write_summaries, reporter.epoch_end,
+    return [keep_history, save_checkpoint, write_summaries, progress.epoch_end,
             tell_checkpoint_cost]
 
 
@@ -334,9 +335,9 @@ def checkpoint_cost_line(interval: CheckpointInterval, cost: SaveCost) -> str:
     return f"Checkpoint: {cost.seconds:.2f} s and {cost.mb:.1f} MB each, {interval.describe()}"
 
 
-def before_epoch_actions(reporter: Reporter) -> list[BeforeEpoch]:
+def before_epoch_actions(progress: Progress) -> list[BeforeEpoch]:
     """The progress display's start of an epoch."""
-    return [lambda start: reporter.epoch_begin(start.epoch, start.epochs, start.steps)]
+    return [lambda start: progress.epoch_begin(start.epoch, start.epochs, start.steps)]
 
 
 # ---------------------------------------------------------------------------- stopping

@@ -30,7 +30,7 @@ class RunIdentity:
 
 
 def identify(runtime: Runtime, environ: Mapping[str, str] | None = None) -> RunIdentity:
-    """The run this start is: the run folder `start_process` decided, the data set
+    """The run this start is: the run folder `resolve_run_settings` decided, the data set
     (`resolve_dataset`, once per start: DATASET was checked when it was parsed), the global
     batch (BATCH_SIZE on every replica) and the identity built from them."""
     settings = runtime.settings

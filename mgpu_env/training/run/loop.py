@@ -42,7 +42,7 @@ from mgpu_env.training.run.checkpoints import (
     checkpoint_plan_line,
 )
 from mgpu_env.training.run.epochs import (
-    Run,
+    EpochLoop,
     Saving,
     Stopping,
     after_call_actions,
@@ -54,7 +54,7 @@ from mgpu_env.training.run.finished import FinishedRun
 from mgpu_env.training.run.memcheck import FirstPeak, MemoryCheck, memory_record
 from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
 from mgpu_env.training.run.prepare import PreparedRun, prepare
-from mgpu_env.training.run.report import Reporter
+from mgpu_env.training.run.progress import Progress
 from mgpu_env.training.run.signals import Interrupted, StopRequest, stop_on_signals
 from mgpu_env.training.step.build import Trainer, build_trainer
 
@@ -96,11 +96,11 @@ class TrainResult:
 
 
 def run_training(
-    plan: TrainPlan, show: Callable[[PreparedRun], Reporter] | None = None,
+    plan: TrainPlan, show: Callable[[PreparedRun], Progress] | None = None,
     started: float | None = None, memory: MemoryCheck | None = None,
 ) -> TrainResult:
     """Prepare the plan (once, under the run's signal handling), show it (`show` returns
-    what reports the progress; default: nothing), train it, checkpoint every epoch, write
+    what shows the progress; default: nothing), train it, checkpoint every epoch, write
     the outputs when done. `started` (`time.time()`): when the command started, the start
     of the wall time (default: now). `memory`: the memory check the sequence made before
     TensorFlow started (None: `prepare` makes it once the data's shape is known).
@@ -117,8 +117,8 @@ def run_training(
     with stop_on_signals(stop):
         try:
             prepared = prepare(plan, memory)
-            reporter = show(prepared) if show is not None else Reporter()
-            result = _train(prepared, _Start(started, reporter, stop, session))
+            progress = show(prepared) if show is not None else Progress()
+            result = _train(prepared, _Start(started, progress, stop, session))
             session.close(succeeded=True)
             return result
         except (ConfigError, RunFailed):
@@ -192,25 +192,25 @@ def _restore_checkpoints(
 @dataclass(frozen=True)
 class _Start:
     """This start of the run: when the command started (the wall time's start), what
-    reports its progress, the stop request its signals set, and its worker session."""
+    shows its progress, the stop request its signals set, and its worker session."""
 
     started: float
-    reporter: Reporter
+    progress: Progress
     stop: StopRequest
     session: WorkerSession
 
 
 def _train(prepared: PreparedRun, start: _Start) -> TrainResult:
     """Start the prepared run (model, checkpoints, feed), train its epochs, finish it."""
-    run, saved = _start_run(prepared, start)
-    run.train()
-    if start.stop.requested and prepared.plan.settings.epochs > run.start_epoch:
+    epochs, saved = _start_run(prepared, start)
+    epochs.train()
+    if start.stop.requested and prepared.plan.settings.epochs > epochs.start_epoch:
         # The signal came during the last epoch's save: everything is saved, so finish.
-        start.reporter.note("Stop requested after the last epoch was saved; finishing the run")
-    return _finish(prepared, run, saved, start)
+        start.progress.note("Stop requested after the last epoch was saved; finishing the run")
+    return _finish(prepared, epochs, saved, start)
 
 
-def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
+def _start_run(prepared: PreparedRun, start: _Start) -> tuple[EpochLoop, _Outputs]:
     """The model and its steps, the restored checkpoint and the feed of the prepared data;
     settings.json records this start before any epoch."""
     # Iterating a distributed dataset inside tf.function reads its options in graph mode;
@@ -234,9 +234,9 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
         })
     if start_epoch or position.step:
         inside = f" and {position.step} steps ({position.describe()})" if position.step else ""
-        start.reporter.note(f"Resuming from the checkpoint of epoch {start_epoch}{inside} "
+        start.progress.note(f"Resuming from the checkpoint of epoch {start_epoch}{inside} "
                             f"in {saved.directory}")
-    start.reporter.note(checkpoint_plan_line(settings.checkpoint_every, saved))
+    start.progress.note(checkpoint_plan_line(settings.checkpoint_every, saved))
     with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
         # Data kept on the devices is read (and checked) here, once.
         feed = make_feed(trainer.strategy, data, prepared.data_plan.feed,
@@ -246,7 +246,7 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[Run, _Outputs]:
         from mgpu_env.profile.steps import profile_training
         for line in profile_training(trainer.strategy, trainer, plan.output_dir / rundir.LOG_DIR,
                                      settings.profile, data, plan.global_batch_size):
-            start.reporter.note(line)
+            start.progress.note(line)
     outputs = _Outputs(trainer, saved, _summary_writer(plan),
                        FirstPeak(trainer.strategy.extended.worker_devices))
     return _epochs(prepared, start, outputs, feed, position), outputs
@@ -272,9 +272,9 @@ def _summary_writer(plan: TrainPlan) -> Any:
 
 def _epochs(
     prepared: PreparedRun, start: _Start, outputs: _Outputs, feed: Feed, position: Position
-) -> Run:
+) -> EpochLoop:
     """The epochs to train, with the actions around their steps, each given what it uses."""
-    plan, reporter = prepared.plan, start.reporter
+    plan, progress = prepared.plan, start.progress
     stopping = Stopping(start.stop, plan.settings.epochs, plan.settings.learning_rate,
                         plan.resume_command)
     history = rundir.read_history(plan.output_dir, position.epoch) if position.epoch else []
@@ -282,20 +282,22 @@ def _epochs(
     strategy = outputs.trainer.strategy
     saving = Saving(
         outputs.saved, Schedule(plan.settings.checkpoint_every, per_epoch),
-        lambda flags: start.session.agree(strategy, flags), start.session, reporter,
+        lambda flags: start.session.agree(strategy, flags), start.session, progress,
     )
-    return Run(
+    return EpochLoop(
         outputs.trainer, prepared.data, feed, per_epoch, plan.global_batch_size, position,
         stopping, saving.schedule, history,
-        before_epoch=before_epoch_actions(reporter),
-        after_call=[outputs.peak, *after_call_actions(outputs.trainer.steps, reporter,
+        before_epoch=before_epoch_actions(progress),
+        after_call=[outputs.peak, *after_call_actions(outputs.trainer.steps, progress,
                                                       stopping, saving, per_epoch)],
         after_epoch=after_epoch_actions(history, saving, outputs.writer,
                                         plan.output_dir if plan.is_chief else None),
     )
 
 
-def _finish(prepared: PreparedRun, run: Run, outputs: _Outputs, start: _Start) -> TrainResult:
+def _finish(
+    prepared: PreparedRun, epochs: EpochLoop, outputs: _Outputs, start: _Start
+) -> TrainResult:
     """Evaluate on the test set, then (chief) write the model and metrics.json."""
     import tensorflow as tf
 
@@ -304,10 +306,10 @@ def _finish(prepared: PreparedRun, run: Run, outputs: _Outputs, start: _Start) -
     with outputs.writer.as_default(step=plan.settings.epochs):
         tf.summary.scalar("test_accuracy", test[1])
     outputs.writer.flush()
-    metrics = run_metrics(plan, prepared.data_plan, run, test, time.time() - start.started,
+    metrics = run_metrics(plan, prepared.data_plan, epochs, test, time.time() - start.started,
                           outputs.saved)
     metrics["memory"] = memory_record(prepared.memory, outputs.peak)
-    if run.start_epoch == plan.settings.epochs and plan.finished is not None:
+    if epochs.start_epoch == plan.settings.epochs and plan.finished is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.
         return TrainResult.nothing_to_do(plan.finished)

@@ -55,17 +55,26 @@ def recorded_settings(output_dir: Path) -> dict[str, str]:
 
 
 def resolve_run_settings(
-    flags: Mapping[str, str | None], environ: Mapping[str, str]
+    flags: Mapping[str, str | None], environ: Mapping[str, str], *, resume: bool = True
 ) -> ResolvedSettings:
-    """`mgpu train`'s settings: the usual precedence, and for a folder that holds a run,
-    that run's recorded settings in place of the defaults; the run folder decided
-    (`rundir.decide_output_dir`)."""
+    """A command's settings with the run folder decided: the one place that decides it
+    (`rundir.decide_output_dir`), for `mgpu train`, `mgpu run` and a script's first
+    `runtime()`. The usual precedence, and with `resume` (`mgpu train`), for a folder that
+    holds a run, that run's recorded settings in place of the defaults."""
     resolved = resolve_settings(flags, environ)
     output_dir = rundir.run_folder(resolved.settings)  # decided here, once, for the run
-    recorded = recorded_settings(output_dir) if output_dir.is_dir() else {}
+    recorded = recorded_settings(output_dir) if resume and output_dir.is_dir() else {}
     if recorded:
         resolved = resolve_settings(flags, environ, recorded, output_dir)
     return rundir.decide_output_dir(resolved, output_dir)
+
+
+def resolve_script_settings(
+    flags: Mapping[str, str | None], environ: Mapping[str, str]
+) -> ResolvedSettings:
+    """`mgpu run`'s settings (a script's too): the run folder decided, no run's record read
+    (a script's folder holds what the script writes, not a run of `mgpu train`)."""
+    return resolve_run_settings(flags, environ, resume=False)
 
 
 def resume_note(resolved: ResolvedSettings) -> str | None:

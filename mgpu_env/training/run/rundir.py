@@ -1,4 +1,5 @@
-"""The run folder (OUTPUT_DIR): its layout, its identity, and writes that cannot tear.
+"""The run folder (OUTPUT_DIR): where it is, its layout, its record (run.json), its history,
+and the latest checkpoint's position.
 
 Layout:
     run.json        what defines the run (data set, batches, learning rate, seed, precision);

@@ -29,7 +29,7 @@ from mgpu_env.training.run.plan import DataPlan, TrainPlan, plan_training
 if TYPE_CHECKING:
     from mgpu_env.training.run.loop import TrainResult
     from mgpu_env.training.run.prepare import PreparedRun
-    from mgpu_env.training.run.report import Reporter
+    from mgpu_env.training.run.progress import Progress
 
 # The doctor's pre-flight (`mgpu_env.doctor.require_ready`): the runtime, and whether to
 # wait for a cluster's peers (a dry run only notes the missing ones).
@@ -38,13 +38,13 @@ Preflight = Callable[[Runtime, bool], None]
 
 def train(
     runtime: Runtime, *, preflight: Preflight,
-    show: Callable[[PreparedRun], Reporter] | None = None, started: float | None = None,
+    show: Callable[[PreparedRun], Progress] | None = None, started: float | None = None,
 ) -> TrainResult:
     """Train the run the applied runtime describes, or answer that its folder holds it
     finished (`TrainResult.finished`, said before TensorFlow is imported).
 
     `show`: called once the run is prepared (its data's sizes and feed known) and before
-    it trains; it returns what reports the progress (the command prints the start summary
+    it trains; it returns what shows the progress (the command prints the start summary
     there). `started` (`time.time()`): the wall time's start (default: now). Raises
     ConfigError (exit 2), RunFailed (exit 1) or Interrupted (128 + the signal).
     """

@@ -1,2 +1,3 @@
-"""The step: the model (the tutorial's or the user's, `user_code` imports the user's
-builder), the compiled training and evaluation steps, and the trainer that holds them."""
+"""The step: the model (`model`: the tutorial's, or the user's that `user_code` imports),
+one replica's training and evaluation steps (`steps`), the compiled loops a feed wraps the
+step in (`loops`), and the `Trainer` that holds model, optimizer and steps (`build`)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import file_dataset
@@ -18,6 +19,9 @@ from mgpu_env.training.input.data.builtin import (
 )
 from mgpu_env.training.input.data.files import load_files
 from mgpu_env.training.input.data.sets import Arrays, Data, DatasetChoice, FileData, Streamed
+
+if TYPE_CHECKING:
+    from mgpu_env.training.input.keep import KeepLimit
 
 
 def resolve_dataset(
@@ -102,19 +106,23 @@ def load_data(choice: DatasetChoice, seed: int, *, in_process: bool = True,
     return read_built_in(choice, seed)
 
 
-def load_arrays(choice: DatasetChoice, seed: int) -> Arrays:
-    """The chosen data set, which must be arrays (a loader's stream is refused)."""
+def load_arrays(choice: DatasetChoice, seed: int, keep: KeepLimit | None = None) -> Arrays:
+    """The chosen data set, which must be arrays (a loader's stream is refused). Files are
+    read whole where the run's feed plan keeps them under `keep`: the caller's keep limit
+    (`mgpu bench`: training's, `plan_keep`), else the fixed one."""
     data = load_data(choice, seed)
     if isinstance(data, FileData):
         from mgpu_env.training.input.data.read import read_whole
         from mgpu_env.training.input.feedplan import plan_feed
-        from mgpu_env.training.input.keep import FALLBACK
+        from mgpu_env.training.input.keep import FALLBACK, GIB
 
-        # The run's decision, under the fixed limit: files kept on a device are read whole.
-        if plan_feed(data, FALLBACK, global_batch=1).kind == "resident":
+        keep = FALLBACK if keep is None else keep
+        # The run's decision, under that limit: files kept on a device are read whole.
+        if plan_feed(data, keep, global_batch=1).kind == "resident":
             return read_whole(data)
         raise ConfigError(
-            f"DATASET={choice.name}: its decoded samples are over 2 GiB, so they stream from "
+            f"DATASET={choice.name}: its decoded samples are over {keep.bytes / GIB:.3g} GiB, "
+            "so they stream from "
             "the files; only mgpu train takes that stream.\n"
             "  Fix: use mgpu train, or a smaller folder (or image_size) here."
         )

@@ -1,4 +1,4 @@
-"""`mgpu bench`'s report: each point's record, the efficiencies, the input pipeline's cost,
+"""`mgpu bench`'s results: each point's record, the efficiencies, the input pipeline's cost,
 the seed comparison, and bench.json."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ POINT_KEYS = ("interval_seconds", "interval_starts", "interval_cpu_seconds", "me
 
 
 @dataclass
-class BenchReport:
+class BenchResults:
     """Everything `mgpu bench` measured; `as_dict()` is the content of bench.json."""
 
     settings: dict[str, str]
@@ -265,11 +265,11 @@ def seed_comparison(seed: dict[str, Any], mgpu: dict[str, Any]) -> dict[str, Any
     return result
 
 
-def write_report(report: BenchReport, output_dir: Path) -> Path:
+def write_results(results: BenchResults, output_dir: Path) -> Path:
     """Write bench.json under `output_dir` (created) and return its path."""
     # Atomic, like the run folder's files: a kill mid-write leaves the earlier bench.json.
     path = output_dir / BENCH_JSON
-    rundir.atomic_write_json(path, report.as_dict())
+    rundir.atomic_write_json(path, results.as_dict())
     return path
 
 

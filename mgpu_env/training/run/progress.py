@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 
-class Reporter:
+class Progress:
     """What the run tells the user while it trains. The default prints nothing."""
 
     def note(self, message: str) -> None:
@@ -25,7 +25,7 @@ class Reporter:
         """The epoch finished; `record` is its history entry."""
 
 
-class EpochLineReporter(Reporter):
+class EpochLines(Progress):
     """One plain line per epoch, for logs, CI and pipes: no `\\r` redraws, no colour."""
 
     def __init__(self, echo: Callable[[str], None] = print) -> None:
@@ -51,7 +51,7 @@ def epoch_line(record: Mapping[str, Any], epochs: int) -> str:
     )
 
 
-class ProgbarReporter(Reporter):
+class Progbar(Progress):
     """A progress bar redrawn in place, like `model.fit(verbose=1)`'s, for a terminal only
     (it redraws the line with `\\r`): steps, loss, accuracy and samples/s as the epoch goes,
     ending on the numbers the piped line (`epoch_line`) prints."""

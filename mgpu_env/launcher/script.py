@@ -19,7 +19,7 @@ How the decisions reach a script that knows nothing of mgpu:
   TF_CONFIG before TensorFlow is imported;
 - KERAS: `Runtime.apply()` has written TF_USE_LEGACY_KERAS=1 when `tf.keras` is to be Keras 2
   (tf_keras): between workers, where Keras 3 cannot train, and for a script whose source
-  uses what only Keras 2 has (`runtime/source_scan.py`);
+  uses what only Keras 2 has (`launcher/source_scan.py`);
 - VIRTUAL_DEVICES and MIXED_PRECISION: `Execution.prepare_tensorflow()` splits the devices
   and sets the global policy of the Keras `tf.keras` is before the script's first line, so
   its first layer takes the policy;
@@ -31,7 +31,7 @@ How the decisions reach a script that knows nothing of mgpu:
   devices that exist when it is built (a script may split the devices itself: then those
   are used, and a note says so). Arguments the script passes win.
 - what the script built: each strategy, as it is built and after the script, with the fix
-  when its replicas are not the plan's (`runtime/strategy_watch.py`).
+  when its replicas are not the plan's (`launcher/strategy_watch.py`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ from typing import Any
 from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import with_role
-from mgpu_env.runtime import Runtime, strategy_watch
+from mgpu_env.launcher.source_scan import ScriptScan, scan_script, script_roots
+from mgpu_env.launcher.strategy_watch import PlannedReplicas, end_line, planned_replicas, watch
+from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.keras import (
     MULTI_WORKER_ISSUE,
     KerasChoice,
@@ -60,7 +62,6 @@ from mgpu_env.runtime.keras import (
     tensorflow_keras,
 )
 from mgpu_env.runtime.precision import MIXED_FLOAT16
-from mgpu_env.runtime.source_scan import ScriptScan, scan_script, script_roots
 from mgpu_env.runtime.strategy import StrategyPlan
 
 # Settings of the packaged loop that `mgpu run` does not apply (declared with the role
@@ -144,7 +145,7 @@ def _working_folder_first() -> None:
 
 def scan_target(target: Target) -> ScriptScan:
     """The target's source and its local modules, read before anything starts
-    (`runtime/source_scan.py`): a few milliseconds, and it never fails the run."""
+    (`launcher/source_scan.py`): a few milliseconds, and it never fails the run."""
     return scan_script(target.path, script_roots(target.is_module, target.path))
 
 
@@ -160,16 +161,15 @@ def prepare(runtime: Runtime) -> None:
     require_ready(runtime)
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
-    strategy_watch.watch(planned(runtime), quiet=runtime.settings.quiet)
+    watch(planned(runtime), quiet=runtime.settings.quiet)
     if runtime.cluster is not None and runtime.keras.version == "2":
         _true_batch_metrics_between_workers()
     api.adopt(runtime, tensorflow_prepared=True)
 
 
-def planned(runtime: Runtime) -> strategy_watch.PlannedReplicas:
+def planned(runtime: Runtime) -> PlannedReplicas:
     """The replicas the run's settings planned, to hold the script's strategy against."""
-    return strategy_watch.planned_replicas(runtime.strategy_plan, runtime.replicas,
-                                           runtime.role.num_workers)
+    return planned_replicas(runtime.strategy_plan, runtime.replicas, runtime.role.num_workers)
 
 
 def summary(runtime: Runtime, target: Target, scan: ScriptScan | None = None) -> list[str]:
@@ -319,7 +319,7 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
     if runtime is None:
         return
     # A script that never imported TensorFlow built no strategy: nothing to say.
-    ran = (strategy_watch.end_line(planned(runtime), quiet=runtime.settings.quiet)
+    ran = (end_line(planned(runtime), quiet=runtime.settings.quiet)
            if "tensorflow" in sys.modules else None)
     notes = [ran, policy_note(runtime, scan)]
     if err is not None and target is not None:

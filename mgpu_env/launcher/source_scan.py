@@ -3,7 +3,7 @@
 `mgpu run` reads the script, and the local modules it imports, with `ast` (no import, no
 TensorFlow: a few milliseconds) for:
 
-- what only Keras 2 has, or what Keras 3 refuses (`runtime/keras_3_breaks.py`: the names and
+- what only Keras 2 has, or what Keras 3 refuses (`launcher/keras_3_breaks.py`: the names and
   keywords Keras 3's `tf.keras` lacks, a model saved or checkpointed to a SavedModel path,
   `save_format=`, an integer shape, `optimizer.lr`...): with KERAS=auto the script gets
   tf_keras at the start, not when its first checkpoint fails, and the summary names the API,
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mgpu_env.runtime import keras_3_breaks as breaks
+import mgpu_env.launcher.keras_3_breaks as breaks
 
 TENSORFLOW_LINE = "2.21"
 # How many local modules the scan follows from the script, at most: a script's own helpers,

@@ -20,6 +20,7 @@ from entrypoint.options import (
 )
 from mgpu_env import launcher
 from mgpu_env.api import start_process
+from mgpu_env.training.run.resume import resolve_script_settings
 
 # The settings flags go before SCRIPT; everything from SCRIPT on is the script's, unparsed
 # (`--epochs 3` after SCRIPT is the script's argument, as with `python SCRIPT`).
@@ -64,7 +65,7 @@ def command(
         launcher.resolve_target(target or [], module=module)  # no such script: exit 2 here
         argv = ["run", *(["-m"] if module else []), *(target or [])]
         raise typer.Exit(code=launch_workers(flags, workers, gpus_per_worker, argv, "run"))
-    resolved = resolve(flags)  # bad settings: exit 2, before the script starts
+    resolved = resolve(flags, resolve_script_settings)  # bad settings: exit 2, before the script
     run_target = launcher.resolve_target(target or [], module=module)
     scan = launcher.scan_target(run_target)  # Keras 2 era code: KERAS=auto gives it tf_keras
     runtime = start_process(resolved, "run",  # a GPU the machine lacks: exit 2

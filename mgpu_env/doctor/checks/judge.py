@@ -1,4 +1,4 @@
-"""The checks in report order, and the runner that turns each into `Check`s.
+"""The checks in report order, and the judge that turns each into `Check`s.
 
 Every topic module of this package is imported here, which registers its `@check`
 functions (`common.REGISTRY`); the report order and the pre-flight's subset come from
@@ -15,7 +15,7 @@ from pathlib import Path
 from mgpu_env.doctor.checks.common import REGISTRY, Check, CheckFunction
 from mgpu_env.doctor.facts import Facts
 
-_NOT_TOPICS = {"common", "run"}
+_NOT_TOPICS = {"common", "judge"}
 for _module in pkgutil.iter_modules([str(Path(__file__).parent)]):
     if _module.name not in _NOT_TOPICS:
         importlib.import_module(f"{__package__}.{_module.name}")

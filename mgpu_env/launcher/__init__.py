@@ -1,0 +1,26 @@
+"""`mgpu run`: launching your own script with the settings applied.
+
+- `script`: the target found, scanned, prepared (pre-flight, split, policy, the strategy's
+  defaults) and run in this process, with mgpu's notes after it;
+- `source_scan` (with `keras_3_breaks`): the script's source read before it starts, for what
+  only Keras 2 has (KERAS=auto) and a custom loop;
+- `strategy_watch`: each strategy the script builds, against the plan.
+
+This module only re-exports.
+"""
+
+from mgpu_env.launcher.script import (
+    SCRIPT_DECIDES,
+    Target,
+    keras_note,
+    prepare,
+    resolve_target,
+    run_target,
+    scan_target,
+    summary,
+)
+
+__all__ = [
+    "SCRIPT_DECIDES", "Target", "keras_note", "prepare", "resolve_target", "run_target",
+    "scan_target", "summary",
+]
