@@ -67,6 +67,10 @@ class StreamFeed:
     over protobuf's 2 GB limit. Chunks that divide the caller's calls, taken from the
     stream inside the call (`ChunkLoops.train_chunks`), so a call of 200 steps is one
     call as a kept feed's is: see STREAM_CHUNK_BYTES.
+
+    At 2 replicas on 2 cores its steps wait for a chunk 0.1-0.4% of the time (TensorFlow's
+    profiler, `benchmarks/input_cost.py --profile`): what it costs more is the cuts' CPU,
+    taken from a step that keeps both cores busy (at 1 replica the second core absorbs it).
     """
 
     strategy: Any
