@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.input.data import Arrays, FileData, as_float32, take_rows
+from mgpu_env.training.input.data import Arrays, FileData, float32_rows
 from mgpu_env.training.input.order import (
     STEPS_PER_CALL,
     StepRunner,
@@ -157,7 +157,7 @@ class StreamFeed:
                 # device. A memory-mapped file is read only at these rows, by `pread`: its
                 # pages, mapped, would make the RSS grow by the whole file.
                 rows = chunks[int(index)]
-                return as_float32(take_rows(x_host, rows)), y_host[rows]
+                return float32_rows(x_host, rows), y_host[rows]
 
             def cut(index: Any) -> tuple[Any, Any]:
                 x, y = tf.numpy_function(
