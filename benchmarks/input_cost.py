@@ -1,7 +1,7 @@
 """What feeding the step costs, with the feeds' intervals interleaved in one process.
 
     .venv/bin/python benchmarks/input_cost.py [--replicas 2] [--dataset digits]
-        [--steps 200] [--lead-in STEPS] [--rounds 8] [--stream]
+        [--steps 200] [--lead-in STEPS] [--rounds 8] [--stream] [--profile INTERVALS]
 
 `mgpu bench BENCH_DATA=all` now takes turns the same way (`mgpu_env/bench/rounds.py`, one
 process per replica count); before, it measured each point in a process of its own, one
@@ -25,7 +25,11 @@ each alike:
 Prints each feed's median samples/s and the median over rounds of the per-round ratio to
 synthetic, with its range; then the same ratio of samples per CPU second of this process
 (all its threads): on a machine shared with other work, the CPU a feed costs is steadier
-than the wall clock. `benchmarks/stream_cost.py` repeats this script and sums it up.
+than the wall clock. With `--profile N`, N more intervals of each feed, taking turns, are
+traced by TensorFlow's profiler and the share of each interval its steps waited in the
+iterator's get-next ops is printed (`mgpu_env.profile.wait`): a second reading of the input's
+cost, read from the trace rather than from the throughput. `benchmarks/stream_cost.py` repeats
+this script and sums it up.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def main() -> None:
         "--lead-in", type=int, default=None,
         help="untimed steps at the start of each interval (default: as many as --steps)",
     )
+    parser.add_argument("--profile", type=int, default=0, metavar="INTERVALS",
+                        help="intervals of each feed traced for its input wait (0: none)")
     args = parser.parse_args()
 
     from mgpu_env.hardware.devices import DeviceSplit, apply_split
@@ -88,7 +94,7 @@ def main() -> None:
         )
 
     lead_in = args.steps if args.lead_in is None else args.lead_in
-    total = (lead_in + args.steps) * (args.rounds + 1)
+    total = (lead_in + args.steps) * (args.rounds + 1 + args.profile)
     feeds: dict[str, tuple[Any, Any]] = {}
     synthetic = trainer()
     same = SameBatchFeed.make(strategy, BATCH, (FEATURES,), 10, SEED)
@@ -140,6 +146,36 @@ def main() -> None:
             print(f"  {name:9} per CPU second {100 * statistics.median(ratios):5.1f}% of "
                   f"synthetic (rounds {100 * min(ratios):.0f}-{100 * max(ratios):.0f}%)",
                   flush=True)
+    if args.profile:
+        profile_waits(feeds, args.profile, lead_in, args.steps)
+
+
+def profile_waits(feeds: dict[str, tuple[Any, Any]], intervals: int, lead_in: int,
+                  steps: int) -> None:
+    """Trace `intervals` more intervals of each feed, taking turns; print each feed's median
+    share of its interval spent waiting for input (`mgpu_env.profile.wait`)."""
+    import tempfile
+
+    from mgpu_env.profile.wait import trace_wait
+
+    shares: dict[str, list[float]] = {name: [] for name in feeds}
+    with tempfile.TemporaryDirectory() as logdir:
+        for number in range(intervals):
+            for name, (state, run) in feeds.items():
+                if lead_in:
+                    run(lead_in)
+                    state.optimizer.iterations.numpy()
+
+                def interval(state: Any = state, run: Any = run) -> None:
+                    run(steps)
+                    state.optimizer.iterations.numpy()
+
+                wait = trace_wait(Path(logdir) / f"{name}{number}", interval)
+                shares[name].append(wait.share)
+    for name, values in shares.items():
+        print(f"  {name:9} input wait {100 * statistics.median(values):5.1f}% of its interval "
+              f"(TensorFlow's profiler, {intervals} traced, "
+              f"{100 * min(values):.1f}-{100 * max(values):.1f}%)", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,22 @@
-"""Kept and streamed input as a share of synthetic, at 1 and 2 replicas, over repeated runs.
+"""Kept and streamed input as a share of synthetic, at 1 and 2 replicas, over repeated runs,
+with the profiler's input wait beside it.
 
-    .venv/bin/python benchmarks/stream_cost.py [--runs 3] [--rounds 8] [--dataset digits]
-        [--input-cost benchmarks/input_cost.py]
+    .venv/bin/python benchmarks/stream_cost.py [--runs 2] [--rounds 8] [--profile 3]
+        [--dataset digits] [--input-cost benchmarks/input_cost.py]
 
 Runs `benchmarks/input_cost.py --stream` `--runs` times at each replica count (the CPU
-split into 2 logical devices for 2, as `GPUS=none VIRTUAL_DEVICES=2` does), each run
-interleaving synthetic, kept (`ResidentFeed`) and streamed (`StreamFeed`) intervals in one
-process, and prints per feed the median over runs of each run's median share of synthetic,
-with the range of those medians: by the wall clock (the throughput asked for) and per CPU
-second of the process (steadier on a machine shared with other work). `--input-cost` runs
-another copy of that script, e.g. an older checkout's, to compare before and after; a copy
-that prints no CPU line shows none.
+split into 2 logical devices for 2, as `GPUS=none VIRTUAL_DEVICES=2` does), the replica
+counts taking turns run by run (1, 2, 1, 2, ...) so that a change of the machine's load
+between runs falls on both. Each run interleaves synthetic, kept (`ResidentFeed`) and
+streamed (`StreamFeed`) intervals in one process and reports each feed's median share of
+synthetic over its rounds. Printed per replica count and feed: the median over runs, the
+runs' range and how far apart the runs land (points), by the wall clock (the throughput
+asked for) and per CPU second of the process (steadier on a machine shared with other work);
+then, with `--profile N` (passed on to input_cost.py), the share of the streamed intervals
+TensorFlow's profiler saw the steps wait in the iterator (`mgpu_env.profile.wait`) beside
+the wall clock's cost: the two readings of the input's cost. `--input-cost` runs another
+copy of that script, e.g. an older checkout's, to compare before and after; a copy that
+prints no CPU or wait line shows none.
 """
 
 from __future__ import annotations
@@ -25,14 +31,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 WALL = re.compile(r"^\s+(real|stream)\s+[\d,]+ samples/s\s+([\d.]+)% of synthetic")
 CPU = re.compile(r"^\s+(real|stream)\s+per CPU second\s+([\d.]+)% of synthetic")
+WAIT = re.compile(r"^\s+(real|stream)\s+input wait\s+([\d.]+)% of its interval")
 NAMES = {"real": "kept", "stream": "streamed"}
 
 
 def shares(output: str) -> dict[tuple[str, str], float]:
-    """(feed, "wall" or "cpu") -> its median % of synthetic, from one input_cost.py run."""
+    """(feed, "wall", "cpu" or "wait") -> its median %, from one input_cost.py run: of
+    synthetic for "wall" and "cpu", of the interval for "wait"."""
     found: dict[tuple[str, str], float] = {}
     for line in output.splitlines():
-        for kind, pattern in (("wall", WALL), ("cpu", CPU)):
+        for kind, pattern in (("wall", WALL), ("cpu", CPU), ("wait", WAIT)):
             if match := pattern.match(line):
                 found[NAMES[match[1]], kind] = float(match[2])
     return found
@@ -40,30 +48,41 @@ def shares(output: str) -> dict[tuple[str, str], float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--profile", type=int, default=0, metavar="INTERVALS",
+                        help="streamed intervals traced per run for the input wait (0: none)")
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--input-cost", type=Path, default=REPO / "benchmarks/input_cost.py")
     args = parser.parse_args()
 
-    for replicas in (1, 2):
-        runs: list[dict[tuple[str, str], float]] = []
-        for run in range(args.runs):
-            done = subprocess.run(
-                [sys.executable, str(args.input_cost), "--stream", "--rounds", str(args.rounds),
-                 "--replicas", str(replicas), "--dataset", args.dataset],
-                capture_output=True, text=True, check=True,
-            )
-            runs.append(shares(done.stdout))
+    runs: dict[int, list[dict[tuple[str, str], float]]] = {1: [], 2: []}
+    for run in range(args.runs):
+        for replicas in runs:
+            command = [sys.executable, str(args.input_cost), "--stream", "--rounds",
+                       str(args.rounds), "--replicas", str(replicas), "--dataset", args.dataset]
+            if args.profile:
+                command += ["--profile", str(args.profile)]
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            runs[replicas].append(shares(done.stdout))
             print(f"{replicas} replica(s), run {run + 1}: " + ", ".join(
-                f"{feed} {kind} {value:.1f}%" for (feed, kind), value in runs[-1].items()
+                f"{feed} {kind} {value:.1f}%" for (feed, kind), value in runs[replicas][-1].items()
             ), flush=True)
+    for replicas, found in runs.items():
         print(f"{replicas} replica(s), {args.dataset}, {args.runs} runs of {args.rounds} "
-              "interleaved rounds, % of synthetic (median of runs, range):")
-        for key in runs[0]:
-            values = [r[key] for r in runs if key in r]
-            print(f"  {key[0]:8} {key[1]:4} {statistics.median(values):5.1f}% "
-                  f"({min(values):.1f}-{max(values):.1f})", flush=True)
+              "interleaved rounds (median of runs, range, runs apart):")
+        for key in found[0]:
+            values = [r[key] for r in found if key in r]
+            unit = "of its interval" if key[1] == "wait" else "of synthetic"
+            print(f"  {key[0]:8} {key[1]:4} {statistics.median(values):5.1f}% {unit} "
+                  f"({min(values):.1f}-{max(values):.1f}, "
+                  f"{max(values) - min(values):.1f} points apart)", flush=True)
+        costs = [100 - r["streamed", "wall"] for r in found if ("streamed", "wall") in r]
+        waits = [r["streamed", "wait"] for r in found if ("streamed", "wait") in r]
+        if costs and waits:
+            cost, wait = statistics.median(costs), statistics.median(waits)
+            print(f"  streamed: {cost:.1f}% of throughput lost, the profiler's input wait "
+                  f"{wait:.1f}%: the readings {abs(cost - wait):.1f} points apart", flush=True)
 
 
 if __name__ == "__main__":

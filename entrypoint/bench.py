@@ -127,14 +127,21 @@ def render_costs(costs: list[dict[str, Any]]) -> Table:
                   "over the rounds; ±: its 95% confidence (1.58 x IQR / sqrt(rounds)); "
                   "rounds: lowest to highest; noise?: yes when ± reaches 0 (under 6 "
                   "rounds, also when they do not all agree)")
-    _add_columns(table, "variant", "n", "lost", "±", "rounds", "ms/step", "noise?")
+    waits = any("profiled_input_wait" in cost for cost in costs)
+    _add_columns(table, "variant", "n", "lost", "±", "rounds", "ms/step", "noise?",
+                 *(["input wait"] if waits else []))
+    if waits:
+        table.caption = f"{table.caption}; input wait: the profiled step's input share " \
+            "(--explain), beyond synthetic's"
     for cost in costs:
         lost = cost["throughput_lost_spread"]
+        wait = cost.get("profiled_input_wait")
         table.add_row(
             cost["variant"], str(cost["replicas"]), f"{100 * cost['throughput_lost']:.1f}%",
             f"{100 * cost['throughput_lost_ci95']:.1f}",
             f"{100 * lost['minimum']:.0f} to {100 * lost['maximum']:.0f}%",
             f"{cost['step_time_added_ms']:+.2f}", "no" if cost["significant"] else "yes",
+            *([] if not waits else ["-" if wait is None else f"{100 * wait:.1f}%"]),
         )
     return table
 

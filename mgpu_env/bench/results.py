@@ -185,7 +185,25 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # a second view, beside the wall clock's, of what the input adds to the work.
             costs[-1]["cpu_throughput_lost"] = statistics.median(
                 round_costs(cpu_synthetic, cpu_real))
+        wait = profiled_input_wait(twin, real)
+        if wait is not None:
+            costs[-1]["profiled_input_wait"] = wait
+            costs[-1]["readings_apart"] = abs(lost.median - wait)
     return costs
+
+
+def profiled_input_wait(twin: Mapping[str, Any], real: Mapping[str, Any]) -> float | None:
+    """The second reading of a data point's input cost, where `--explain` profiled both it
+    and its synthetic twin: the share of the step TensorFlow's profiler counted as input
+    (waiting for it, and copying it to the device), beyond its twin's. None without both
+    splits. It is read from the explain's own per-step iterator (`profile.steps`), not from the
+    timed intervals' feed: where the two readings part, the feed costs the step other than
+    by making it wait (on a machine of few cores: its threads' CPU)."""
+    shares = [(p.get("explain") or {}).get("split", {}).get("share", {}).get("input")
+              for p in (twin, real)]
+    if any(share is None for share in shares):
+        return None
+    return max(0.0, float(shares[1]) - float(shares[0]))
 
 
 def input_alone_verdicts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:

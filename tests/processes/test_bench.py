@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from entrypoint.app import app
+from entrypoint.bench import render_costs
 from mgpu_env.bench import sweep as bench
 from mgpu_env.bench.input_alone import (
     KEPT_REASON,
@@ -232,6 +233,30 @@ def test_the_input_cost_is_paired_round_by_round() -> None:
     assert cost["cpu_throughput_lost"] == pytest.approx(1 - 1 / 1.1)  # per CPU second
     assert data["schema_version"] == 2
     assert {p["child"] for p in data["points"]} == {0}
+
+
+def test_the_profiled_input_wait_stands_beside_the_throughput_lost() -> None:
+    # Two readings of one cost: the rounds' throughput, and the profiled step's input share
+    # beyond its synthetic twin's (where --explain profiled both).
+    shares = {"synthetic": 0.01, "real": 0.07}
+
+    def runner(group: Group) -> list[dict[str, Any]]:
+        return [{"interval_seconds": [1.0] * 3 if spec.data == "synthetic" else [1.25] * 3,
+                 "explain": {"split": {"share": {"input": shares[spec.data]}}}}
+                for spec in group]
+
+    chosen = settings(BENCH_DATA="both", BENCH_INTERVALS="3")
+    (cost,) = run_bench(runtime_of(chosen), environ={}, runner=runner).as_dict()[
+        "input_pipeline_cost"]
+    assert cost["throughput_lost"] == pytest.approx(0.2)
+    assert cost["profiled_input_wait"] == pytest.approx(0.06)
+    assert cost["readings_apart"] == pytest.approx(0.14)
+    table = render_costs([cost])
+    assert [column.header for column in table.columns][-1] == "input wait"
+    assert list(table.columns[-1].cells) == ["6.0%"]
+    # Without a profile, no second reading and no column.
+    del cost["profiled_input_wait"]
+    assert [column.header for column in render_costs([cost]).columns][-1] == "noise?"
 
 
 def test_a_cost_whose_rounds_straddle_zero_is_noise() -> None:

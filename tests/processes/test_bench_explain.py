@@ -156,6 +156,46 @@ def test_a_slow_input_is_input_bound_and_the_split_adds_up(
     assert judge(StepSplit.from_dict(split), "CPU").bottleneck == "input-bound"
 
 
+def test_a_slow_input_waits_in_the_trace_and_a_ready_one_does_not(
+    logical_cpus: tuple[str, ...], tmp_path: Path
+) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    from mgpu_env.profile.wait import trace_wait
+
+    strategy = two_replica_trainer(logical_cpus)[0]
+
+    def slow(x: Any) -> Any:
+        time.sleep(0.05)
+        return x
+
+    def loop_over(dataset: Any) -> Any:
+        iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+        @tf.function
+        def steps(count: Any) -> Any:
+            total = tf.constant(0.0)
+            for _ in tf.range(count):  # the loop the training calls run their steps in
+                total += strategy.reduce("SUM", strategy.run(tf.reduce_sum, (next(iterator),)),
+                                         axis=None)
+            return total
+
+        steps(tf.constant(1)).numpy()  # traced outside the profile
+        return lambda: steps(tf.constant(6)).numpy()
+
+    rows = tf.data.Dataset.from_tensor_slices(np.ones((64, 4), np.float32)).repeat().batch(8)
+    waited = trace_wait(tmp_path / "slow", loop_over(rows.map(
+        lambda x: tf.ensure_shape(tf.numpy_function(slow, [x], tf.float32), x.shape))))
+    ready = trace_wait(tmp_path / "ready", loop_over(rows.take(1).cache().repeat()
+                                                     .prefetch(tf.data.AUTOTUNE)))
+    # Six steps of 50 ms of input each: most of the interval is the wait, about 300 ms.
+    assert waited.events >= 6 and waited.share > 0.5 and waited.wait_ms >= 250, waited
+    # A batch ready in memory: the get-next's own cost only (the step here is a sum, so
+    # that is still a share of it: ms, not the share, tell the two apart).
+    assert ready.wait_ms < waited.wait_ms / 10, (ready, waited)
+
+
 @pytest.mark.slow
 def test_a_tiny_step_is_overhead_bound_and_the_plugin_reads_the_trace(
     logical_cpus: tuple[str, ...], tmp_path: Path

@@ -320,6 +320,24 @@ def test_rows_of_a_mapped_npy_are_read_without_mapping_its_pages(tmp_path: Path)
     assert rss_file_mib() - before < 8
 
 
+def test_a_chunks_rows_are_cut_as_float32_into_memory_tensorflow_shares(
+    tmp_path: Path,
+) -> None:
+    from mgpu_env.training.input.data import as_float32, float32_rows, take_rows
+    from mgpu_env.training.input.data.sets import TENSOR_ALIGN_BYTES
+
+    rng = np.random.default_rng(0)
+    floats = rng.random((300, 4, 2)).astype(np.float32)
+    np.save(tmp_path / "f.npy", floats)
+    rows = rng.integers(0, 300, (6, 5))  # (steps, batch)
+    for array in (floats, floats.astype(">f4"), (floats * 255).astype(np.uint8),
+                  np.load(tmp_path / "f.npy", mmap_mode="r")):
+        cut = float32_rows(array, rows)
+        assert cut.dtype == np.float32 and cut.shape == (6, 5, 4, 2)
+        assert cut.ctypes.data % TENSOR_ALIGN_BYTES == 0
+        assert np.array_equal(cut, as_float32(take_rows(array, rows)))
+
+
 def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
     tmp_path: Path, logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -120,3 +120,27 @@ def test_efficiency_is_placed_against_nvidias_resnet50_runs(efficiency: float, p
     line = verdict.against_reference(efficiency, 8)
     assert f"{place} the reference's 92-96%" in line
     assert "7.3-7.7x" in line
+
+
+def test_overlapping_waits_count_once() -> None:
+    from mgpu_env.profile.wait import merged_ms
+
+    # Two replicas' get-next at once (0-4 ms and 2-6 ms), one alone later (10-11 ms).
+    ms = 10**9
+    assert merged_ms([(2 * ms, 6 * ms), (0, 4 * ms), (10 * ms, 11 * ms)]) == pytest.approx(7.0)
+    assert merged_ms([(0, 4 * ms), (1 * ms, 2 * ms)]) == pytest.approx(4.0)  # nested
+    assert merged_ms([]) == 0.0
+
+
+@pytest.mark.parametrize(("name", "waits"), [
+    ("IteratorGetNextAsOptionalOp::DoCompute", True),
+    ("while/body/_1/IteratorGetNext:IteratorGetNext", True),
+    ("MultiDeviceIteratorGetNextFromShard", True),
+    ("Iterator::Root::Prefetch", False),  # the pipeline's own work, on its threads
+    ("GetNextFromShard0", False),
+    ("while/body/_1/seed_mlp/dense/MatMul:_MklMatMul", False),
+])
+def test_the_iterators_get_next_ops_are_the_wait(name: str, waits: bool) -> None:
+    from mgpu_env.profile.wait import is_wait_event
+
+    assert is_wait_event(name) is waits

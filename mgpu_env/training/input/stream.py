@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_env.training.input.data import Arrays, FileData, as_float32, take_rows
+from mgpu_env.training.input.data import Arrays, FileData, float32_rows
 from mgpu_env.training.input.order import (
     STEPS_PER_CALL,
     StepRunner,
@@ -67,6 +67,10 @@ class StreamFeed:
     over protobuf's 2 GB limit. Chunks that divide the caller's calls, taken from the
     stream inside the call (`ChunkLoops.train_chunks`), so a call of 200 steps is one
     call as a kept feed's is: see STREAM_CHUNK_BYTES.
+
+    At 2 replicas on 2 cores its steps wait for a chunk 0.1-0.4% of the time (TensorFlow's
+    profiler, `benchmarks/input_cost.py --profile`): what it costs more is the cuts' CPU,
+    taken from a step that keeps both cores busy (at 1 replica the second core absorbs it).
     """
 
     strategy: Any
@@ -150,7 +154,7 @@ class StreamFeed:
                 # device. A memory-mapped file is read only at these rows, by `pread`: its
                 # pages, mapped, would make the RSS grow by the whole file.
                 rows = chunks[int(index)]
-                return as_float32(take_rows(x_host, rows)), y_host[rows]
+                return float32_rows(x_host, rows), y_host[rows]
 
             def cut(index: Any) -> tuple[Any, Any]:
                 x, y = tf.numpy_function(

