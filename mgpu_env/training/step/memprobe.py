@@ -111,7 +111,7 @@ def measure_in_child(request: MemoryRequest, environ: Mapping[str, str],
     builder) or NotMeasured (no answer)."""
     env = {k: v for k, v in environ.items() if k != "TF_CONFIG"}
     env.update(cuda_environment("", uses_gpu=False))
-    done = childprobe.run([sys.executable, "-m", __name__, request.to_json()], env,
+    done = childprobe.ask([sys.executable, "-m", __name__, request.to_json()], env,
                           marker=JSON_MARKER, timeout_s=timeout_s)
     if done.start_error is not None:
         raise NotMeasured(done.start_error)
