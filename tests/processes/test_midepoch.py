@@ -16,6 +16,7 @@ import pytest
 from mgpu_env.config.parsers import CheckpointInterval, SettingError, parse_checkpoint_every
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.checkpoints import Position, Schedule
+from tests.support.feeds import rows_seen
 from tests.support.filedata import write_npy, write_tfrecords
 from tests.support.train_process import metrics, train_env
 
@@ -95,47 +96,6 @@ def test_a_checkpoints_name_says_where_the_run_stands(tmp_path: Path) -> None:
 # ------------------------------------------------------------- each feed's position, in process
 
 
-def _rows_seen(strategy: Any, feed_kind: str, size: int, global_batch: int,
-               spans: list[tuple[int, int]]) -> list[np.ndarray]:
-    """For each (first_step, steps): how often each row was trained on by a runner of epoch 1
-    started at first_step and run that many steps (a fresh count each)."""
-    import tensorflow as tf
-
-    from mgpu_env.training.input.data import Arrays
-    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
-    from mgpu_env.training.step.steps import StepFunctions
-
-    x = np.stack([np.arange(size, dtype=np.float32)] * 4, axis=1)  # column 0: the row
-    y = (np.arange(size) % 10).astype(np.int32)
-    with strategy.scope():
-        counts = tf.Variable(tf.zeros([size]), synchronization=tf.VariableSynchronization.ON_READ,
-                             aggregation=tf.VariableAggregation.SUM)
-
-    def count_rows(x_batch: Any, y_batch: Any) -> None:
-        rows = tf.cast(x_batch[:, 0], tf.int32)
-        counts.assign_add(tf.math.bincount(rows, minlength=size, maxlength=size,
-                                           dtype=tf.float32))
-
-    steps = StepFunctions(count_rows, None, None, None, None, None, None)
-    arrays = Arrays("test", x, y, x[:10], y[:10])
-    per_epoch = size // global_batch  # the plan's count: whole global batches
-    feed: Any = (
-        ResidentFeed.place(strategy, arrays, global_batch, seed=3, steps_per_epoch=per_epoch)
-        if feed_kind == "resident"
-        else StreamFeed(strategy, arrays, global_batch, seed=3, steps_per_call=4,
-                        steps_per_epoch=per_epoch)
-        if feed_kind == "stream"
-        else RowStreamFeed(strategy, tf.data.Dataset.from_tensor_slices((x, y)), size,
-                           global_batch, seed=3, steps_per_epoch=per_epoch)
-    )
-    seen = []
-    for first, count in spans:
-        counts.assign(tf.zeros([size]))
-        feed.runner(steps, 1, first_step=first)(count)
-        seen.append(counts.read_value().numpy())
-    return seen
-
-
 @pytest.mark.parametrize("feed_kind", ["resident", "stream", "rows"])
 def test_a_feed_started_at_a_step_trains_the_rest_of_the_order_once(
     logical_cpus: tuple[str, ...], feed_kind: str
@@ -146,7 +106,7 @@ def test_a_feed_started_at_a_step_trains_the_rest_of_the_order_once(
     size, global_batch = 250, 16  # 15 steps; 10 rows of each epoch left out
     for replicas in (1, 2):
         strategy = make_strategy(plan_strategy("auto", logical_cpus[:replicas], "CPU", 1))
-        whole, before, after = _rows_seen(strategy, feed_kind, size, global_batch,
+        whole, before, after = rows_seen(strategy, feed_kind, size, global_batch,
                                           [(0, 15), (0, 6), (6, 9)])
         # The run stopped after step 6 and resumed there: every row of the epoch once.
         np.testing.assert_array_equal(before + after, whole)
