@@ -120,6 +120,9 @@ def render_table(data: dict[str, Any]) -> Table:
     return table
 
 
+KIND_SHOWN = {"waiting": "waiting", "cpu": "CPU", "none": "none", "unexplained": "?"}
+
+
 def render_costs(costs: list[dict[str, Any]]) -> Table:
     """The input pipeline's cost, one row per data point: median over rounds and range."""
     table = Table(title="input pipeline's cost: samples/s lost against synthetic",
@@ -128,11 +131,16 @@ def render_costs(costs: list[dict[str, Any]]) -> Table:
                   "rounds: lowest to highest; noise?: yes when ± reaches 0 (under 6 "
                   "rounds, also when they do not all agree)")
     waits = any("profiled_input_wait" in cost for cost in costs)
+    kinds = any(cost.get("input_cost_kind") for cost in costs)
     _add_columns(table, "variant", "n", "lost", "±", "rounds", "ms/step", "noise?",
-                 *(["input wait"] if waits else []))
+                 *(["input wait"] if waits else []), *(["how"] if kinds else []))
     if waits:
         table.caption = f"{table.caption}; input wait: the profiled step's input share " \
             "(--explain), beyond synthetic's"
+    if kinds:
+        table.caption = f"{table.caption}; how: waiting (the step waits for its input), " \
+            "CPU (the input's threads take the cores the step computes on: as much more " \
+            "CPU per sample as was lost), none, or ? (neither reading accounts for it)"
     for cost in costs:
         lost = cost["throughput_lost_spread"]
         wait = cost.get("profiled_input_wait")
@@ -142,6 +150,7 @@ def render_costs(costs: list[dict[str, Any]]) -> Table:
             f"{100 * lost['minimum']:.0f} to {100 * lost['maximum']:.0f}%",
             f"{cost['step_time_added_ms']:+.2f}", "no" if cost["significant"] else "yes",
             *([] if not waits else ["-" if wait is None else f"{100 * wait:.1f}%"]),
+            *([] if not kinds else [KIND_SHOWN.get(cost.get("input_cost_kind"), "-")]),
         )
     return table
 

@@ -189,7 +189,34 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if wait is not None:
             costs[-1]["profiled_input_wait"] = wait
             costs[-1]["readings_apart"] = abs(lost.median - wait)
+        costs[-1]["input_cost_kind"] = input_cost_kind(
+            lost.median, wait, costs[-1].get("cpu_throughput_lost"))
     return costs
+
+
+# Two readings of one cost agree when they are this close (fractions of throughput): the
+# spread two runs of the same point show on a quiet 2-core machine.
+READINGS_AGREE = 0.05
+
+
+def input_cost_kind(lost: float, wait: float | None, cpu_lost: float | None) -> str | None:
+    """How the input costs the step what the wall clock lost (`lost`), told by which direct
+    reading accounts for it: "waiting" (the profiled step waits for its input: what a GPU's
+    step shows when the pipeline cannot keep up), "cpu" (the step hardly waits, but the
+    input's threads take CPU the step computes with: the extra CPU per sample `cpu_lost`
+    matches; where the step itself runs on the host's cores, as on CPU devices, this is how
+    an input costs), "none" (nothing lost beyond the readings' agreement), "unexplained"
+    (neither reading accounts for it: something else slows the real data's step). None
+    without a direct reading (no profile and no CPU clock)."""
+    if wait is None and cpu_lost is None:
+        return None
+    if abs(lost) < READINGS_AGREE and (wait is None or wait < READINGS_AGREE):
+        return "none"
+    if wait is not None and abs(lost - wait) <= READINGS_AGREE:
+        return "waiting"
+    if cpu_lost is not None and abs(lost - cpu_lost) <= READINGS_AGREE:
+        return "cpu"
+    return "unexplained"
 
 
 def profiled_input_wait(twin: Mapping[str, Any], real: Mapping[str, Any]) -> float | None:

@@ -251,12 +251,34 @@ def test_the_profiled_input_wait_stands_beside_the_throughput_lost() -> None:
     assert cost["throughput_lost"] == pytest.approx(0.2)
     assert cost["profiled_input_wait"] == pytest.approx(0.06)
     assert cost["readings_apart"] == pytest.approx(0.14)
+    # 20% lost, 6% waiting and no CPU clock here: neither reading accounts for it.
+    assert cost["input_cost_kind"] == "unexplained"
     table = render_costs([cost])
-    assert [column.header for column in table.columns][-1] == "input wait"
-    assert list(table.columns[-1].cells) == ["6.0%"]
+    assert [column.header for column in table.columns][-2:] == ["input wait", "how"]
+    assert list(table.columns[-2].cells) == ["6.0%"] and list(table.columns[-1].cells) == ["?"]
     # Without a profile, no second reading and no column.
-    del cost["profiled_input_wait"]
+    del cost["profiled_input_wait"], cost["input_cost_kind"]
     assert [column.header for column in render_costs([cost]).columns][-1] == "noise?"
+
+
+@pytest.mark.parametrize(("lost", "wait", "cpu_lost", "kind"), [
+    (0.07, 0.003, 0.08, "cpu"),  # logical CPU devices: the input takes cores, not time
+    (0.07, 0.003, None, "unexplained"),  # no CPU clock, and the step does not wait
+    (0.30, 0.28, 0.02, "waiting"),  # a GPU's step starved by its pipeline
+    (0.30, 0.28, 0.30, "waiting"),  # both agree: the wait is the direct one
+    (0.30, 0.10, 0.10, "unexplained"),  # neither reading accounts for 30%
+    (0.02, 0.01, 0.03, "none"), (-0.03, None, 0.0, "none"),  # within the readings' noise
+    (0.02, 0.20, None, "unexplained"),  # a long wait that costs no throughput: odd, said
+    (-0.20, 0.0, 0.0, "unexplained"),  # real data 20% faster than synthetic: odd, said
+    (0.10, None, None, None),  # no direct reading at all
+    (0.10, 0.05, None, "waiting"), (0.10, 0.0499, None, "unexplained"),  # the edge, 5 points
+])
+def test_how_the_input_costs_is_the_reading_that_accounts_for_the_loss(
+    lost: float, wait: float | None, cpu_lost: float | None, kind: str | None
+) -> None:
+    from mgpu_env.bench.results import input_cost_kind
+
+    assert input_cost_kind(lost, wait, cpu_lost) == kind
 
 
 def test_a_cost_whose_rounds_straddle_zero_is_noise() -> None:
