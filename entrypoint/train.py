@@ -215,7 +215,9 @@ def _say_result(result: TrainResult, is_chief: bool) -> None:
     if "memory" in result.metrics:  # beside the estimate, each GPU's first peak (or none)
         from mgpu_env.training.run.memcheck import memory_result_line
 
-        say(f"  {memory_result_line(result.metrics['memory'])}")
+        line = memory_result_line(result.metrics["memory"])
+        if line is not None:
+            say(f"  {line}")
     if is_chief:
         say(
             f"  outputs in {result.output_dir} (metrics.json, model.keras, checkpoints/, logs/)"

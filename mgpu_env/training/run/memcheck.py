@@ -111,12 +111,16 @@ def memory_record(check: MemoryCheck, peak: FirstPeak) -> dict[str, Any]:
             "first_step_peak_bytes": peak.peaks}
 
 
-def memory_result_line(record: Mapping[str, Any]) -> str:
-    """The last lines' memory line, from metrics.json's "memory": estimate against peak."""
+def memory_result_line(record: Mapping[str, Any]) -> str | None:
+    """The last lines' memory line, from metrics.json's "memory": estimate against peak.
+    None with neither (a CPU run: the start summary already said why), so a first run on a
+    laptop does not end on a line about what could not be measured."""
     estimate = record.get("estimate")
     said = (f"estimated {size_text(int(estimate['total']))} per replica" if estimate
             else "not estimated")
     peaks = record.get("first_step_peak_bytes")
+    if peaks is None and not estimate:
+        return None
     if peaks is None:
         return f"memory: {said}; no peak measured (TensorFlow counts GPU memory only)"
     measured = ", ".join(f"{device} {size_text(int(size))}" for device, size in peaks.items())
