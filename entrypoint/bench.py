@@ -150,7 +150,7 @@ def render_costs(costs: list[dict[str, Any]]) -> Table:
             f"{100 * lost['minimum']:.0f} to {100 * lost['maximum']:.0f}%",
             f"{cost['step_time_added_ms']:+.2f}", "no" if cost["significant"] else "yes",
             *([] if not waits else ["-" if wait is None else f"{100 * wait:.1f}%"]),
-            *([] if not kinds else [KIND_SHOWN.get(cost.get("input_cost_kind"), "-")]),
+            *([] if not kinds else [KIND_SHOWN.get(cost.get("input_cost_kind") or "", "-")]),
         )
     return table
 
