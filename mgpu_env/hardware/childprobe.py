@@ -53,6 +53,15 @@ class ChildAnswer:
         """`<what> exited with code N: <stderr's tail>`."""
         return f"{what} exited with code {self.returncode}: {self.tail(lines)}"
 
+    def no_answer(self, what: str, timeout_s: float) -> str | None:
+        """Why `what` gave no answer (it could not start, it hung, it exited without the
+        marker's line), or None when it answered."""
+        if self.start_error is not None:
+            return self.start_error
+        if self.timed_out:
+            return f"{what} did not answer within {timeout_s:g} s"
+        return self.exited(what) if self.answer is None else None
+
 
 def _kill_group(process: subprocess.Popen[str]) -> None:
     # The child may have started helpers of its own (TensorFlow's compilers); its session

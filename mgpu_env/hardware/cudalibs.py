@@ -356,12 +356,9 @@ def collect(environ: Mapping[str, str], timeout_s: float = DEFAULT_TIMEOUT_S) ->
     """Run `collect_in_process` in a child Python with `environ`. Never raises."""
     done = childprobe.ask([sys.executable, "-m", "mgpu_env.hardware.cudalibs"], environ,
                           marker=JSON_MARKER, timeout_s=timeout_s)
-    if done.start_error is not None:
-        return failed(done.start_error)
-    if done.timed_out:
-        return failed(f"the CUDA library probe did not answer within {timeout_s:g} s")
-    if done.answer is None:
-        return failed(done.exited("the CUDA library probe"))
+    why = done.no_answer("the CUDA library probe", timeout_s)
+    if why is not None or done.answer is None:
+        return failed(why or "no answer")
     try:
         return from_json(done.answer)
     except (ValueError, KeyError, TypeError) as err:

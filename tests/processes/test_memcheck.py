@@ -105,7 +105,8 @@ def test_a_child_that_gives_no_answer_is_said_not_raised(
 
     check = memcheck.check_memory(plan, _sizes(), dry_run=True, measure=stopped)
     assert check.estimate is None
-    assert check.lines == ("not estimated: the model was not built within 0.001 s",)
+    assert check.lines == (
+        "not estimated: the child that builds the model did not answer within 0.001 s",)
 
 
 # ---------------------------------------------------------------- when it runs, and where

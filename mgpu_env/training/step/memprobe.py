@@ -113,12 +113,9 @@ def measure_in_child(request: MemoryRequest, environ: Mapping[str, str],
     env.update(cuda_environment("", uses_gpu=False))
     done = childprobe.ask([sys.executable, "-m", __name__, request.to_json()], env,
                           marker=JSON_MARKER, timeout_s=timeout_s)
-    if done.start_error is not None:
-        raise NotMeasured(done.start_error)
-    if done.timed_out:
-        raise NotMeasured(f"the model was not built within {timeout_s:g} s")
-    if done.answer is None:
-        raise NotMeasured(done.exited("the child that builds the model"))
+    why = done.no_answer("the child that builds the model", timeout_s)
+    if why is not None or done.answer is None:
+        raise NotMeasured(why or "no answer")
     try:
         answer: dict[str, Any] = json.loads(done.answer)
         if "error" in answer:
