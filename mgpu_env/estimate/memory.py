@@ -163,14 +163,6 @@ def refusal(estimate_: MemoryEstimate, device_bytes: int, device: str) -> str | 
             f"({100 * USABLE_FRACTION:.0f}% usable).\n  Fix: {fix}.")
 
 
-def check_devices(model: Any, optimizer: Any, per_replica_batch: int, policy: str,
-                  gpus: Sequence[GpuInfo]) -> tuple[MemoryEstimate, list[str]]:
-    """`measure` then `compare`, in one process: the estimate for a built model and
-    optimizer under the Keras `policy`, and the summary's lines against these GPUs."""
-    found, assumed = measure(model, optimizer, per_replica_batch, policy)
-    return found, compare(found, assumed, gpus)
-
-
 def measure(model: Any, optimizer: Any, per_replica_batch: int, policy: str
             ) -> tuple[MemoryEstimate, str]:
     """The estimate for a built model and optimizer under the Keras `policy`, and what it

@@ -15,6 +15,14 @@ from mgpu_env.hardware.nvml import GpuInfo, Probed
 MIB = 1 << 20
 
 
+def _check_devices(model: Any, optimizer: Any, per_replica_batch: int, policy: str,
+                   gpus: list[GpuInfo]) -> tuple[memory.MemoryEstimate, list[str]]:
+    """What `mgpu train`'s check does with the child's answer, in this process: `measure`
+    then `compare`."""
+    found, assumed = memory.measure(model, optimizer, per_replica_batch, policy)
+    return found, memory.compare(found, assumed, gpus)
+
+
 @pytest.mark.parametrize(("replicas", "factor"), [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
 def test_the_ring_moves_2_n_minus_1_over_n_times_the_bytes(replicas: int, factor: float
                                                             ) -> None:
@@ -127,18 +135,18 @@ def test_a_gpu_too_small_refuses_the_run(logical_cpus: tuple[str, ...]) -> None:
 
     model = keras_model("resnet")
     optimizer = tensorflow_keras().optimizers.Adam()
-    estimate, lines = memory.check_devices(model, optimizer, 64, "float32", [gpu(16_384)])
+    estimate, lines = _check_devices(model, optimizer, 64, "float32", [gpu(16_384)])
     assert estimate.per_replica_batch == 64 and estimate.fits(16_384 * MIB)
     assert lines[0].startswith("memory per replica: about ")
     assert "GPU 0: " in lines[1] and "largest batch per replica that fits" in lines[1]
     with pytest.raises(ConfigError, match="BATCH_SIZE=4096 needs about"):
-        memory.check_devices(model, optimizer, 4096, "float32", [gpu(1024)])
-    assert memory.check_devices(model, optimizer, 64, "float32", [])[1] == lines[:1]
+        _check_devices(model, optimizer, 4096, "float32", [gpu(1024)])
+    assert _check_devices(model, optimizer, 64, "float32", [])[1] == lines[:1]
 
     class Lion:
         pass
 
-    assumed = memory.check_devices(model, Lion(), 64, "float32", [])[1][0]
+    assumed = _check_devices(model, Lion(), 64, "float32", [])[1][0]
     assert assumed.endswith("at batch 64, Lion's slots taken as Adam's)")
 
 
@@ -170,7 +178,7 @@ def test_a_subclassed_models_unknown_activations_are_said(logical_cpus: tuple[st
 
     model = Subclassed()
     model(np.zeros((1, 784), dtype=np.float32))  # its weights made; no symbolic outputs
-    estimate, lines = memory.check_devices(model, keras.optimizers.Adam(), 64, "float32", [])
+    estimate, lines = _check_devices(model, keras.optimizers.Adam(), 64, "float32", [])
     assert estimate.weights == 7850 * 4 and estimate.activations == 0
     assert lines[0].endswith("activations unknown: the model's layers have no outputs before "
                              "it runs)")
