@@ -27,8 +27,10 @@ synthetic, with its range; then the same ratio of samples per CPU second of this
 (all its threads): on a machine shared with other work, the CPU a feed costs is steadier
 than the wall clock. With `--profile N`, N more intervals of each feed, taking turns, are
 traced by TensorFlow's profiler and the share of each interval its steps waited in the
-iterator's get-next ops is printed (`mgpu_env.profile.wait`): a second reading of the input's
-cost, read from the trace rather than from the throughput. `benchmarks/stream_cost.py` repeats
+iterator's get-next ops is printed, the share of the cores tf.data's pipeline threads took,
+and their sum (`mgpu_env.profile.wait`): a second reading of the input's cost, read from the
+trace rather than from the throughput (on CPU devices the step computes on the cores the
+pipeline takes, so both count). `benchmarks/stream_cost.py` repeats
 this script and sums it up.
 """
 
@@ -153,12 +155,14 @@ def main() -> None:
 def profile_waits(feeds: dict[str, tuple[Any, Any]], intervals: int, lead_in: int,
                   steps: int) -> None:
     """Trace `intervals` more intervals of each feed, taking turns; print each feed's median
-    share of its interval spent waiting for input (`mgpu_env.profile.wait`)."""
+    share of its interval spent waiting for input, its pipeline threads' median share of the
+    cores, and their sum: the input's cost as the trace reads it where the step computes on
+    the host's cores, as here (`mgpu_env.profile.wait`)."""
     import tempfile
 
     from mgpu_env.profile.wait import trace_wait
 
-    shares: dict[str, list[float]] = {name: [] for name in feeds}
+    readings: dict[str, list[Any]] = {name: [] for name in feeds}
     with tempfile.TemporaryDirectory() as logdir:
         for number in range(intervals):
             for name, (state, run) in feeds.items():
@@ -170,12 +174,18 @@ def profile_waits(feeds: dict[str, tuple[Any, Any]], intervals: int, lead_in: in
                     run(steps)
                     state.optimizer.iterations.numpy()
 
-                wait = trace_wait(Path(logdir) / f"{name}{number}", interval)
-                shares[name].append(wait.share)
-    for name, values in shares.items():
-        print(f"  {name:9} input wait {100 * statistics.median(values):5.1f}% of its interval "
-              f"(TensorFlow's profiler, {intervals} traced, "
-              f"{100 * min(values):.1f}-{100 * max(values):.1f}%)", flush=True)
+                readings[name].append(trace_wait(Path(logdir) / f"{name}{number}", interval))
+    for name, found in readings.items():
+        for label, values, unit in (
+            ("input wait", [r.share for r in found], "of its interval"),
+            ("pipeline", [r.pipeline_share for r in found],
+             f"of the {found[0].cores} cores"),
+            ("profiled", [r.cost_share(step_on_host=True) for r in found],
+             "of the throughput (wait + pipeline)"),
+        ):
+            print(f"  {name:9} {label} {100 * statistics.median(values):5.1f}% {unit} "
+                  f"(TensorFlow's profiler, {intervals} traced, "
+                  f"{100 * min(values):.1f}-{100 * max(values):.1f}%)", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Kept and streamed input as a share of synthetic, at 1 and 2 replicas, over repeated runs,
-with the profiler's input wait beside it.
+with the profiler's input wait and its pipeline threads' share of the cores beside it.
 
     .venv/bin/python benchmarks/stream_cost.py [--runs 2] [--rounds 8] [--profile 3]
         [--dataset digits] [--input-cost benchmarks/input_cost.py]
@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 WALL = re.compile(r"^\s+(real|stream)\s+[\d,]+ samples/s\s+([\d.]+)% of synthetic")
 CPU = re.compile(r"^\s+(real|stream)\s+per CPU second\s+([\d.]+)% of synthetic")
 WAIT = re.compile(r"^\s+(real|stream)\s+input wait\s+([\d.]+)% of its interval")
+PIPELINE = re.compile(r"^\s+(real|stream)\s+pipeline\s+([\d.]+)% of the")
+PROFILED = re.compile(r"^\s+(real|stream)\s+profiled\s+([\d.]+)% of the throughput")
 NAMES = {"real": "kept", "stream": "streamed"}
 
 
@@ -40,7 +42,8 @@ def shares(output: str) -> dict[tuple[str, str], float]:
     synthetic for "wall" and "cpu", of the interval for "wait"."""
     found: dict[tuple[str, str], float] = {}
     for line in output.splitlines():
-        for kind, pattern in (("wall", WALL), ("cpu", CPU), ("wait", WAIT)):
+        for kind, pattern in (("wall", WALL), ("cpu", CPU), ("wait", WAIT),
+                              ("pipe", PIPELINE), ("prof", PROFILED)):
             if match := pattern.match(line):
                 found[NAMES[match[1]], kind] = float(match[2])
     return found
@@ -73,16 +76,19 @@ def main() -> None:
               "interleaved rounds (median of runs, range, runs apart):")
         for key in found[0]:
             values = [r[key] for r in found if key in r]
-            unit = "of its interval" if key[1] == "wait" else "of synthetic"
+            unit = {"wait": "of its interval", "pipe": "of the cores",
+                    "prof": "of the throughput"}.get(key[1], "of synthetic")
             print(f"  {key[0]:8} {key[1]:4} {statistics.median(values):5.1f}% {unit} "
                   f"({min(values):.1f}-{max(values):.1f}, "
                   f"{max(values) - min(values):.1f} points apart)", flush=True)
         costs = [100 - r["streamed", "wall"] for r in found if ("streamed", "wall") in r]
-        waits = [r["streamed", "wait"] for r in found if ("streamed", "wait") in r]
-        if costs and waits:
-            cost, wait = statistics.median(costs), statistics.median(waits)
-            print(f"  streamed: {cost:.1f}% of throughput lost, the profiler's input wait "
-                  f"{wait:.1f}%: the readings {abs(cost - wait):.1f} points apart", flush=True)
+        for key, what in (("wait", "input wait"), ("prof", "wait + pipeline")):
+            values = [r["streamed", key] for r in found if ("streamed", key) in r]
+            if costs and values:
+                cost, value = statistics.median(costs), statistics.median(values)
+                print(f"  streamed: {cost:.1f}% of throughput lost, the profiler's {what} "
+                      f"{value:.1f}%: the readings {abs(cost - value):.1f} points apart",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ def render_table(data: dict[str, Any]) -> Table:
     return table
 
 
-KIND_SHOWN = {"waiting": "waiting", "cpu": "CPU", "none": "none", "unexplained": "?"}
+KIND_SHOWN = {"waiting": "waiting", "cpu": "CPU", "step": "in step", "none": "none",
+              "unexplained": "?"}
 
 
 def render_costs(costs: list[dict[str, Any]]) -> Table:
@@ -130,20 +131,24 @@ def render_costs(costs: list[dict[str, Any]]) -> Table:
                   "over the rounds; ±: its 95% confidence (1.58 x IQR / sqrt(rounds)); "
                   "rounds: lowest to highest; noise?: yes when ± reaches 0 (under 6 "
                   "rounds, also when they do not all agree)")
-    waits = any("profiled_input_wait" in cost for cost in costs)
+    waits = any("profiled_input_cost" in cost for cost in costs)
     kinds = any(cost.get("input_cost_kind") for cost in costs)
     _add_columns(table, "variant", "n", "lost", "±", "rounds", "ms/step", "noise?",
-                 *(["input wait"] if waits else []), *(["how"] if kinds else []))
+                 *(["profiled"] if waits else []), *(["how"] if kinds else []))
     if waits:
-        table.caption = f"{table.caption}; input wait: the profiled step's input share " \
-            "(--explain), beyond synthetic's"
+        table.caption = f"{table.caption}; profiled: the input's share as TensorFlow's " \
+            "profiler reads it in traced intervals of the same feed (--explain), beyond " \
+            "synthetic's: the steps' wait for input, plus on CPU devices the share of the " \
+            "cores tf.data's threads took"
     if kinds:
-        table.caption = f"{table.caption}; how: waiting (the step waits for its input), " \
-            "CPU (the input's threads take the cores the step computes on: as much more " \
-            "CPU per sample as was lost), none, or ? (neither reading accounts for it)"
+        table.caption = f"{table.caption}; how (the reading that accounts for the loss " \
+            "within 5 points): waiting (the step waits for its input), CPU (the input's " \
+            "threads take the cores the step computes on), in step (as much more CPU per " \
+            "sample, but not in the pipeline's threads: the step itself takes longer on " \
+            "this data than on synthetic's one batch), none, or ? (no reading accounts)"
     for cost in costs:
         lost = cost["throughput_lost_spread"]
-        wait = cost.get("profiled_input_wait")
+        wait = cost.get("profiled_input_cost")
         table.add_row(
             cost["variant"], str(cost["replicas"]), f"{100 * cost['throughput_lost']:.1f}%",
             f"{100 * cost['throughput_lost_ci95']:.1f}",

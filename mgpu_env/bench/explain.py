@@ -14,17 +14,63 @@ DATASET (`profile.steps`): the input path TensorFlow's profiler can attribute, n
 chunked one the timed intervals use. The per-call step also pays the call's own cost, which
 the timed loops spread over many steps: its step time is longer than the table's.
 
+After the rounds (`trace_intervals`), TRACED_INTERVALS more intervals of every variant, taking
+turns as the rounds do, run on the timed feed itself under the profiler: the input's cost as
+the trace reads it (`profile.wait`: the steps' wait, and on CPU devices the pipeline threads'
+share of the cores), of the same feed the throughput lost measures.
+
 In the parent (`explain_points`): the prediction (`estimate.allreduce`), the verdict
 (`profile.verdict`) and the efficiency against the published reference, per point.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 EXPLAIN_STEPS = 10
+# Timed-feed intervals traced per variant: each takes a second more (the profiler's sessions
+# are named by the second), and the median of 3 is the reading.
+TRACED_INTERVALS = 3
+
+
+def trace_intervals(runs: Sequence[Callable[[int], Any]], steps: int,
+                    logdirs: Sequence[Path], step_on_host: bool) -> list[dict[str, Any]]:
+    """Trace TRACED_INTERVALS intervals of `steps` steps of each variant (`runs[v](n)` runs
+    n steps and returns once done), in the rounds' order, into `logdirs[v]/intervals`; per
+    variant the medians of the wait, the pipeline's share and the input's cost
+    (`InputWait.cost_share`), or why the trace could not be read."""
+    from mgpu_env.bench.rounds import round_orders
+    from mgpu_env.profile.split import NoSteps
+    from mgpu_env.profile.wait import trace_wait
+
+    found: list[list[Any]] = [[] for _ in runs]
+    errors: list[str | None] = [None for _ in runs]
+    for number, order in enumerate(round_orders(len(runs), TRACED_INTERVALS)):
+        for variant in order:
+            try:
+                found[variant].append(trace_wait(
+                    logdirs[variant] / "intervals" / str(number), partial(runs[variant], steps)))
+            except (NoSteps, RuntimeError) as err:
+                errors[variant] = f"the timed feed's trace could not be read: {err}"
+    results: list[dict[str, Any]] = []
+    for readings, error in zip(found, errors, strict=True):
+        if error or not readings:
+            results.append({"error": error or "no interval traced"})
+            continue
+        results.append({
+            "traced": len(readings),
+            "steps": steps,
+            "wait_share": statistics.median(r.share for r in readings),
+            "pipeline_share": statistics.median(r.pipeline_share for r in readings),
+            "cost_share": statistics.median(r.cost_share(step_on_host) for r in readings),
+            "step_on_host": step_on_host,
+            "cores": readings[0].cores,
+        })
+    return results
 
 
 def explain_variant(spec: Any, strategy: Any, trainer: Any, batch: Any, arrays: Any,

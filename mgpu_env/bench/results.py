@@ -26,7 +26,9 @@ BENCH_JSON = "bench.json"
 # 2: the input's cost is paired round by round (`throughput_lost` is the median over rounds,
 # `significant` its confidence interval clear of 0); points record their child, their
 # intervals' starts and what their stream gives alone (`input_alone`).
-SCHEMA_VERSION = 2
+# 3: with --explain, the profile's reading of the input's cost comes from traced intervals of
+# the timed feed itself (`profiled_input_cost`, `profiled_pipeline`, `profiled_from`).
+SCHEMA_VERSION = 3
 # Rounds from which a median's notch (`stats.median_ci95`) alone says whether a cost is noise.
 NOTCH_ROUNDS = 6
 # A point record's keys taken from its child's result (the rest is under "worker").
@@ -185,12 +187,16 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # a second view, beside the wall clock's, of what the input adds to the work.
             costs[-1]["cpu_throughput_lost"] = statistics.median(
                 round_costs(cpu_synthetic, cpu_real))
-        wait = profiled_input_wait(twin, real)
-        if wait is not None:
-            costs[-1]["profiled_input_wait"] = wait
-            costs[-1]["readings_apart"] = abs(lost.median - wait)
+        profiled = profiled_input(twin, real)
+        if profiled is not None:
+            costs[-1].update(profiled)
+            costs[-1]["readings_apart"] = abs(lost.median - profiled["profiled_input_cost"])
+        # The pipeline's cores cost the step only where it computes on them.
+        on_host = real["worker"].get("device_type") == "CPU"
         costs[-1]["input_cost_kind"] = input_cost_kind(
-            lost.median, wait, costs[-1].get("cpu_throughput_lost"))
+            lost.median, (profiled or {}).get("profiled_input_wait"),
+            costs[-1].get("cpu_throughput_lost"),
+            (profiled or {}).get("profiled_pipeline") if on_host else None)
     return costs
 
 
@@ -199,38 +205,67 @@ def input_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 READINGS_AGREE = 0.05
 
 
-def input_cost_kind(lost: float, wait: float | None, cpu_lost: float | None) -> str | None:
-    """How the input costs the step what the wall clock lost (`lost`), told by which direct
-    reading accounts for it: "waiting" (the profiled step waits for its input: what a GPU's
-    step shows when the pipeline cannot keep up), "cpu" (the step hardly waits, but the
-    input's threads take CPU the step computes with: the extra CPU per sample `cpu_lost`
-    matches; where the step itself runs on the host's cores, as on CPU devices, this is how
-    an input costs), "none" (nothing lost beyond the readings' agreement), "unexplained"
-    (neither reading accounts for it: something else slows the real data's step). None
-    without a direct reading (no profile and no CPU clock)."""
-    if wait is None and cpu_lost is None:
+def input_cost_kind(lost: float, wait: float | None, cpu_lost: float | None,
+                    pipeline: float | None = None) -> str | None:
+    """Where the input's cost goes, told by which direct reading accounts, within
+    READINGS_AGREE, for what the wall clock lost (`lost`):
+
+    - "waiting": the profile's reading, mostly the steps' wait for their input (`wait`): a
+      GPU's step starved by a pipeline that cannot keep up;
+    - "cpu": the profile's reading, mostly the share of the cores tf.data's threads took
+      (`pipeline`, given where the step computes on those cores: CPU devices); or, with no
+      profile of the pipeline, the extra CPU per sample (`cpu_lost`), which cannot tell the
+      pipeline's threads from the step's;
+    - "step": the extra CPU per sample accounts for it, but the profile's pipeline and wait
+      do not: the step itself takes more per sample on this data than on synthetic's one
+      batch (the feed's ops inside the step, rows read from memory, not from the cache);
+    - "none": nothing lost and nothing read beyond the readings' agreement;
+    - "unexplained": no reading accounts for it.
+
+    None without a direct reading (no profile and no CPU clock)."""
+    if wait is None and cpu_lost is None and pipeline is None:
         return None
-    if abs(lost) < READINGS_AGREE and (wait is None or wait < READINGS_AGREE):
+    # The profile's reading: the wait, plus the pipeline's cores where the step computes on
+    # them (`pipeline` is given then); its larger part names the kind.
+    read = None if wait is None and pipeline is None else (wait or 0.0) + (pipeline or 0.0)
+    if abs(lost) < READINGS_AGREE and (read or 0.0) < READINGS_AGREE:
         return "none"
-    if wait is not None and abs(lost - wait) <= READINGS_AGREE:
-        return "waiting"
+    if read is not None and abs(lost - read) <= READINGS_AGREE:
+        return "waiting" if (wait or 0.0) >= (pipeline or 0.0) else "cpu"
     if cpu_lost is not None and abs(lost - cpu_lost) <= READINGS_AGREE:
-        return "cpu"
+        return "cpu" if pipeline is None else "step"
     return "unexplained"
 
 
-def profiled_input_wait(twin: Mapping[str, Any], real: Mapping[str, Any]) -> float | None:
+def profiled_input(twin: Mapping[str, Any], real: Mapping[str, Any]) -> dict[str, Any] | None:
     """The second reading of a data point's input cost, where `--explain` profiled both it
-    and its synthetic twin: the share of the step TensorFlow's profiler counted as input
-    (waiting for it, and copying it to the device), beyond its twin's. None without both
-    splits. It is read from the explain's own per-step iterator (`profile.steps`), not from the
-    timed intervals' feed: where the two readings part, the feed costs the step other than
-    by making it wait (on a machine of few cores: its threads' CPU)."""
+    and its synthetic twin, beyond the twin's: `profiled_input_wait` (the share its steps
+    waited for input), `profiled_pipeline` (the share of the cores tf.data's pipeline
+    threads took; counted in the cost only where the step computes on those cores, CPU
+    devices) and `profiled_input_cost`, their sum there, the wait elsewhere.
+
+    Read from traced intervals of the timed feed itself (`explain.trace_intervals`), so the
+    two readings are of one feed; an older child's result without them falls back to the
+    per-step split's input share (`profile.steps`: another feed, no pipeline reading).
+    None without both profiles."""
+    timed = [(p.get("explain") or {}).get("timed_feed_input") or {} for p in (twin, real)]
+    if all("cost_share" in t for t in timed):
+        base, data = timed
+
+        def beyond(key: str) -> float:
+            return max(0.0, float(data[key]) - float(base[key]))
+
+        return {"profiled_input_cost": beyond("cost_share"),
+                "profiled_input_wait": beyond("wait_share"),
+                "profiled_pipeline": beyond("pipeline_share"),
+                "profiled_from": f"{data['traced']} traced intervals of the timed feed"}
     shares = [(p.get("explain") or {}).get("split", {}).get("share", {}).get("input")
               for p in (twin, real)]
     if any(share is None for share in shares):
         return None
-    return max(0.0, float(shares[1]) - float(shares[0]))
+    wait = max(0.0, float(shares[1]) - float(shares[0]))
+    return {"profiled_input_cost": wait, "profiled_input_wait": wait,
+            "profiled_from": "the per-step split (another feed: a per-step iterator)"}
 
 
 def input_alone_verdicts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -143,8 +143,9 @@ def measure_variants(
     variants = [_variant(spec, strategy, data, execution) for spec in specs]
     timings = time_interleaved([v.run_steps for v in variants], first.warmup_steps,
                                first.steps_per_interval, first.intervals)
+    traced = _trace_intervals(variants, execution.split.device_type)
     results = []
-    for variant, timing in zip(variants, timings, strict=True):
+    for variant, timing, timed_feed in zip(variants, timings, traced, strict=True):
         spec = variant.spec
         result = _result(spec, timing.seconds, execution.split.device_type,
                          execution.split.names, variant.trainer.model.count_params(),
@@ -156,6 +157,7 @@ def measure_variants(
         result["precision_reason"] = execution.precision.reason
         if spec.profile_dir:
             result["explain"] = _explain(variant, strategy, data)
+            result["explain"]["timed_feed_input"] = timed_feed
         if variant.data_source is not None:
             result["data_source"] = variant.data_source
             if isinstance(variant.feed, StreamFeed):
@@ -166,6 +168,18 @@ def measure_variants(
             )
         results.append(result)
     return results
+
+
+def _trace_intervals(variants: Sequence[Variant], device_type: str) -> list[dict[str, Any]]:
+    """BENCH_EXPLAIN: the timed feeds' input read from traced intervals
+    (`explain.trace_intervals`), right after the rounds; nothing without it."""
+    from mgpu_env.bench.explain import trace_intervals
+
+    specs = [v.spec for v in variants]
+    if not specs[0].profile_dir:
+        return [{} for _ in variants]
+    return trace_intervals([v.run_steps for v in variants], specs[0].steps_per_interval,
+                           [Path(str(s.profile_dir)) for s in specs], device_type == "CPU")
 
 
 def _explain(variant: Variant, strategy: Any, data: PointData) -> dict[str, Any]:
@@ -206,8 +220,12 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
     else:
         warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
         feed, data_source = real_feed(spec, strategy, data)
+    from mgpu_env.bench.explain import TRACED_INTERVALS
+
+    traced = TRACED_INTERVALS if spec.profile_dir else 0
     total = spec.steps_per_interval * (
         warmup_intervals(spec.warmup_steps, spec.steps_per_interval) + spec.intervals + 1
+        + traced
     )
     if isinstance(feed, StreamFeed):
         # A chunk more: the run's last chunk is shorter, and its one more trace of the

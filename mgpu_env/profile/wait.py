@@ -8,13 +8,21 @@ events instead: the iterator's get-next ops (`IteratorGetNext`, `IteratorGetNext
 a MultiDeviceIterator's `GetNextFromShard`). An op of these holds the step until its element
 is ready, which is what the overview page counts as the host waiting for input; their time,
 merged where they overlap (each replica's get-next at once), over the interval's wall time is
-the share. The work a pipeline does on other threads while the step runs is not in it: on
-a machine of few cores that work slows the step without the step waiting (`benchmarks/
-input_cost.py --profile` sets this share beside the throughput lost).
+the share.
+
+The work a pipeline does on its own threads while the step runs (tf.data's producer and
+private-pool threads: the cuts, the map functions, the prefetch) is read from the same trace
+as their busy time, summed over the threads: the core time the input took. Where the step
+runs on the host's cores (CPU devices) that time is taken from the step without the step
+waiting, so the input's cost there is the wait plus the pipeline's share of the cores; where
+it runs on a GPU the host's threads cost the step nothing until it waits, so the cost is the
+wait alone (`InputWait.cost_share`). `benchmarks/input_cost.py --profile` and
+`mgpu bench --explain` set this reading beside the throughput lost.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,24 +34,48 @@ from mgpu_env.profile.split import NoSteps, xspace_files
 # The get-next ops' events: `IteratorGetNextAsOptionalOp::DoCompute` as the kernel traces
 # itself, `<node>:IteratorGetNext` as the executor names an op.
 WAIT_OPS = ("IteratorGetNext", "MultiDeviceIteratorGetNextFromShard")
+# The trace's lines (one per thread) of tf.data's threads are named `tf_data_<pool>/<id>`;
+# those whose pool takes elements out (`..._get_next...`) are the consumer's side, where the
+# step's get-next runs and waits: the rest (`tf_data_iterator_resource`: the prefetch's
+# producer, `tf_data_private_threadpool`: a pipeline's own pool) do the pipeline's work.
+PIPELINE_THREADS = "tf_data_"
+CONSUMER_THREADS = "get_next"
 
 
 @dataclass(frozen=True)
 class InputWait:
-    """Milliseconds the traced interval's steps waited for input, of its wall time."""
+    """Milliseconds the traced interval's steps waited for input, of its wall time, and the
+    core time the input pipeline's own threads took meanwhile, of the `cores` the process
+    may run on."""
 
     wait_ms: float
     wall_ms: float
     events: int
+    pipeline_ms: float = 0.0
+    cores: int = 1
 
     @property
     def share(self) -> float:
+        """The wait's share of the interval."""
         return self.wait_ms / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    @property
+    def pipeline_share(self) -> float:
+        """The pipeline threads' share of the cores' time over the interval."""
+        capacity = self.wall_ms * self.cores
+        return self.pipeline_ms / capacity if capacity > 0 else 0.0
+
+    def cost_share(self, step_on_host: bool) -> float:
+        """The share of the step's throughput the input takes, as the trace reads it: the
+        wait, plus the cores the pipeline took where the step computes on those cores."""
+        return self.share + (self.pipeline_share if step_on_host else 0.0)
 
     def as_dict(self) -> dict[str, Any]:
         return {"wait_ms": self.wait_ms, "wall_ms": self.wall_ms, "events": self.events,
-                "share": self.share,
-                "source": "TensorFlow's profiler trace: the iterator's get-next ops"}
+                "share": self.share, "pipeline_ms": self.pipeline_ms, "cores": self.cores,
+                "pipeline_share": self.pipeline_share,
+                "source": "TensorFlow's profiler trace: the iterator's get-next ops (the "
+                          "wait), tf.data's producer and pool threads (the pipeline)"}
 
 
 def is_wait_event(name: str) -> bool:
@@ -80,18 +112,44 @@ def wait_intervals(xspace: Any) -> list[tuple[int, int]]:
     return found
 
 
+def is_pipeline_thread(line_name: str) -> bool:
+    """Whether a trace line (a thread) is one of tf.data's that does the pipeline's work."""
+    return line_name.startswith(PIPELINE_THREADS) and CONSUMER_THREADS not in line_name
+
+
+def pipeline_ms(xspace: Any) -> float:
+    """The core time, in ms, of tf.data's pipeline threads in the XSpace: each thread's
+    events merged (nested events once), summed over the threads."""
+    total = 0.0
+    for plane in xspace.planes:
+        for line in plane.lines:
+            if is_pipeline_thread(line.name):
+                total += merged_ms(
+                    (event.offset_ps, event.offset_ps + event.duration_ps)
+                    for event in line.events
+                )
+    return total
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity, as a container's cpuset limits it)."""
+    return len(os.sched_getaffinity(0))
+
+
 def read_wait(xspaces: Sequence[Path], wall_ms: float) -> InputWait:
-    """The input wait in these XSpace files, over an interval of `wall_ms`."""
+    """The input wait and the pipeline's core time in these XSpace files, over an interval
+    of `wall_ms`."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     if not xspaces:
         raise NoSteps("no profile was written (no .xplane.pb file)")
-    intervals = []
+    intervals, pipeline = [], 0.0
     for path in xspaces:
         xspace = xplane_pb2.XSpace()
         xspace.ParseFromString(path.read_bytes())
         intervals += wait_intervals(xspace)
-    return InputWait(merged_ms(intervals), wall_ms, len(intervals))
+        pipeline += pipeline_ms(xspace)
+    return InputWait(merged_ms(intervals), wall_ms, len(intervals), pipeline, host_cores())
 
 
 def trace_wait(logdir: Path, run: Callable[[], Any]) -> InputWait:

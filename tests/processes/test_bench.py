@@ -231,13 +231,13 @@ def test_the_input_cost_is_paired_round_by_round() -> None:
     assert cost["significant"] is False
     assert cost["step_time_added_ms"] == pytest.approx(25.0)  # median of 25, 0, 400 ms/step
     assert cost["cpu_throughput_lost"] == pytest.approx(1 - 1 / 1.1)  # per CPU second
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert {p["child"] for p in data["points"]} == {0}
 
 
 def test_the_profiled_input_wait_stands_beside_the_throughput_lost() -> None:
     # Two readings of one cost: the rounds' throughput, and the profiled step's input share
-    # beyond its synthetic twin's (where --explain profiled both).
+    # beyond its synthetic twin's (a child's result with the per-step split only).
     shares = {"synthetic": 0.01, "real": 0.07}
 
     def runner(group: Group) -> list[dict[str, Any]]:
@@ -250,15 +250,51 @@ def test_the_profiled_input_wait_stands_beside_the_throughput_lost() -> None:
         "input_pipeline_cost"]
     assert cost["throughput_lost"] == pytest.approx(0.2)
     assert cost["profiled_input_wait"] == pytest.approx(0.06)
+    assert cost["profiled_input_cost"] == pytest.approx(0.06)
+    assert "per-step split" in cost["profiled_from"] and "profiled_pipeline" not in cost
     assert cost["readings_apart"] == pytest.approx(0.14)
     # 20% lost, 6% waiting and no CPU clock here: neither reading accounts for it.
     assert cost["input_cost_kind"] == "unexplained"
     table = render_costs([cost])
-    assert [column.header for column in table.columns][-2:] == ["input wait", "how"]
+    assert [column.header for column in table.columns][-2:] == ["profiled", "how"]
     assert list(table.columns[-2].cells) == ["6.0%"] and list(table.columns[-1].cells) == ["?"]
     # Without a profile, no second reading and no column.
-    del cost["profiled_input_wait"], cost["input_cost_kind"]
+    del cost["profiled_input_cost"], cost["input_cost_kind"]
     assert [column.header for column in render_costs([cost]).columns][-1] == "noise?"
+
+
+@pytest.mark.parametrize(("device_type", "cost_share", "kind"), [
+    ("CPU", 0.161, "cpu"),  # the step computes on the cores the pipeline took
+    ("GPU", 0.011, "unexplained"),  # the host's threads cost a GPU's step only its wait
+])
+def test_the_timed_feeds_trace_is_the_reading_where_explain_traced_it(
+    device_type: str, cost_share: float, kind: str
+) -> None:
+    # The child traced intervals of the timed feed itself: that reading wins over the
+    # per-step split's (0.5 here), with the cost share the child computed for its devices.
+    traced = {"synthetic": {"traced": 3, "steps": 100, "wait_share": 0.001,
+                            "pipeline_share": 0.0, "cost_share": 0.001},
+              "real": {"traced": 3, "steps": 100, "wait_share": 0.011,
+                       "pipeline_share": 0.15, "cost_share": cost_share}}
+
+    def runner(group: Group) -> list[dict[str, Any]]:
+        return [{"interval_seconds": [1.0] * 3 if spec.data == "synthetic" else [1.25] * 3,
+                 "device_type": device_type,
+                 "explain": {"split": {"share": {"input": 0.5}},
+                             "timed_feed_input": traced[spec.data]}}
+                for spec in group]
+
+    chosen = settings(BENCH_DATA="both", BENCH_INTERVALS="3")
+    (cost,) = run_bench(runtime_of(chosen), environ={}, runner=runner).as_dict()[
+        "input_pipeline_cost"]
+    assert cost["profiled_input_cost"] == pytest.approx(cost_share - 0.001)
+    assert cost["profiled_input_wait"] == pytest.approx(0.01)
+    assert cost["profiled_pipeline"] == pytest.approx(0.15)
+    assert cost["profiled_from"] == "3 traced intervals of the timed feed"
+    assert cost["readings_apart"] == pytest.approx(0.2 - (cost_share - 0.001))
+    # 20% lost; the step waits 1%; on CPU devices the pipeline took 15% of the cores: the
+    # profile accounts for it within 5 points. On a GPU nothing does.
+    assert cost["input_cost_kind"] == kind
 
 
 @pytest.mark.parametrize(("lost", "wait", "cpu_lost", "kind"), [
@@ -279,6 +315,39 @@ def test_how_the_input_costs_is_the_reading_that_accounts_for_the_loss(
     from mgpu_env.bench.results import input_cost_kind
 
     assert input_cost_kind(lost, wait, cpu_lost) == kind
+
+
+@pytest.mark.parametrize(("lost", "wait", "pipeline", "kind"), [
+    (0.10, 0.01, 0.08, "cpu"),  # wait + the pipeline's cores account for it
+    (0.10, 0.01, 0.0401, "cpu"), (0.10, 0.01, 0.0399, "unexplained"),  # the 5-point edge
+    (0.10, 0.06, 0.02, "waiting"),  # both, the wait the larger part
+    (0.10, 0.09, 0.08, "unexplained"),  # the wait alone would, but the reading is 17%
+    (0.02, 0.01, 0.02, "none"), (0.02, 0.01, 0.04, "cpu"),  # 5% read, 2% lost: agree
+    (0.02, 0.01, 0.10, "unexplained"),  # threads busy 10% of the cores, nothing lost: odd
+    (0.10, None, 0.08, "cpu"),  # a pipeline reading without a wait reading
+])
+def test_the_pipelines_share_of_the_cores_is_a_reading_of_its_own(
+    lost: float, wait: float | None, pipeline: float, kind: str
+) -> None:
+    from mgpu_env.bench.results import input_cost_kind
+
+    assert input_cost_kind(lost, wait, None, pipeline) == kind
+
+
+@pytest.mark.parametrize(("lost", "wait", "pipeline", "cpu_lost", "kind"), [
+    # 2 logical CPU devices, the stream: 11% lost, as much more CPU per sample, but the
+    # profile saw its threads take 0.7% of the cores and the steps wait 0.2%: the step.
+    (0.111, 0.002, 0.007, 0.094, "step"),
+    (0.111, 0.002, None, 0.094, "cpu"),  # no profile: the CPU clock cannot tell which
+    (0.111, 0.002, 0.08, 0.094, "cpu"),  # the pipeline's threads took it
+    (0.111, 0.002, 0.007, 0.02, "unexplained"),  # no reading accounts for 11%
+])
+def test_extra_cpu_outside_the_pipelines_threads_is_the_steps(
+    lost: float, wait: float, pipeline: float | None, cpu_lost: float, kind: str
+) -> None:
+    from mgpu_env.bench.results import input_cost_kind
+
+    assert input_cost_kind(lost, wait, cpu_lost, pipeline) == kind
 
 
 def test_a_cost_whose_rounds_straddle_zero_is_noise() -> None:

@@ -191,6 +191,13 @@ def test_a_slow_input_waits_in_the_trace_and_a_ready_one_does_not(
                                                      .prefetch(tf.data.AUTOTUNE)))
     # Six steps of 50 ms of input each: most of the interval is the wait, about 300 ms.
     assert waited.events >= 6 and waited.share > 0.5 and waited.wait_ms >= 250, waited
+    # The 50 ms run on tf.data's threads, not the step's: the pipeline's time, on top of
+    # the wait; a cached batch takes them none.
+    assert waited.pipeline_ms >= 250 and waited.cores >= 1, waited
+    assert ready.pipeline_ms < waited.pipeline_ms / 10, (ready, waited)
+    assert waited.cost_share(step_on_host=True) == pytest.approx(
+        waited.share + waited.pipeline_share)
+    assert waited.cost_share(step_on_host=False) == waited.share
     # A batch ready in memory: the get-next's own cost only (the step here is a sum, so
     # that is still a share of it: ms, not the share, tell the two apart).
     assert ready.wait_ms < waited.wait_ms / 10, (ready, waited)

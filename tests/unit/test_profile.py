@@ -144,3 +144,43 @@ def test_the_iterators_get_next_ops_are_the_wait(name: str, waits: bool) -> None
     from mgpu_env.profile.wait import is_wait_event
 
     assert is_wait_event(name) is waits
+
+
+@pytest.mark.parametrize(("line", "pipeline"), [
+    ("tf_data_iterator_resource/4191565889548136635", True),  # the prefetch's producer
+    ("tf_data_private_threadpool/7589316716723203891", True),  # a pipeline's own pool
+    ("tf_data_iterator_get_next_as_optional/-5133077273484495740", False),  # the consumer
+    ("tf_data_multi_device_iterator_get_next/2216204619382854710", False),
+    ("tf_Compute/1012495205135179070", False),  # the step's executor
+    ("python", False),
+])
+def test_the_pipeline_is_tf_datas_producer_threads(line: str, pipeline: bool) -> None:
+    from mgpu_env.profile.wait import is_pipeline_thread
+
+    assert is_pipeline_thread(line) is pipeline
+
+
+def test_the_pipelines_core_time_sums_its_threads_and_counts_nested_events_once() -> None:
+    from types import SimpleNamespace
+
+    from mgpu_env.profile.wait import InputWait, pipeline_ms
+
+    ms = 10**9
+
+    def line(name: str, *spans: tuple[int, int]) -> SimpleNamespace:
+        return SimpleNamespace(name=name, events=[
+            SimpleNamespace(offset_ps=a * ms, duration_ps=(b - a) * ms) for a, b in spans])
+
+    xspace = SimpleNamespace(planes=[SimpleNamespace(lines=[
+        # 0-10 ms with a nested 2-4 ms event, then 20-25: 15 ms of this thread.
+        line("tf_data_iterator_resource/1", (0, 10), (2, 4), (20, 25)),
+        line("tf_data_private_threadpool/2", (0, 10)),  # at the same time, another core
+        line("tf_data_iterator_get_next_as_optional/3", (0, 100)),  # the wait's side
+        line("tf_Compute/4", (0, 100)),
+    ])])
+    assert pipeline_ms(xspace) == pytest.approx(25.0)
+    # 25 ms of two cores' 100 ms interval; the wait counts where the step is not on them.
+    reading = InputWait(wait_ms=10.0, wall_ms=100.0, events=2, pipeline_ms=25.0, cores=2)
+    assert reading.pipeline_share == pytest.approx(0.125)
+    assert reading.cost_share(step_on_host=True) == pytest.approx(0.225)
+    assert reading.cost_share(step_on_host=False) == pytest.approx(0.1)
