@@ -134,6 +134,9 @@ RUN --mount=type=bind,target=/tmp/src,rw \
 ARG IMAGE_TAG=mgpu-env:latest
 ENV MGPU_IMAGE_TAG=${IMAGE_TAG} \
     MGPU_LOCK_FILE=/opt/mgpu/requirements.lock
+# What mgpu keeps between starts (a built-in model's memory estimate, a read-only data
+# folder's counts) in /cache, compose's volume: it outlives each `docker compose run`.
+ENV XDG_CACHE_HOME=/cache
 
 USER ${APP_USER}
 # Runs land in /workspace/runs/ (OUTPUT_DIR's default is relative: runs/<name>);

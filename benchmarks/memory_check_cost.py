@@ -4,8 +4,10 @@ MLP timed against the child alone and a bare TensorFlow import, alternated.
     .venv/bin/python benchmarks/memory_check_cost.py [--runs 5] [--before DIR]
 
 Each round times, in fresh processes with `GPUS=none DATASET=digits`: `mgpu train
---dry-run` (the child included), the child alone (`training.step.memprobe` with the MLP's
-request), and `python -c "import tensorflow"`, every GPU hidden as the child has them.
+--dry-run` on an empty cache (a first start: the child included), the same with the
+estimate an earlier start kept (`memprobe.measure`'s cache: no child), the child alone
+(`training.step.memprobe` with the MLP's request), and `python -c "import tensorflow"`,
+every GPU hidden as the child has them.
 `--before DIR`: a checkout without the check (e.g. `git archive <commit> | tar -x -C DIR`),
 whose dry run is timed in the same rounds, first on PYTHONPATH. Prints each series' runs
 and median; the estimate the child gave, against the MLP's real variables (784 -> 64 -> 64
@@ -50,18 +52,23 @@ def main() -> None:
         env.update(HOME=scratch, GPUS="none", DATASET="digits", TF_CPP_MIN_LOG_LEVEL="2",
                    OUTPUT_DIR=str(Path(scratch) / "run"), PYTHONPATH=str(REPO))
         hidden = {**env, "CUDA_VISIBLE_DEVICES": "", "TF_ENABLED_DEVICE_TYPES": "CPU"}
-        series: dict[str, list[float]] = {"dry run": [], "child alone": [],
-                                          "import tensorflow": []}
+        series: dict[str, list[float]] = {"dry run": [], "dry run, kept": [],
+                                          "child alone": [], "import tensorflow": []}
+        kept = {**env, "XDG_CACHE_HOME": str(Path(scratch) / "kept")}
+        timed([sys.executable, "-m", "entrypoint", "train", "--dry-run"], kept)  # keeps it
         if args.before:
             series["dry run before"] = []
         answer = ""
-        for _ in range(args.runs):
+        for number in range(args.runs):
+            first = {**env, "XDG_CACHE_HOME": str(Path(scratch) / f"empty{number}")}
             if args.before:
                 series["dry run before"].append(timed(
                     [sys.executable, "-m", "entrypoint", "train", "--dry-run"],
                     {**env, "PYTHONPATH": str(args.before)})[0])
             series["dry run"].append(timed(
-                [sys.executable, "-m", "entrypoint", "train", "--dry-run"], env)[0])
+                [sys.executable, "-m", "entrypoint", "train", "--dry-run"], first)[0])
+            series["dry run, kept"].append(timed(
+                [sys.executable, "-m", "entrypoint", "train", "--dry-run"], kept)[0])
             seconds, answer = timed([sys.executable, "-m", "mgpu_env.training.step.memprobe",
                                      json.dumps(REQUEST)], hidden)
             series["child alone"].append(seconds)

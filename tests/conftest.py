@@ -119,6 +119,10 @@ def clean_settings_env(
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TF_CONFIG", "MGPU_DEBUG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    # What mgpu keeps between starts (a built-in model's memory estimate, a folder's counts)
+    # goes to a cache of the test's own, inherited by its children: never the developer's,
+    # and never another test's answer.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture(autouse=True)

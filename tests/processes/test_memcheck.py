@@ -5,6 +5,7 @@ imported, and the first step's peak is recorded beside the estimate (null on the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from mgpu_env import about
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.estimate import memory
 from mgpu_env.hardware.nvml import GpuInfo, Probed
@@ -121,6 +123,82 @@ def _sizes() -> Any:
 def _gpu(index: int, total_mib: int | None) -> GpuInfo:
     return GpuInfo(index, "Tesla T4", f"GPU-{index}", memory_total_mib=Probed(total_mib),
                    memory_free_mib=Probed(total_mib), compute_capability=Probed((7, 5)))
+
+
+# ------------------------------------------------------------------ kept between starts
+
+
+def test_a_builtin_models_estimate_is_kept_and_a_users_is_measured_every_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[memprobe.MemoryRequest] = []
+
+    def child(request: memprobe.MemoryRequest, environ: Any) -> memprobe.Measured:
+        asked.append(request)
+        return canned_measure(request, environ)
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = memprobe.measure(mlp_request(), env, child)
+    again = memprobe.measure(mlp_request(), env, child)
+    assert len(asked) == 1 and again == first
+    kept = memprobe.cache_file(mlp_request(), env)
+    assert kept is not None and kept.parent == tmp_path / "cache" / "mgpu" / "memory"
+    # Another batch, another precision, another TensorFlow: another answer.
+    memprobe.measure(mlp_request(32), env, child)
+    mixed = dataclasses.replace(mlp_request(), precision=PrecisionChoice(
+        "mixed_float16", True, "MIXED_PRECISION=1"))
+    memprobe.measure(mixed, env, child)
+    monkeypatch.setattr(about, "installed_version", lambda name: "9.9.9")
+    memprobe.measure(mlp_request(), env, child)
+    assert len(asked) == 4
+    monkeypatch.undo()
+    # A user's builder can change under its name (and what it imports): never kept.
+    user = mlp_request(64, "usermodels:wide")
+    assert memprobe.cache_file(user, env) is None
+    built = memprobe.Measured(first.estimate, "", "built")
+    memprobe.measure(user, env, lambda request, environ: asked.append(request) or built)
+    memprobe.measure(user, env, lambda request, environ: asked.append(request) or built)
+    assert len(asked) == 6
+
+
+def test_a_torn_or_unwritable_cache_is_passed_by(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def child(request: memprobe.MemoryRequest, environ: Any) -> memprobe.Measured:
+        calls.append(1)
+        return canned_measure(request, environ)
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    kept = memprobe.cache_file(mlp_request(), env)
+    assert kept is not None
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"estimate": {"batch"', encoding="utf-8")  # torn by hand
+    measured = memprobe.measure(mlp_request(), env, child)
+    assert calls == [1] and memprobe.Measured.from_json(kept.read_text()) == measured
+    # A cache folder that cannot be written (a read-only home): measured every start.
+    blocked = {"XDG_CACHE_HOME": str(tmp_path / "file")}
+    (tmp_path / "file").write_text("not a folder", encoding="utf-8")
+    assert memprobe.measure(mlp_request(), blocked, child) == measured
+    assert memprobe.measure(mlp_request(), blocked, child) == measured
+    assert calls == [1, 1, 1]
+
+
+@pytest.mark.slow
+def test_a_second_dry_run_reads_the_kept_estimate_without_a_child(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = mgpu(tmp_path, "train", "--dry-run", "--json", GPUS="none", DATASET="digits",
+                 XDG_CACHE_HOME=str(cache))
+    assert first.returncode == 0, first.stderr
+    (kept,) = (cache / "mgpu" / "memory").iterdir()
+    answer = json.loads(kept.read_text(encoding="utf-8"))
+    assert answer["estimate"] == json.loads(first.stdout)["memory"]["estimate"]
+    # Marked: a second start shows what the cache holds, so no child measured it again.
+    answer["estimate"]["activations"] += 1000
+    kept.write_text(json.dumps(answer), encoding="utf-8")
+    second = mgpu(tmp_path, "train", "--dry-run", "--json", GPUS="none", DATASET="digits",
+                  XDG_CACHE_HOME=str(cache))
+    assert json.loads(second.stdout)["memory"]["estimate"]["activations"] == (
+        json.loads(first.stdout)["memory"]["estimate"]["activations"] + 1000)
 
 
 def _plan(tmp_path: Path, gpus: list[GpuInfo], **settings: str) -> Any:

@@ -65,7 +65,8 @@ def check_memory(plan: TrainPlan, sizes: DataSizes, *, dry_run: bool,
     and always in a dry run (a user sees the estimate on a CPU machine too). A CPU-only run
     skips it: the answer could refuse nothing, and the child's TensorFlow import would add
     seconds to every start. `measure`: how the model is measured (default: in the child,
-    `memprobe.measure_in_child`). Raises ConfigError: a batch that cannot fit, or a user's
+    or a built-in model's answer an earlier start kept: `memprobe.measure`). Raises
+    ConfigError: a batch that cannot fit, or a user's
     builder that fails in the child.
     """
     gpus = measured_gpus(plan)
@@ -78,7 +79,7 @@ def check_memory(plan: TrainPlan, sizes: DataSizes, *, dry_run: bool,
         plan.model, plan.settings.seed, tuple(sizes.sample_shape), sizes.num_classes,
         plan.per_replica_batch_size, plan.settings.learning_rate, plan.precision)
     try:
-        measured = (measure or memprobe.measure_in_child)(
+        measured = (measure or memprobe.measure)(
             request, os.environ if environ is None else environ)
     except memprobe.NotMeasured as why:
         return MemoryCheck(None, (f"not estimated: {why}",))

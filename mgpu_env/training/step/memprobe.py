@@ -9,26 +9,45 @@ child builds it on the CPU (every GPU hidden: `cuda_environment("", uses_gpu=Fal
 with the estimate's parts as one JSON line (`hardware.childprobe`'s protocol). A user's
 MODEL is imported and built there with `user_code.build_model`'s checks: a builder that
 fails is the child's answer (its ConfigError's message), raised again here, exit 2.
+
+The child imports TensorFlow: seconds on every start, before the process that trains
+imports it again. A built-in model's answer depends only on the request and on the
+versions that build it, so `measure` keeps it in the user's cache (`shared.cache`) and later
+starts read it there; a user's MODEL is measured every start, as its code (and what it
+imports) can change under the same name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from mgpu_env import about
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.estimate.memory import MemoryEstimate
 from mgpu_env.hardware import childprobe
 from mgpu_env.hardware.devices import cuda_environment
 from mgpu_env.runtime.precision import PrecisionChoice
+from mgpu_env.training.shared.atomic import atomic_write_text
+from mgpu_env.training.shared.cache import user_cache_dir
 
 JSON_MARKER = "MGPU_MEMORY_JSON "
 # Importing TensorFlow and building a model: seconds; a cold cache on a slow disk, a minute.
 TIMEOUT_S = 300.0
+# The models whose estimate is kept between starts: mgpu's own, which change only with
+# mgpu's version (in the cache key).
+CACHED_MODELS = frozenset({"mlp"})
+# Raised when the estimate's parts or their meaning change: older answers are not read.
+CACHE_VERSION = 1
+# The distributions whose versions build the model and measure it.
+BUILT_BY = ("tensorflow", "keras")
 
 
 @dataclass(frozen=True)
@@ -124,6 +143,38 @@ def measure_in_child(request: MemoryRequest, environ: Mapping[str, str],
     except (ValueError, KeyError, TypeError) as err:
         raise NotMeasured(f"unreadable answer from the child that builds the model: {err}"
                           ) from None
+
+
+def cache_file(request: MemoryRequest, environ: Mapping[str, str]) -> Path | None:
+    """Where a built-in model's estimate is kept: named by the request and the versions of
+    mgpu, TensorFlow and Keras. None for a user's MODEL (measured every start)."""
+    if request.model not in CACHED_MODELS:
+        return None
+    versions = [about.about(environ).mgpu,
+                *(about.installed_version(name) for name in BUILT_BY)]
+    key = json.dumps([CACHE_VERSION, request.to_json(), versions])
+    name = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return user_cache_dir("memory", environ) / f"{name}.json"
+
+
+def measure(request: MemoryRequest, environ: Mapping[str, str],
+            measure_child: Callable[[MemoryRequest, Mapping[str, str]], Measured] | None
+            = None) -> Measured:
+    """The estimate for `request`: a built-in model's from the cache when an earlier start
+    kept it, else from the child (`measure_in_child`), kept for the next start. A cache
+    that cannot be read or written is passed by (the child answers)."""
+    path = cache_file(request, environ)
+    if path is not None:
+        try:
+            return Measured.from_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # absent, or torn by hand: measured again and written anew
+    measured = (measure_child or measure_in_child)(request, environ)
+    if path is not None:
+        # A read-only home: every start measures, as without a cache.
+        with contextlib.suppress(OSError):
+            atomic_write_text(path, measured.to_json())
+    return measured
 
 
 def main(argv: list[str]) -> None:

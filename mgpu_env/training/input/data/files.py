@@ -54,6 +54,7 @@ from mgpu_env.training.input.data.sets import (
     check_finite,
     release_pages,
 )
+from mgpu_env.training.shared.cache import user_cache_dir
 from mgpu_env.training.shared.messages import npy_problem
 
 LAYOUT_FILE = "dataset.json"
@@ -180,10 +181,8 @@ def cache_path(folder: Path, environ: dict[str, str] | None = None) -> Path:
     cache ($XDG_CACHE_HOME or ~/.cache, then mgpu/datasets)."""
     if os.access(folder, os.W_OK):
         return folder / CACHE_FILE
-    env = os.environ if environ is None else environ
-    base = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME", "~")) / ".cache")
     key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
-    return base.expanduser() / "mgpu" / "datasets" / f"{key}.json"
+    return user_cache_dir("datasets", os.environ if environ is None else environ) / f"{key}.json"
 
 
 def read_cache(path: Path, key: str) -> dict[str, Any] | None:
