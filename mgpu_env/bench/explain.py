@@ -40,17 +40,21 @@ TRACED_INTERVALS = 3
 def trace_intervals(runs: Sequence[Callable[[int], Any]], steps: int,
                     logdirs: Sequence[Path], step_on_host: bool) -> list[dict[str, Any]]:
     """Trace TRACED_INTERVALS intervals of `steps` steps of each variant (`runs[v](n)` runs
-    n steps and returns once done), in the rounds' order, into `logdirs[v]/intervals`; per
+    n steps and returns once done), in the rounds' order, each after its lead-in as in the
+    rounds (`rounds.lead_in_steps`), into `logdirs[v]/intervals`; per
     variant the medians of the wait, the pipeline's share and the input's cost
     (`InputWait.cost_share`), or why the trace could not be read."""
-    from mgpu_env.bench.rounds import round_orders
+    from mgpu_env.bench.rounds import lead_in_steps, round_orders
     from mgpu_env.profile.split import NoSteps
     from mgpu_env.profile.wait import trace_wait
 
     found: list[list[Any]] = [[] for _ in runs]
     errors: list[str | None] = [None for _ in runs]
+    lead_in = lead_in_steps(len(runs), steps)
     for number, order in enumerate(round_orders(len(runs), TRACED_INTERVALS)):
         for variant in order:
+            if lead_in:  # as before each timed interval, untraced
+                runs[variant](lead_in)
             try:
                 found[variant].append(trace_wait(
                     logdirs[variant] / "intervals" / str(number), partial(runs[variant], steps)))

@@ -57,6 +57,19 @@ def warmup_intervals(warmup_steps: int, steps_per_interval: int) -> int:
     return -(-warmup_steps // steps_per_interval)
 
 
+def lead_in_steps(variants: int, steps_per_interval: int) -> int:
+    """Untimed steps a variant runs right before each of its timed intervals: one interval's
+    worth where variants take turns, none for a variant alone.
+
+    Training runs one feed without a break; taking turns breaks it at every interval, and
+    a stream's pipeline, which cut chunks ahead during the others' intervals, starts each of
+    its own intervals out of step (2 logical CPU devices, digits, the MLP, 20 rounds of 100
+    steps, `benchmarks/input_cost.py --stream --lead-in 0|100`: the stream lost 10.2% and
+    14.5% of synthetic without a lead-in, 7.3% and 6.7% with one). After a lead-in of its
+    own a timed interval starts as training's calls do, mid-run."""
+    return steps_per_interval if variants > 1 else 0
+
+
 def time_interleaved(
     runs: Sequence[Callable[[int], Any]],
     warmup_steps: int,
@@ -67,12 +80,13 @@ def time_interleaved(
 ) -> list[Timings]:
     """Warm up each variant in turn, run one untimed round, then time `intervals` rounds,
     each one interval of `steps_per_interval` steps of every variant, in `round_orders`'
-    order.
+    order, each after its untimed lead-in (`lead_in_steps`).
 
     `runs[v](n)` must run n steps of variant v and return only once they are done (it
     fetches a value to the host). Interval i of every variant belongs to round i: pairs of
     them share the machine's load of that moment.
     """
+    lead_in = lead_in_steps(len(runs), steps_per_interval)
     for run in runs:  # warm-up: tracing, compilation, allocator and pipeline start-up
         for _ in range(warmup_intervals(warmup_steps, steps_per_interval)):
             run(steps_per_interval)
@@ -85,6 +99,8 @@ def time_interleaved(
     origin: float | None = None
     for order in round_orders(len(runs), intervals):
         for variant in order:
+            if lead_in:
+                runs[variant](lead_in)
             start, cpu_start = clock(), cpu_clock()
             origin = start if origin is None else origin
             runs[variant](steps_per_interval)

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mgpu_env.bench.explain import TRACED_INTERVALS, trace_intervals
 from mgpu_env.bench.models import ModelShape
 from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
-from mgpu_env.bench.rounds import warmup_intervals
+from mgpu_env.bench.rounds import lead_in_steps, warmup_intervals
 from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.runtime import Execution
 from mgpu_env.training.input.data import Data, DatasetChoice
@@ -140,7 +141,7 @@ def measure_variants(
 
     first = specs[0]
     data = point_data(next((s for s in specs if s.data != "synthetic"), first))
-    variants = [_variant(spec, strategy, data, execution) for spec in specs]
+    variants = [_variant(spec, strategy, data, execution, len(specs)) for spec in specs]
     timings = time_interleaved([v.run_steps for v in variants], first.warmup_steps,
                                first.steps_per_interval, first.intervals)
     traced = _trace_intervals(variants, execution.split.device_type)
@@ -173,8 +174,6 @@ def measure_variants(
 def _trace_intervals(variants: Sequence[Variant], device_type: str) -> list[dict[str, Any]]:
     """BENCH_EXPLAIN: the timed feeds' input read from traced intervals
     (`explain.trace_intervals`), right after the rounds; nothing without it."""
-    from mgpu_env.bench.explain import trace_intervals
-
     specs = [v.spec for v in variants]
     if not specs[0].profile_dir:
         return [{} for _ in variants]
@@ -192,9 +191,10 @@ def _explain(variant: Variant, strategy: Any, data: PointData) -> dict[str, Any]
                            Path(variant.spec.profile_dir))
 
 
-def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Execution) -> Variant:
-    """A trainer of its own for one data variant, and its feed's runner, the loop
-    `mgpu train` runs on that feed."""
+def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Execution,
+             variants: int) -> Variant:
+    """A trainer of its own for one data variant (of `variants` taking turns), and its
+    feed's runner, the loop `mgpu train` runs on that feed."""
     from mgpu_env.bench.models import build_model
     from mgpu_env.bench.synthetic import SameBatchFeed
     from mgpu_env.training.input.data import FEATURES
@@ -220,13 +220,13 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
     else:
         warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
         feed, data_source = real_feed(spec, strategy, data)
-    from mgpu_env.bench.explain import TRACED_INTERVALS
-
     traced = TRACED_INTERVALS if spec.profile_dir else 0
+    # The warm-up, the untimed round, then each timed or traced interval after its lead-in.
+    lead_in = lead_in_steps(variants, spec.steps_per_interval)
     total = spec.steps_per_interval * (
-        warmup_intervals(spec.warmup_steps, spec.steps_per_interval) + spec.intervals + 1
-        + traced
-    )
+        warmup_intervals(spec.warmup_steps, spec.steps_per_interval) + 1
+        + spec.intervals + traced
+    ) + lead_in * (spec.intervals + traced)
     if isinstance(feed, StreamFeed):
         # A chunk more: the run's last chunk is shorter, and its one more trace of the
         # step must not land in a timed interval.

@@ -29,7 +29,7 @@ from mgpu_env.bench.input_alone import (
     time_dataset,
 )
 from mgpu_env.bench.plot import draw_bench, plot_bench
-from mgpu_env.bench.rounds import round_orders, time_interleaved
+from mgpu_env.bench.rounds import lead_in_steps, round_orders, time_interleaved
 from mgpu_env.bench.sweep import (
     Group,
     PointSpec,
@@ -568,6 +568,14 @@ def test_two_variants_swap_every_round() -> None:
     assert round_orders(1, 3) == [[0], [0], [0]]
 
 
+def test_a_variant_alone_runs_its_intervals_back_to_back() -> None:
+    log: list[int] = []
+    time_interleaved([log.append], 0, 5, 3, clock=lambda: 0.0)
+    # No other variant breaks its run: no lead-in, the untimed round and 3 timed intervals.
+    assert log == [5] * 4
+    assert lead_in_steps(1, 5) == 0 and lead_in_steps(2, 5) == 5
+
+
 def test_interleaved_rounds_time_one_interval_of_each_variant_in_turn() -> None:
     now, log = [0.0], []
 
@@ -586,7 +594,9 @@ def test_interleaved_rounds_time_one_interval_of_each_variant_in_turn() -> None:
     assert log[:6] == [("synthetic", 5), ("synthetic", 5), ("real", 5), ("real", 5),
                        ("stream", 5), ("stream", 5)]
     assert log[6:9] == [(n, 5) for n in names]
-    assert log[9:] == [(names[v], 5) for order in round_orders(3, 4) for v in order]
+    # Each timed interval after an untimed lead-in of its own variant (one interval's steps).
+    assert log[9:] == [(names[v], 5) for order in round_orders(3, 4) for v in order
+                       for _ in ("lead-in", "timed")]
     assert [t.seconds for t in timings] == [[5.0] * 4, [6.25] * 4, [7.5] * 4]
     rounds = [sorted(t.starts[i] for t in timings) for i in range(4)]
     assert rounds[0][0] == 0.0
