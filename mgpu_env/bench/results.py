@@ -230,6 +230,8 @@ def input_cost_kind(lost: float, wait: float | None, cpu_lost: float | None,
     read = None if wait is None and pipeline is None else (wait or 0.0) + (pipeline or 0.0)
     if abs(lost) < READINGS_AGREE and (read or 0.0) < READINGS_AGREE:
         return "none"
+    if lost < 0:  # the data's run faster than synthetic's: a gain no input cost explains
+        return "unexplained"
     if read is not None and abs(lost - read) <= READINGS_AGREE:
         return "waiting" if (wait or 0.0) >= (pipeline or 0.0) else "cpu"
     if cpu_lost is not None and abs(lost - cpu_lost) <= READINGS_AGREE:
