@@ -119,7 +119,9 @@ def is_pipeline_thread(line_name: str) -> bool:
 
 def pipeline_ms(xspace: Any) -> float:
     """The core time, in ms, of tf.data's pipeline threads in the XSpace: each thread's
-    events merged (nested events once), summed over the threads."""
+    events merged (nested events once), summed over the threads. An event's time is the
+    thread's wall time inside it: a thread blocked in one (a slow file read) counts as busy,
+    so where the input reads from a slow disk this reads high."""
     total = 0.0
     for plane in xspace.planes:
         for line in plane.lines:
@@ -132,7 +134,8 @@ def pipeline_ms(xspace: Any) -> float:
 
 
 def host_cores() -> int:
-    """The cores this process may run on (its affinity, as a container's cpuset limits it)."""
+    """The cores this process may run on (its affinity, as a container's cpuset limits it;
+    a CPU quota, `docker run --cpus`, is not seen: the share then reads low)."""
     return len(os.sched_getaffinity(0))
 
 
