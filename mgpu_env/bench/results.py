@@ -247,8 +247,9 @@ def profiled_input(twin: Mapping[str, Any], real: Mapping[str, Any]) -> dict[str
     devices) and `profiled_input_cost`, their sum there, the wait elsewhere.
 
     Read from traced intervals of the timed feed itself (`explain.trace_intervals`), so the
-    two readings are of one feed; an older child's result without them falls back to the
-    per-step split's input share (`profile.steps`: another feed, no pipeline reading).
+    two readings are of one feed; where that trace could not be read (its `error`), the
+    per-step split's input share stands in (`profile.steps`: another feed, no pipeline
+    reading), as `profiled_from` says.
     None without both profiles."""
     timed = [(p.get("explain") or {}).get("timed_feed_input") or {} for p in (twin, real)]
     if all("cost_share" in t for t in timed):
