@@ -24,6 +24,7 @@ from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
 from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
+from mgpu_env.hardware.hostroot import host_path
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.runtime.cluster import decide_cluster
 from mgpu_env.runtime.cluster.peers import PeerStatus, probe_peers
@@ -57,6 +58,11 @@ REPORTED_VARIABLES = (
     "LD_LIBRARY_PATH",
     "CONDA_PREFIX",
     "COMPOSE_FILE",  # docker-compose.gpu.yml selected on a host: Docker must have the runtime
+    # The GPUs a scheduler or orchestrator gave the job (hardware.assignment).
+    "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+    "GPU_DEVICE_ORDINAL",
+    "KUBERNETES_SERVICE_HOST",
 )
 # Distributions whose versions the report lists, by display name.
 DISTRIBUTIONS = {
@@ -172,10 +178,10 @@ class Facts:
 
 def probe_in_container() -> Probed[bool]:
     def detect() -> bool:
-        if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        if host_path("/.dockerenv").exists() or host_path("/run/.containerenv").exists():
             return True
         try:
-            cgroup = Path("/proc/1/cgroup").read_text()
+            cgroup = host_path("/proc/1/cgroup").read_text()
         except OSError:
             return False
         return any(word in cgroup for word in ("docker", "containerd", "kubepods", "libpod"))
@@ -183,13 +189,13 @@ def probe_in_container() -> Probed[bool]:
     return probe(detect)
 
 
-def probe_device_files(dev: Path = Path("/dev")) -> Probed[tuple[str, ...]]:
-    return probe(lambda: tuple(sorted(p.name for p in dev.glob("nvidia*"))))
+def probe_device_files(dev: Path | None = None) -> Probed[tuple[str, ...]]:
+    return probe(lambda: tuple(sorted(p.name for p in (dev or host_path("/dev")).glob("nvidia*"))))
 
 
-def probe_shm_bytes(path: str = "/dev/shm") -> Probed[int]:
+def probe_shm_bytes(path: str | None = None) -> Probed[int]:
     def size() -> int:
-        stats = os.statvfs(path)
+        stats = os.statvfs(path or host_path("/dev/shm"))
         return stats.f_frsize * stats.f_blocks
 
     return probe(size)
@@ -212,14 +218,14 @@ def probe_stack() -> Probed[tuple[int, int]]:
     return _limits(resource.RLIMIT_STACK)
 
 
-def probe_wsl_gpu(dev: Path = Path("/dev")) -> Probed[bool]:
-    return probe(lambda: (dev / "dxg").exists())
+def probe_wsl_gpu(dev: Path | None = None) -> Probed[bool]:
+    return probe(lambda: ((dev or host_path("/dev")) / "dxg").exists())
 
 
-def probe_nvidia_modules(path: Path = Path("/proc/modules")) -> Probed[tuple[str, ...]]:
+def probe_nvidia_modules(path: Path | None = None) -> Probed[tuple[str, ...]]:
     """The loaded kernel modules whose name starts with nvidia (nvidia, nvidia_uvm, ...)."""
     return probe(lambda: tuple(sorted(
-        line.split()[0] for line in path.read_text().splitlines()
+        line.split()[0] for line in (path or host_path("/proc/modules")).read_text().splitlines()
         if line.startswith("nvidia")
     )))
 
@@ -265,10 +271,14 @@ def probe_nvidia_host() -> nvidiahost.NvidiaHost:
 
 
 def _os_name() -> str:
+    name = ""
     try:
-        release = platform.freedesktop_os_release()
-        name = release.get("PRETTY_NAME") or release.get("NAME", "")
-    except OSError:
+        # os-release(5): KEY="value" lines; the machine's, under MGPU_HOST_ROOT too.
+        for line in host_path("/etc/os-release").read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() in ("PRETTY_NAME", "NAME") and not name:
+                name = value.strip().strip('"')
+    except (OSError, ValueError):
         name = ""
     return f"{name or platform.system()} (kernel {platform.release()}, {platform.machine()})"
 
@@ -323,7 +333,8 @@ def probe_keras(
         return KerasFacts(error=str(err))
 
 
-def probe_nccl(environ: Mapping[str, str], root: Path = Path("/")) -> NcclFacts:
+def probe_nccl(environ: Mapping[str, str], root: Path | None = None) -> NcclFacts:
+    root = root or host_path("/")
     return NcclFacts({k: v for k, v in environ.items() if k.startswith("NCCL_")},
                      ncclenv.interfaces(root), ncclenv.hcas(root))
 

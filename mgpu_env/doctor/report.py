@@ -26,6 +26,7 @@ from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import BY_ENV
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.doctor.verdict import Diagnosis
+from mgpu_env.hardware.hostroot import host_path
 from mgpu_env.hardware.nvml import Probed, probe
 
 MASK = "****"
@@ -92,10 +93,10 @@ class BugReport:
 # ------------------------------------------------------------------------------ probes
 
 
-def probe_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+def probe_cpu(cpuinfo: Path | None = None) -> str:
     def describe() -> str:
         model = ""
-        for line in cpuinfo.read_text().splitlines():
+        for line in (cpuinfo or host_path("/proc/cpuinfo")).read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() in ("model name", "Model", "Hardware"):
                 model = value.strip()
@@ -109,10 +110,10 @@ def probe_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return probe(describe).text()
 
 
-def probe_memory(meminfo: Path = Path("/proc/meminfo")) -> str:
+def probe_memory(meminfo: Path | None = None) -> str:
     def describe() -> str:
         values = {}
-        for line in meminfo.read_text().splitlines():
+        for line in (meminfo or host_path("/proc/meminfo")).read_text().splitlines():
             key, _, value = line.partition(":")
             if value.strip().endswith("kB"):
                 values[key] = int(value.split()[0]) * 1024

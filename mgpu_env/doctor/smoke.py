@@ -24,7 +24,7 @@ from typing import Any
 
 import mgpu_env.doctor.links as links
 from mgpu_env.doctor.checks.host import FIX_P2P, FIX_P2P_VM
-from mgpu_env.hardware import childprobe
+from mgpu_env.hardware import childprobe, signals
 from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.runtime import Execution, Runtime
 from mgpu_env.runtime.strategy import StrategyPlan
@@ -148,8 +148,9 @@ def smoke_test(
             return failed(f"unreadable answer from the smoke job: {err}", FIX_SETUP,
                           done.seconds)
     tail = " | ".join(reason) if reason else done.tail()
-    return failed(f"the smoke job exited with code {done.returncode}: {tail}", FIX_SETUP,
-                  done.seconds)
+    died = signals.describe(done.returncode) if done.returncode is not None else None
+    ended = f"was {died}; its last words" if died else f"exited with code {done.returncode}"
+    return failed(f"the smoke job {ended}: {tail}", FIX_SETUP, done.seconds)
 
 
 def _hung(done: childprobe.ChildAnswer, timeout: float, phase_timeout: float,

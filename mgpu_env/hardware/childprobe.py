@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mgpu_env.hardware import signals
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -50,7 +52,11 @@ class ChildAnswer:
         return " | ".join(self.stderr.strip().splitlines()[-lines:]) or "no output"
 
     def exited(self, what: str, lines: int = 3) -> str:
-        """`<what> exited with code N: <stderr's tail>`."""
+        """`<what> exited with code N: <stderr's tail>`, or, for a child a signal ended,
+        `<what> was killed by SIGILL: <what that means here>; its last words: <tail>`."""
+        died = signals.describe(self.returncode) if self.returncode is not None else None
+        if died is not None:
+            return f"{what} was {died}; its last words: {self.tail(lines)}"
         return f"{what} exited with code {self.returncode}: {self.tail(lines)}"
 
     def no_answer(self, what: str, timeout_s: float) -> str | None:

@@ -9,14 +9,16 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from mgpu_env.hardware.hostroot import host_path
+
 # The Linux /proc/cpuinfo flags that mean native bf16 arithmetic.
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
-def _read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+def _read_cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
     try:
-        text = cpuinfo.read_text()
-    except OSError:
+        text = (cpuinfo or host_path("/proc/cpuinfo")).read_text()
+    except (OSError, ValueError):
         return frozenset()
     for line in text.splitlines():
         key, _, value = line.partition(":")

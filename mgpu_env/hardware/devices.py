@@ -90,6 +90,11 @@ def select_gpus(
                 note=f"CUDA_VISIBLE_DEVICES={preset!r} was already set and is kept",
             )
         return GpuSelection(request, gpus, ",".join(str(g.index) for g in gpus))
+    preset = environ.get("CUDA_VISIBLE_DEVICES")
+    # The value GPUS writes itself (a child of a run inherits it) is not an assignment.
+    own = ",".join(request.uuids if request.kind == "uuids" else map(str, request.indices))
+    if preset is not None and preset.replace(" ", "") != own:
+        return _within(request, listing, preset)
     if request.kind == "indices":
         by_index = {g.index: g for g in gpus}
         missing = [i for i in request.indices if i not in by_index]
@@ -108,6 +113,35 @@ def select_gpus(
             raise SettingError(f"UUID {uuid} {reason}; NVML's UUIDs: {known}")
         chosen_list.append(matches[0])
     return GpuSelection(request, tuple(chosen_list), ",".join(request.uuids))
+
+
+def _within(request: GpuRequest, listing: GpuListing, preset: str) -> GpuSelection:
+    """GPUS composed with a CUDA_VISIBLE_DEVICES a scheduler, launcher or the user already set:
+    indices count positions within it (GPUS=0 is its first GPU) and UUIDs must be among it,
+    so a selection never reaches a GPU the job was not given."""
+    visible = visible_gpus(preset, listing.gpus)
+    items = [i.strip() for i in preset.split(",")][:len(visible)]
+    given = f"CUDA_VISIBLE_DEVICES={preset!r} ({len(visible)} GPU(s))"
+    positions: list[int] = []
+    if request.kind == "indices":
+        beyond = [i for i in request.indices if i >= len(visible)]
+        if beyond:
+            valid = f"0..{len(visible) - 1}" if visible else "none"
+            raise SettingError(
+                f"GPUS selects within the GPUs this job was given, {given}: position "
+                f"{beyond[0]} is beyond them (valid: {valid}); GPUS=all takes them all")
+        positions = list(request.indices)
+    else:
+        for uuid in request.uuids:
+            found = [n for n, g in enumerate(visible) if g.uuid.lower().startswith(uuid.lower())]
+            if len(found) != 1:
+                raise SettingError(f"UUID {uuid} is not among the GPUs this job was given, "
+                                   f"{given}: {', '.join(g.uuid for g in visible) or 'none'}")
+            positions.append(found[0])
+    chosen = tuple(visible[n] for n in positions)
+    note = (f"GPUS={request} selects within {given}: "
+            f"{', '.join(f'GPU {g.index}' for g in chosen)}")
+    return GpuSelection(request, chosen, ",".join(items[n] for n in positions), note)
 
 
 def task_share(

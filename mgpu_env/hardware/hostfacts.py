@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mgpu_env.hardware.hostroot import host_path
 from mgpu_env.hardware.nvml import Probed, probe
 
 DOCKER_TIMEOUT_S = 4.0
@@ -57,10 +58,10 @@ def run_docker_info(docker: str, timeout_s: float = DOCKER_TIMEOUT_S) -> str:
     return done.stdout
 
 
-def cdi_specs(folders: Iterable[Path] = CDI_FOLDERS) -> tuple[str, ...]:
+def cdi_specs(folders: Iterable[Path] | None = None) -> tuple[str, ...]:
     """CDI spec files that describe NVIDIA GPUs (`nvidia-ctk cdi generate` writes them)."""
     found = []
-    for folder in folders:
+    for folder in [host_path(str(f)) for f in CDI_FOLDERS] if folders is None else folders:
         for spec in sorted(folder.glob("*")) if folder.is_dir() else ():
             try:
                 if spec.suffix in (".yaml", ".yml", ".json") and "nvidia.com" in spec.read_text(
@@ -111,18 +112,23 @@ class P2pHost:
 IOMMU_WORDS = ("iommu", "intel_iommu", "amd_iommu", "pci", "vfio")
 
 
-def iommu_groups(root: Path = Path("/sys/kernel/iommu_groups")) -> Probed[int]:
-    return probe(lambda: len(list(root.iterdir())) if root.is_dir() else 0)
+def iommu_groups(root: Path | None = None) -> Probed[int]:
+    def count() -> int:
+        folder = root or host_path("/sys/kernel/iommu_groups")
+        return len(list(folder.iterdir())) if folder.is_dir() else 0
+
+    return probe(count)
 
 
-def kernel_cmdline(path: Path = Path("/proc/cmdline")) -> Probed[str]:
+def kernel_cmdline(path: Path | None = None) -> Probed[str]:
     return probe(lambda: " ".join(
-        w for w in path.read_text().split() if w.split("=")[0].split(".")[0] in IOMMU_WORDS))
+        w for w in (path or host_path("/proc/cmdline")).read_text().split()
+        if w.split("=")[0].split(".")[0] in IOMMU_WORDS))
 
 
-def hypervisor(cpuinfo: Path = Path("/proc/cpuinfo")) -> Probed[bool]:
+def hypervisor(cpuinfo: Path | None = None) -> Probed[bool]:
     def flag() -> bool:
-        for line in cpuinfo.read_text().splitlines():
+        for line in (cpuinfo or host_path("/proc/cpuinfo")).read_text().splitlines():
             if line.startswith("flags"):
                 return "hypervisor" in line.split(":", 1)[1].split()
         return False
@@ -151,8 +157,9 @@ def acs_redirecting(config: bytes) -> bool | None:
     return False
 
 
-def bridges_above(bus_id: str, devices: Path = Path("/sys/bus/pci/devices")) -> list[Path]:
+def bridges_above(bus_id: str, devices: Path | None = None) -> list[Path]:
     """The PCI bridges between the root complex and the GPU at `bus_id` (nearest last)."""
+    devices = devices or host_path("/sys/bus/pci/devices")
     address = bus_id.lower()
     if address.count(":") == 2 and len(address.split(":")[0]) == 8:
         address = address[4:]  # NVML's 00000000:17:00.0 -> sysfs 0000:17:00.0
@@ -161,7 +168,7 @@ def bridges_above(bus_id: str, devices: Path = Path("/sys/bus/pci/devices")) -> 
 
 
 def acs_bridges(bus_ids: Iterable[str],
-                devices: Path = Path("/sys/bus/pci/devices")) -> Probed[tuple[str, ...]]:
+                devices: Path | None = None) -> Probed[tuple[str, ...]]:
     def collect() -> tuple[str, ...]:
         found: list[str] = []
         unreadable = False

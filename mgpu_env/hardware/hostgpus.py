@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mgpu_env.hardware import nvidiahost
+from mgpu_env.hardware.hostroot import host_root
 
 # Set by the compose files: `cpu` in docker-compose.yml, `gpu` once docker-compose.gpu.yml
 # is added (which also sets MGPU_COMPOSE_GPU=1, what the doctor read first).
@@ -23,10 +24,11 @@ COMPOSE_VARIABLE = "MGPU_COMPOSE"
 GPU_COMPOSE_FILES = "docker-compose.yml:docker-compose.gpu.yml"
 
 
-def host_nvidia_gpus(root: Path = Path("/")) -> int:
+def host_nvidia_gpus(root: Path | None = None) -> int:
     """How many NVIDIA GPUs the machine has, seen from here, with or without NVML: the
     driver's /proc entries, else the PCI devices (`nvidiahost` reads both). 0 when neither
     can be read."""
+    root = host_root() if root is None else root
     try:
         listed = nvidiahost.proc_gpus(root)
     except OSError:

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mgpu_env.hardware.hostroot import host_root
+
 ON_OFF = ("0", "1")
 LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")  # and the older integers 0..5
 PROTOCOLS = ("LL", "LL128", "SIMPLE")
@@ -133,12 +135,12 @@ def listing(folder: Path) -> tuple[str, ...]:
     return tuple(sorted(p.name for p in folder.iterdir())) if folder.is_dir() else ()
 
 
-def interfaces(root: Path = Path("/")) -> tuple[str, ...]:
-    return listing(root / "sys/class/net")
+def interfaces(root: Path | None = None) -> tuple[str, ...]:
+    return listing((root or host_root()) / "sys/class/net")
 
 
-def hcas(root: Path = Path("/")) -> tuple[str, ...]:
-    return listing(root / "sys/class/infiniband")
+def hcas(root: Path | None = None) -> tuple[str, ...]:
+    return listing((root or host_root()) / "sys/class/infiniband")
 
 
 def _devices(name: str, value: str, devices: tuple[str, ...], kind: str,

@@ -24,6 +24,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mgpu_env.hardware import devopen, pcibus
+from mgpu_env.hardware.hostroot import host_root
 from mgpu_env.hardware.nvml import Probed, probe
 
 NVIDIA_PCI_VENDOR = "0x10de"
@@ -55,6 +57,14 @@ class NvidiaHost:
     device_files: Probed[tuple[DeviceFile, ...]] = field(default_factory=Probed)
     groups: Probed[tuple[str, ...]] = field(default_factory=Probed)
     nvml_library: Probed[str | None] = field(default_factory=Probed)  # None: none mapped
+    # The chain's lower layers (`doctor.chain`): each PCI function and its bound driver, the
+    # module's flavour and the GPUs it attached (minors), the device files opened for real,
+    # who opened them, and cgroup v1's device rules. A value of None: not read.
+    pci: Probed[tuple[pcibus.PciGpu, ...]] = field(default_factory=Probed)
+    module: Probed[pcibus.NvidiaModule | None] = field(default_factory=Probed)
+    opens: Probed[tuple[devopen.DeviceOpen, ...]] = field(default_factory=Probed)
+    identity: Probed[devopen.Identity] = field(default_factory=Probed)
+    device_rules: Probed[tuple[str, ...] | None] = field(default_factory=Probed)
 
     @property
     def gpu_bus_ids(self) -> tuple[str, ...]:
@@ -124,9 +134,10 @@ def proc_gpus(root: Path) -> tuple[str, ...]:
     return tuple(sorted(p.name for p in folder.iterdir())) if folder.is_dir() else ()
 
 
-def _group_name(gid: int, root: Path = Path("/")) -> str:
+def _group_name(gid: int, root: Path | None = None) -> str:
     """The group's name as this machine (or container) names it: its /etc/group, else the
     system's lookup (NSS), else the number."""
+    root = host_root() if root is None else root
     try:
         for line in (root / "etc/group").read_text().splitlines():
             parts = line.split(":")
@@ -138,6 +149,11 @@ def _group_name(gid: int, root: Path = Path("/")) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return str(gid)
+
+
+def group_name(gid: int, root: Path | None = None) -> str:
+    """The group's name, as `_group_name` finds it."""
+    return _group_name(gid, root)
 
 
 def _can_open(info: os.stat_result, uid: int, gids: tuple[int, ...]) -> bool:
@@ -165,7 +181,7 @@ def device_files(root: Path, uid: int, gids: tuple[int, ...]) -> tuple[DeviceFil
     return tuple(files)
 
 
-def groups(gids: tuple[int, ...], root: Path = Path("/")) -> tuple[str, ...]:
+def groups(gids: tuple[int, ...], root: Path | None = None) -> tuple[str, ...]:
     return tuple(sorted({_group_name(g, root) for g in gids}))
 
 
@@ -180,14 +196,24 @@ def nvml_library(root: Path) -> str | None:
 
 
 def collect(
-    root: Path = Path("/"), uid: int | None = None, gids: tuple[int, ...] | None = None,
+    root: Path | None = None, uid: int | None = None, gids: tuple[int, ...] | None = None,
 ) -> NvidiaHost:
     """Every fact, each on its own (one unreadable file leaves the others). Read after NVML
     was asked, so that its library is mapped. `uid`, `gids`: the user judged (default:
     this process's)."""
-    uid = os.geteuid() if uid is None else uid
-    gids = tuple({*os.getgroups(), os.getegid()}) if gids is None else gids
+    root = host_root() if root is None else root
+    who = devopen.identity(root)
+    if uid is not None or gids is not None:
+        who = devopen.Identity(who.uid if uid is None else uid, who.gid,
+                               who.groups if gids is None else gids)
+    uid, gids = who.uid, tuple({*who.groups, who.gid})
+    module = probe(lambda: pcibus.nvidia_module(root))
     return NvidiaHost(
+        pci=probe(lambda: pcibus.pci_gpus(root)),
+        module=module,
+        opens=probe(lambda: _opens(root, module.value, who)),
+        identity=Probed(value=who),
+        device_rules=probe(lambda: devopen.device_rules(root)),
         kernel_driver=probe(lambda: kernel_driver(root)),
         modules=probe(lambda: modules(root)),
         pci_gpus=probe(lambda: pci_gpus(root)),
@@ -196,3 +222,15 @@ def collect(
         groups=probe(lambda: groups(gids, root)),
         nvml_library=probe(lambda: nvml_library(root)),
     )
+
+
+def _opens(root: Path, module: pcibus.NvidiaModule | None,
+           who: devopen.Identity) -> tuple[devopen.DeviceOpen, ...]:
+    """Open the files CUDA opens: nvidiactl, nvidia-uvm, and each attached GPU's minor (or,
+    without the module's list, every /dev/nvidia<N> there is)."""
+    minors = sorted({g.minor for g in (module.gpus if module else ()) if g.minor is not None})
+    if module is None:
+        minors = sorted(int(p.name[6:]) for p in (root / "dev").glob("nvidia[0-9]*")
+                        if p.name[6:].isdigit())
+    names = ["nvidiactl", "nvidia-uvm", *(f"nvidia{m}" for m in minors)]
+    return tuple(devopen.open_device(name, who, root) for name in names)

@@ -143,6 +143,9 @@ class GpuInfo:
     # "exclusive_process"; and how many compute processes run on the GPU now.
     compute_mode: Probed[str] = field(default_factory=Probed)
     processes: Probed[int] = field(default_factory=Probed)
+    # Those processes: (pid, MiB of GPU memory it holds; None where NVML cannot say, as for
+    # another container's processes).
+    process_memory: Probed[tuple[tuple[int, int | None], ...]] = field(default_factory=Probed)
     # The link class, for what an all-reduce should reach: PCIe (max generation, max width)
     # and the active NVLinks with their version.
     pcie_link: Probed[tuple[int, int]] = field(default_factory=Probed)
@@ -266,7 +269,16 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
                 break
         return active
 
+    def running() -> tuple[tuple[int, int | None], ...]:
+        def mib(used: object) -> int | None:
+            # NVML_VALUE_NOT_AVAILABLE (2**64-1) or None: not visible from here.
+            return int(used) // 2**20 if isinstance(used, int) and used < 2**63 else None
+
+        return tuple((int(p.pid), mib(getattr(p, "usedGpuMemory", None)))
+                     for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+
     name = probe(lambda: _text(nvml.nvmlDeviceGetName(handle)))
+    held = probe(running)
     uuid = probe(lambda: _text(nvml.nvmlDeviceGetUUID(handle)))
     return GpuInfo(
         index=index,
@@ -279,7 +291,9 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         mig_enabled=probe(mig_enabled),
         architecture=probe(architecture),
         compute_mode=probe(compute_mode),
-        processes=probe(lambda: len(nvml.nvmlDeviceGetComputeRunningProcesses(handle))),
+        processes=Probed(value=len(held.value or ())) if held.ok else
+        Probed(error=held.error, code=held.code),
+        process_memory=held,
         pcie_link=probe(pcie_link),
         nvlinks=probe(nvlinks),
         nvlink_version=probe(lambda: int(nvml.nvmlDeviceGetNvLinkVersion(handle, 0))),

@@ -31,6 +31,33 @@ _KINDS: tuple[re.Pattern[str], ...] = (
                r"forward compatibility|PTX|ptxas|libdevice|NCCL|nvJitLink", re.I),
 )
 
+# TensorFlow's start-up lines that every healthy start prints: never a reason a GPU is
+# missing, so never kept, and never offered as a cause (issue 41). Each with why it is noise.
+NOISE: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Unable to register (?:cuDNN|cuFFT|cuBLAS) factory|Attempting to register "
+                r"factory for plugin", re.I),
+     "XLA and TensorFlow both register the same CUDA plugin factory; the second is refused"),
+    (re.compile(r"could not open file to read NUMA node|NUMA node.*-1|"
+                r"had negative value \(-1\)|Your kernel may have been built without NUMA", re.I),
+     "the GPU's numa_node in sysfs is -1 (one socket, or a VM): TensorFlow assumes node 0"),
+    (re.compile(r"This TensorFlow binary is optimized to use available CPU instructions|"
+                r"rebuild TensorFlow with the appropriate compiler flags|"
+                r"Your CPU supports instructions that this TensorFlow binary was not", re.I),
+     "a notice that a build for this CPU could be faster; it runs as it is"),
+    (re.compile(r"oneDNN custom operations are on|TF_ENABLE_ONEDNN_OPTS", re.I),
+     "oneDNN's notice about floating-point round-off order"),
+    (re.compile(r"TF-TRT Warning|Could not find TensorRT|libnvinfer", re.I),
+     "TensorRT is optional; training does not use it"),
+    (re.compile(r"computation placer already registered|absl::InitializeLog\(\) is called "
+                r"are written to STDERR|All log messages before absl", re.I),
+     "XLA's and absl's start-up bookkeeping"),
+)
+
+
+def is_noise(line: str) -> bool:
+    """Whether `line` is one of TensorFlow's harmless start-up lines."""
+    return any(pattern.search(line) for pattern, _ in NOISE)
+
 
 def _clean(line: str) -> str:
     return _PREFIX.sub("", line.strip())
@@ -38,7 +65,7 @@ def _clean(line: str) -> str:
 
 def relevant_lines(stderr: str, limit: int = MAX_LINES) -> tuple[str, ...]:
     """The lines of `stderr` that say why TensorFlow has no GPU, most telling first."""
-    lines = [_clean(line) for line in stderr.splitlines() if line.strip()]
+    lines = [_clean(line) for line in stderr.splitlines() if line.strip() and not is_noise(line)]
     chosen: list[str] = []
     for kind in _KINDS:
         matching = [line for line in lines if kind.search(line) and line not in chosen]
@@ -51,7 +78,7 @@ def relevant_lines(stderr: str, limit: int = MAX_LINES) -> tuple[str, ...]:
 
 def explain(lines: Iterable[str]) -> tuple[str, str] | None:
     """(cause, fix) that TensorFlow's log lines point to; None when they name none."""
-    text = "\n".join(lines)
+    text = "\n".join(line for line in lines if not is_noise(line))
     ignored = _ignored_device(text)
     if ignored is not None:
         return ignored
