@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,12 @@ from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.runtime import decisions
 from mgpu_env.training.step import memprobe
 from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.fakemachine import (
+    REAL_DRIVER_COLLECT,
+    FakeHost,
+    Machine,
+    build_libcuda_versioned,
+)
 from tests.support.memory import REAL_MEASURE, canned_measure
 from tests.support.runtimes import logical_cpu_devices, logical_cpus_applied
 
@@ -219,3 +226,39 @@ def tensorflow_devices_split_first(request: pytest.FixtureRequest) -> Iterator[N
         pytest.fail("this test started TensorFlow's devices in the test process without "
                     "the `logical_cpus` fixture: take it (or `tests.support.runtimes."
                     "split_tensorflow()` in a helper, or run TensorFlow in a child)")
+
+
+@pytest.fixture
+def fake_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    use_fake_nvml: Callable[[FakeNvml], FakeNvml],
+) -> Iterator[Callable[..., FakeHost]]:
+    """A whole machine below the doctor: `fake_machine(Machine(...), nvml=..., libcuda=...)`
+    lays out /proc, /sys, /dev, /etc and the process's identity under a folder and points
+    MGPU_HOST_ROOT at it, installs the fake NVML (by default: the GPUs the module attached,
+    with their bus ids) and a gcc-built libcuda.so.1 that CUDA's driver probe (the real one,
+    in a child) loads. A probe that reads the real /proc, /sys, /dev or /etc meanwhile fails
+    the test (`tests.support.hostaudit`)."""
+    from mgpu_env.hardware import cpu, cudadriver
+    from tests.support import hostaudit
+    from tests.support.fakemachine import build, machine_nvml
+
+    def make(machine: Machine | None = None, *, nvml: FakeNvml | None = None,
+             libcuda: dict[str, int] | None = None) -> FakeHost:
+        machine = machine or Machine()
+        root = build(tmp_path / "machine", machine)
+        monkeypatch.setenv("MGPU_HOST_ROOT", str(root))
+        use_fake_nvml(nvml if nvml is not None else machine_nvml(machine))
+        folder = tmp_path / "driver"
+        options = {"device_count": len(machine.usable), **(libcuda or {})}
+        build_libcuda_versioned(folder, machine.library, **options)
+        monkeypatch.setattr(cudadriver, "collect", REAL_DRIVER_COLLECT)
+        cpu.cpu_flags.cache_clear()
+        hostaudit.watch(root)
+        return FakeHost(root, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                               "LD_LIBRARY_PATH": str(folder)})
+
+    yield make
+    reads = hostaudit.stop()
+    cpu.cpu_flags.cache_clear()
+    assert not reads, f"a probe read the real machine around the fake one: {reads[:8]}"

@@ -195,6 +195,10 @@ def nvml(facts: Facts, below: Passing) -> Layer:
                                 if g not in by_bus.values())
     said = [f"NVML lists {len(listing.gpus)}: {', '.join(own) or 'none'}"]
     failed = {pcibus.short_bus_id(f.bus_id): f for f in listing.failed if f.bus_id}
+    if below and len(listing.gpus) + len(listing.failed) == len(below):
+        # NVML enumerates in PCI order: a GPU whose handle it refused is the one at its index.
+        failed.update({sorted(below)[f.index]: f for f in listing.failed
+                       if not f.bus_id and f.index < len(below)})
     drops = []
     for bus in (b for b in below or () if b not in by_bus):
         if bus in failed:

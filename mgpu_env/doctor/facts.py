@@ -18,7 +18,7 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import hostfacts, hostgpus, ncclenv, nvidiahost, nvml
+from mgpu_env.hardware import devopen, hostfacts, hostgpus, ncclenv, nvidiahost, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
@@ -247,7 +247,8 @@ def probe_p2p(bus_ids: tuple[str, ...]) -> P2pHost:
 
 
 def probe_euid() -> Probed[int]:
-    return probe(os.geteuid)
+    """Who this process runs as, by /proc/self/status (under MGPU_HOST_ROOT)."""
+    return probe(lambda: devopen.identity().uid)
 
 
 def probe_host() -> HostFacts:

@@ -130,8 +130,8 @@ _STUBS = ("pci-stub", "pci_stub", "pciback", "xen-pciback")
 
 def driver_meaning(driver: str | None, gpu: PciGpu) -> DriverMeaning:
     """The model of the bound driver: every name falls in one kind, each with its fix."""
-    bus, ids = gpu.bus_id, f"10de:{gpu.device_id.removeprefix('0x')}"
-    rebind = (f"`echo {bus} | sudo tee /sys/bus/pci/devices/{bus}/driver/unbind`, then "
+    ids = f"10de:{gpu.device_id.removeprefix('0x')}"
+    rebind = ("`echo <bus id> | sudo tee /sys/bus/pci/devices/<bus id>/driver/unbind`, then "
               "`sudo modprobe nvidia`")
     if driver == "nvidia":
         return DriverMeaning("nvidia", True, "bound to nvidia", "")

@@ -45,10 +45,13 @@ def check_chain(facts: Facts) -> list[Check]:
     results = [Check("chain", TITLE, status if faults else "ok", _summary(chain), EXPECTED,
                      "each `GPUs lost at ...` line names the GPUs, the cause and the fix"
                      if faults else "")]
+    seen: dict[str, int] = {}
     for layer, drop in faults:
         if layer.name in REPORTED_ELSEWHERE:
             continue
         where = layer.name.replace(" ", "-").lower()
+        seen[where] = seen.get(where, 0) + 1
+        where += f".{seen[where]}" if seen[where] > 1 else ""
         title = f"GPUs lost at {layer.name}"
         results.append(Check(f"chain.{where}", title, status,
                              f"{', '.join(drop.gpus)}: {drop.cause}", EXPECTED, drop.fix))
