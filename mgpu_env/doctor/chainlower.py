@@ -8,7 +8,7 @@ import re
 
 from mgpu_env.doctor.chaintypes import Drop, Layer, Passing, Step, between, unknown
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.hardware import assignment, cudaerrors, nvidiahost, openerrors, pcibus
+from mgpu_env.hardware import assignment, cudaerrors, openerrors, pcibus
 from mgpu_env.hardware.devopen import DeviceOpen, rules_allow
 
 PCI, DRIVER, MODULE, FILES, USER, NVML = (
@@ -111,9 +111,8 @@ def _explain(facts: Facts, opened: DeviceOpen, minor: int | None,
     refused = (rules is not None and minor is not None and not rules_allow(rules, minor))
     context = openerrors.OpenContext(
         path=f"/dev/{opened.name}", mode=opened.mode,
-        group=nvidiahost.group_name(opened.gid) if opened.gid is not None else "",
-        uid=who.uid if who else os.geteuid(),
-        groups=nvidiahost.groups(tuple({*who.groups, who.gid})) if who else (),
+        group=opened.group, uid=who.uid if who else os.geteuid(),
+        groups=nvidia.groups.value or (),
         mode_allows=opened.mode_allows, in_container=bool(facts.host.in_container.value),
         given_elsewhere=(_given_elsewhere(facts, minor, opened_count) if minor is not None
                          else None),
@@ -132,7 +131,7 @@ def device_files(facts: Facts, below: Passing) -> Layer:
     drops: list[Drop] = []
     for shared in ("nvidiactl", "nvidia-uvm"):
         opened = opens.get(shared)
-        if opened is not None and opened.errno is not None and below:
+        if opened is not None and opened.errno is not None and below and not drops:
             why = _explain(facts, opened, None)
             need = "NVML and CUDA need" if shared == "nvidiactl" else "CUDA needs"
             drops.append(Drop(below, f"{why.cause} ({need} it for every GPU)", why.fix))

@@ -46,6 +46,7 @@ class DeviceOpen:
     char_device: bool = False
     judged: bool = False  # EACCES from the mode for the fake root's identity
     mode_allows: bool = True  # the mode lets the identity read and write
+    group: str = ""  # the file's group by name (filled by `nvidiahost`, which reads /etc/group)
 
 
 def identity(root: Path | None = None) -> Identity:

@@ -17,6 +17,7 @@ machine shows it) and never raises: what it cannot read is "could not collect (w
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import os
 import re
@@ -233,4 +234,6 @@ def _opens(root: Path, module: pcibus.NvidiaModule | None,
         minors = sorted(int(p.name[6:]) for p in (root / "dev").glob("nvidia[0-9]*")
                         if p.name[6:].isdigit())
     names = ["nvidiactl", "nvidia-uvm", *(f"nvidia{m}" for m in minors)]
-    return tuple(devopen.open_device(name, who, root) for name in names)
+    opened = (devopen.open_device(name, who, root) for name in names)
+    return tuple(dataclasses.replace(o, group=_group_name(o.gid, root)) if o.gid is not None
+                 else o for o in opened)

@@ -147,6 +147,13 @@ def set_up(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Any, d
     gpus = [FakeGpu(name=name, compute_capability=cc,
                     **{k: v for k, v in scenario.gpu.items() if k in gpu_fields})
             for name, cc in scenario.gpus]
+    machine = getattr(scenario, "machine", None)
+    if machine is not None:
+        # NVML numbers the machine's GPUs by the bus ids its /sys shows.
+        from tests.support.fakemachine import BUS_IDS
+
+        for gpu, bus in zip(gpus, machine.get("gpus", BUS_IDS[:2]), strict=False):
+            gpu.bus_id = "0000" + bus.upper()
     fake = FakeNvml(gpus=gpus, **{"driver_version": "555.42.06", "cuda_driver_version": 12050,
                                   **scenario.nvml})
     patch.setattr(nvml, "load_library", lambda: fake)
