@@ -269,16 +269,8 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
                 break
         return active
 
-    def running() -> tuple[tuple[int, int | None], ...]:
-        def mib(used: object) -> int | None:
-            # NVML_VALUE_NOT_AVAILABLE (2**64-1) or None: not visible from here.
-            return int(used) // 2**20 if isinstance(used, int) and used < 2**63 else None
-
-        return tuple((int(p.pid), mib(getattr(p, "usedGpuMemory", None)))
-                     for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-
     name = probe(lambda: _text(nvml.nvmlDeviceGetName(handle)))
-    held = probe(running)
+    held = probe(lambda: _running(nvml, handle))
     uuid = probe(lambda: _text(nvml.nvmlDeviceGetUUID(handle)))
     return GpuInfo(
         index=index,
@@ -299,6 +291,17 @@ def _gpu_info(nvml: Any, index: int, handle: Any) -> GpuInfo:
         nvlink_version=probe(lambda: int(nvml.nvmlDeviceGetNvLinkVersion(handle, 0))),
         health=_health(nvml, handle),
     )
+
+
+def _running(nvml: Any, handle: Any) -> tuple[tuple[int, int | None], ...]:
+    """The compute processes on a GPU: (pid, MiB it holds; None where NVML cannot say)."""
+
+    def mib(used: object) -> int | None:
+        # NVML_VALUE_NOT_AVAILABLE (2**64-1) or None: not visible from here.
+        return int(used) // 2**20 if isinstance(used, int) and used < 2**63 else None
+
+    return tuple((int(p.pid), mib(getattr(p, "usedGpuMemory", None)))
+                 for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle))
 
 
 # The questions every working GPU answers: failing one of them with a code that is not
