@@ -244,12 +244,13 @@ def fake_machine(
     from tests.support.fakemachine import build, machine_nvml
 
     def make(machine: Machine | None = None, *, nvml: FakeNvml | None = None,
-             libcuda: dict[str, int] | None = None) -> FakeHost:
+             libcuda: dict[str, int] | None = None, libcuda_folder: str = "driver",
+             ) -> FakeHost:
         machine = machine or Machine()
         root = build(tmp_path / "machine", machine)
         monkeypatch.setenv("MGPU_HOST_ROOT", str(root))
         use_fake_nvml(nvml if nvml is not None else machine_nvml(machine))
-        folder = tmp_path / "driver"
+        folder = tmp_path / libcuda_folder
         options = {"device_count": len(machine.usable), **(libcuda or {})}
         build_libcuda_versioned(folder, machine.library, **options)
         monkeypatch.setattr(cudadriver, "collect", REAL_DRIVER_COLLECT)

@@ -7,18 +7,22 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.doctor import Facts, gather
 from mgpu_env.doctor.checks import check_cuda_driver, check_device_files
 from mgpu_env.hardware import cudaerrors
 from mgpu_env.hardware.cudadriver import collect as real_collect
-from mgpu_env.hardware.nvml import Probed
-from tests.support.fake_doctor import healthy_host, make_facts, tf_facts
+from tests.support.fake_doctor import make_facts, tf_facts
 from tests.support.fake_nvml import FakeNvml, fake_with
 from tests.support.fakecuda import build_libcuda, needs_gcc
+from tests.support.fakemachine import FakeHost, Machine
 
 Install = Callable[[FakeNvml], FakeNvml]
+MakeMachine = Callable[..., FakeHost]
 pytestmark = needs_gcc
 
 
@@ -70,53 +74,49 @@ def test_a_hung_cuinit_times_out(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- the verdict
 
 
-def judged(
-    use_fake_nvml: Install, tmp_path: Path, code: int, *, folder: str = "driver",
-    gpus: int = 2, count: int | None = None, **host: object,
-) -> tuple[str, str, str]:
-    use_fake_nvml(fake_with(gpus))
-    build_libcuda(tmp_path / folder, init_code=code, device_count=gpus if count is None
-                  else count)
-    probed = real_collect(environ(tmp_path / folder, CUDA_VISIBLE_DEVICES=",".join(
-        str(i) for i in range(gpus))))
-    facts = make_facts("all", host=healthy_host(**host))  # type: ignore[arg-type]
-    import dataclasses
+def facts_of(fake_machine: MakeMachine, code: int, *, folder: str = "driver",
+             count: int | None = None, machine: Machine | None = None) -> Facts:
+    """The doctor's facts on a fake machine (two GPUs unless `machine` says otherwise) whose
+    libcuda.so.1, in `folder`, answers cuInit with `code` (the real probe child loads it)."""
+    machine = machine or Machine()
+    host = fake_machine(machine, libcuda={"init_code": code, "device_count": len(
+        machine.usable) if count is None else count}, libcuda_folder=folder)
+    return gather(resolve_settings({"GPUS": "all"}, host.environ), host.environ,
+                  with_tensorflow=False)
 
-    facts = dataclasses.replace(facts, cuda_driver=probed)
-    check = check_cuda_driver(facts)
+
+def judged(fake_machine: MakeMachine, code: int, **options: Any) -> tuple[str, str, str]:
+    check = check_cuda_driver(facts_of(fake_machine, code, **options))
     return check.status, check.found, check.fix
 
 
-def test_success_is_ok(use_fake_nvml: Install, tmp_path: Path) -> None:
-    status, found, _ = judged(use_fake_nvml, tmp_path, 0)
+def test_success_is_ok(fake_machine: MakeMachine) -> None:
+    status, found, _ = judged(fake_machine, 0)
     assert status == "ok" and "cuInit ok, 2 GPU(s)" in found
 
 
-def test_unknown_error_on_a_host_without_nvidia_uvm(use_fake_nvml: Install,
-                                                    tmp_path: Path) -> None:
-    status, found, fix = judged(
-        use_fake_nvml, tmp_path, 999, in_container=Probed(value=False),
-        nvidia_modules=Probed(value=("nvidia", "nvidia_modeset")))
+def test_unknown_error_on_a_host_without_nvidia_uvm(fake_machine: MakeMachine) -> None:
+    status, found, fix = judged(fake_machine, 999, machine=Machine(
+        modules=("nvidia", "nvidia_modeset")))
     assert status == "error" and "CUDA_ERROR_UNKNOWN" in found
     assert "nvidia_uvm NOT loaded" in found
     assert fix == cudaerrors.FIX_UVM and "nvidia-modprobe -u -c=0" in fix
 
 
-def test_unknown_error_in_a_container_without_dev_nvidia_uvm(use_fake_nvml: Install,
-                                                             tmp_path: Path) -> None:
-    files = Probed(value=("nvidia0", "nvidia1", "nvidiactl"))
-    status, found, fix = judged(use_fake_nvml, tmp_path, 999, device_files=files)
-    assert status == "error" and "no /dev/nvidia-uvm" in found
-    assert fix == cudaerrors.FIX_UVM_CONTAINER
-    facts = make_facts("all", host=healthy_host(device_files=files))
+def test_unknown_error_in_a_container_without_dev_nvidia_uvm(
+        fake_machine: MakeMachine) -> None:
+    facts = facts_of(fake_machine, 999, machine=Machine(container=True,
+                                                        missing=("nvidia-uvm",)))
+    check = check_cuda_driver(facts)
+    assert check.status == "error" and "no /dev/nvidia-uvm" in check.found
+    assert check.fix == cudaerrors.FIX_UVM_CONTAINER
     assert check_device_files(facts).status == "warn"
 
 
 @pytest.mark.parametrize("code", [803, 804])
-def test_forward_compatibility_from_a_compat_folder(use_fake_nvml: Install, tmp_path: Path,
+def test_forward_compatibility_from_a_compat_folder(fake_machine: MakeMachine,
                                                     code: int) -> None:
-    status, found, fix = judged(use_fake_nvml, tmp_path, code,
-                                folder="usr/local/cuda-12.8/compat")
+    status, found, fix = judged(fake_machine, code, folder="usr/local/cuda-12.8/compat")
     assert status == "error" and cudaerrors.name(code) in found
     assert "forward-compatibility library" in found and fix == cudaerrors.FIX_COMPAT
 
@@ -124,14 +124,14 @@ def test_forward_compatibility_from_a_compat_folder(use_fake_nvml: Install, tmp_
 @pytest.mark.parametrize(("code", "words"), [
     (100, "CUDA sees no GPU"), (35, "driver is older"), (2, "another process holds it"),
     (46, "exclusive-process"), (34, "stub"), (802, "fabric manager")])
-def test_each_code_has_its_cause_and_fix(use_fake_nvml: Install, tmp_path: Path, code: int,
+def test_each_code_has_its_cause_and_fix(fake_machine: MakeMachine, code: int,
                                          words: str) -> None:
-    status, found, fix = judged(use_fake_nvml, tmp_path, code)
+    status, found, fix = judged(fake_machine, code)
     assert status == "error" and words in found and fix == cudaerrors.describe(code).fix
 
 
-def test_fewer_gpus_than_nvml(use_fake_nvml: Install, tmp_path: Path) -> None:
-    status, found, _ = judged(use_fake_nvml, tmp_path, 0, count=1)
+def test_fewer_gpus_than_nvml(fake_machine: MakeMachine) -> None:
+    status, found, _ = judged(fake_machine, 0, count=1)
     assert status == "error" and "asks for 2 (NVML lists 2)" in found
 
 
