@@ -18,6 +18,7 @@ from mgpu_env.training.step import memprobe
 from tests.support.fake_nvml import FakeNvml, fake_with
 from tests.support.fakemachine import (
     REAL_DRIVER_COLLECT,
+    REAL_PROBE_P2P,
     FakeHost,
     Machine,
     build_libcuda_versioned,
@@ -239,6 +240,7 @@ def fake_machine(
     with their bus ids) and a gcc-built libcuda.so.1 that CUDA's driver probe (the real one,
     in a child) loads. A probe that reads the real /proc, /sys, /dev or /etc meanwhile fails
     the test (`tests.support.hostaudit`)."""
+    from mgpu_env.doctor import facts as doctor_facts
     from mgpu_env.hardware import cpu, cudadriver
     from tests.support import hostaudit
     from tests.support.fakemachine import build, machine_nvml
@@ -254,6 +256,7 @@ def fake_machine(
         options = {"device_count": len(machine.usable), **(libcuda or {})}
         build_libcuda_versioned(folder, machine.library, **options)
         monkeypatch.setattr(cudadriver, "collect", REAL_DRIVER_COLLECT)
+        monkeypatch.setattr(doctor_facts, "probe_p2p", REAL_PROBE_P2P)
         cpu.cpu_flags.cache_clear()
         hostaudit.watch(root)
         return FakeHost(root, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),

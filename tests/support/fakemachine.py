@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mgpu_env.doctor import facts as probes
 from mgpu_env.hardware import cudadriver
 from tests.support.fake_nvml import FakeGpu, FakeNvml
 from tests.support.fakecuda import build_libcuda, build_library
@@ -29,6 +30,7 @@ from tests.support.fakecuda import build_libcuda, build_library
 # CUDA's driver probe as it runs (a child loading libcuda.so.1), taken before the suite's
 # autouse fixture replaces it with a canned answer.
 REAL_DRIVER_COLLECT = cudadriver.collect
+REAL_PROBE_P2P = probes.probe_p2p  # the host's P2P facts, read under MGPU_HOST_ROOT
 
 BUS_IDS = ("0000:18:00.0", "0000:3b:00.0", "0000:86:00.0", "0000:af:00.0")
 DRIVER = "550.54.15"  # the catalogue's machines
@@ -91,6 +93,9 @@ class Machine:
     device_rules: tuple[str, ...] | None = None  # cgroup v1 devices.list
     oom_kills: int = 0
     interfaces: tuple[str, ...] = ("eno1", "lo")
+    iommu_groups: int = 0
+    cmdline: str = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet"
+    acs_bridge: str | None = None  # a PCIe switch port above every GPU, ACS redirecting
 
     @property
     def usable(self) -> tuple[str, ...]:
@@ -139,7 +144,14 @@ def _pci(root: Path, m: Machine) -> None:
     (bridge / "vendor").write_text("0x8086\n")
     (bridge / "class").write_text("0x060000\n")
     for bus in m.gpus:
-        (devices / bus).mkdir()
+        if m.acs_bridge is not None:
+            # sysfs's devices are links into the PCI tree: the bridge above holds the GPU.
+            real = root / "sys/devices/pci0000:00" / m.acs_bridge / bus
+            real.mkdir(parents=True)
+            (devices / bus).symlink_to(real)
+            (real.parent / "config").write_bytes(_acs_config())
+        else:
+            (devices / bus).mkdir()
         (devices / bus / "vendor").write_text("0x10de\n")
         (devices / bus / "class").write_text(m.device_class + "\n")
         (devices / bus / "device").write_text("0x2330\n")
@@ -152,6 +164,15 @@ def _pci(root: Path, m: Machine) -> None:
         audio.mkdir()
         (audio / "vendor").write_text("0x10de\n")
         (audio / "class").write_text("0x040300\n")
+
+
+def _acs_config() -> bytes:
+    """A bridge's 4 KiB configuration space whose ACS capability (0x000D at 0x100, the last
+    extended capability) redirects requests and completions upstream."""
+    config = bytearray(4096)
+    config[0x100:0x104] = (0x000D | (1 << 16)).to_bytes(4, "little")
+    config[0x106:0x108] = (0x04 | 0x08).to_bytes(2, "little")
+    return bytes(config)
 
 
 def _proc_driver(root: Path, m: Machine) -> None:
@@ -214,7 +235,7 @@ def _process(root: Path, m: Machine) -> None:
         f"8480+\nflags\t\t: {' '.join(m.cpu_flags)}\n\n")
     (proc / "meminfo").write_text("MemTotal:       2113459200 kB\n"
                                   "MemAvailable:   2013459200 kB\n")
-    (proc / "cmdline").write_text("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet\n")
+    (proc / "cmdline").write_text(m.cmdline + "\n")
     (proc / "modules").write_text("".join(_MODULE_LINE.format(name=n) + "\n" for n in (
         "ext4", *m.modules)))
     cgroup = "0::/docker/0123abcd\n" if m.container else "0::/user.slice\n"
@@ -235,7 +256,9 @@ def _etc_and_sys(root: Path, m: Machine) -> None:
     if m.device_rules is not None:
         (cgroup / "devices/job").mkdir(parents=True)
         (cgroup / "devices/job/devices.list").write_text("\n".join(m.device_rules) + "\n")
-    (root / "sys/kernel/iommu_groups").mkdir(parents=True)
+    for group in range(m.iommu_groups):
+        (root / "sys/kernel/iommu_groups" / str(group)).mkdir(parents=True)
+    (root / "sys/kernel/iommu_groups").mkdir(parents=True, exist_ok=True)
     for name in m.interfaces:
         (root / "sys/class/net" / name).mkdir(parents=True)
 

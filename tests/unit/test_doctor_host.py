@@ -6,16 +6,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mgpu_env.config.resolve import resolve_settings
+from mgpu_env.doctor import Check, gather
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor.checks import check_docker, check_p2p
 from mgpu_env.doctor.checks.host import FIX_CONTAINER_TOOLKIT, FIX_P2P, FIX_P2P_VM, FIX_SNAP_DOCKER
 from mgpu_env.hardware import hostfacts
 from mgpu_env.hardware.nvml import Probed
-from tests.support.fake_doctor import docker_gpu, healthy_host, make_facts, p2p_host, tf_facts
+from tests.support.fake_doctor import docker_gpu, healthy_host, make_facts
 from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.fakemachine import FakeHost, Machine, machine_nvml
 
 Install = Callable[[FakeNvml], FakeNvml]
 REAL_P2P = hostfacts.p2p_host
@@ -79,28 +83,31 @@ def test_the_real_host_never_raises() -> None:
         assert probed.ok or probed.error
 
 
-@pytest.mark.parametrize(("host", "status", "fix"), [
-    (p2p_host(), "ok", ""),
-    (p2p_host(iommu_groups=40, cmdline="intel_iommu=on"), "warn", FIX_P2P),
-    (p2p_host(iommu_groups=40, cmdline="intel_iommu=on iommu=pt"), "ok", ""),
-    (p2p_host(acs=("0000:00:03.1",)), "warn", FIX_P2P),
-    (p2p_host(hypervisor=True), "warn", FIX_P2P_VM),
+def p2p_check(fake_machine: Callable[..., FakeHost], machine: Machine,
+              **nvml: Any) -> Check:
+    host = fake_machine(machine, nvml=machine_nvml(machine, **nvml))
+    return check_p2p(gather(resolve_settings({"GPUS": "all"}, host.environ), host.environ,
+                            with_tensorflow=False))
+
+
+@pytest.mark.parametrize(("machine", "status", "fix"), [
+    (Machine(), "ok", ""),
+    (Machine(iommu_groups=40, cmdline="ro intel_iommu=on"), "warn", FIX_P2P),
+    (Machine(iommu_groups=40, cmdline="ro intel_iommu=on iommu=pt"), "ok", ""),
+    (Machine(acs_bridge="0000:00:03.1"), "warn", FIX_P2P),
+    (Machine(cpu_flags=("sse2", "avx", "hypervisor")), "warn", FIX_P2P_VM),
 ])
-def test_p2p_verdict(use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch,
-                     host: hostfacts.P2pHost, status: str, fix: str) -> None:
-    use_fake_nvml(fake_with(2))
-    monkeypatch.setattr(probes, "probe_p2p", lambda bus_ids: host)
-    check = check_p2p(make_facts("all", tf=tf_facts(2)))
-    assert (check.status, check.fix) == (status, fix)
+def test_p2p_verdict(fake_machine: Callable[..., FakeHost], machine: Machine, status: str,
+                     fix: str) -> None:
+    check = p2p_check(fake_machine, machine)
+    assert (check.status, check.fix) == (status, fix), check
     if status == "warn":
         assert "NCCL_P2P_DISABLE=1" in check.fix
 
 
-def test_nvlink_is_not_judged_by_the_pcie_path(use_fake_nvml: Install,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    use_fake_nvml(fake_with(2, nvlink=True))
-    monkeypatch.setattr(probes, "probe_p2p", lambda bus_ids: p2p_host(iommu_groups=9))
-    assert check_p2p(make_facts("all", tf=tf_facts(2))).status == "ok"
+def test_nvlink_is_not_judged_by_the_pcie_path(fake_machine: Callable[..., FakeHost]) -> None:
+    check = p2p_check(fake_machine, Machine(iommu_groups=9), nvlink=True)
+    assert check.status == "ok"
 
 
 # ---------------------------------------------------------------------------- Docker
