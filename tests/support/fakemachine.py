@@ -15,9 +15,12 @@ as the kernel would (`hardware.devopen`), since a test running as root passes ev
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import stat
-from collections.abc import Iterable, Mapping
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,10 +128,25 @@ def machine_nvml(machine: Machine, **changes: Any) -> FakeNvml:
                                   "cuda_driver_version": 12050, **changes})
 
 
+_BUILT: dict[str, Path] = {}
+
+
+def _built(key: str, folder: Path, name: str, make: Callable[[Path], Path]) -> Path:
+    """`make(folder)` once per process for `key` (gcc takes a fraction of a second each
+    time); a copy of that library at folder/name afterwards."""
+    if key not in _BUILT:
+        scratch = tempfile.mkdtemp(prefix="mgpu-fake-lib-")
+        atexit.register(shutil.rmtree, scratch, True)
+        _BUILT[key] = make(Path(scratch))
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy2(_BUILT[key], folder / name))
+
+
 def build_libcuda_versioned(folder: Path, version: str | None, **options: int) -> Path:
     """A gcc-built libcuda.so.1 named as the driver installs it: libcuda.so.<version>, with
     the soname link (None: only libcuda.so.1)."""
-    built = build_libcuda(folder, **options)
+    key = "libcuda " + " ".join(f"{k}={v}" for k, v in sorted(options.items()))
+    built = _built(key, folder, "libcuda.so.1", lambda f: build_libcuda(f, **options))
     if version is None:
         return built
     versioned = built.rename(folder / f"libcuda.so.{version}")
@@ -267,7 +285,8 @@ def _maps(root: Path, m: Machine) -> None:
     maps = ["55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 42 /usr/bin/python3.12"]
     if m.library is not None:
         folder = root / "usr/lib/x86_64-linux-gnu"
-        built = build_library(folder, "libnvidia-ml.so.1")
+        built = _built("libnvidia-ml", folder, "libnvidia-ml.so.1",
+                       lambda f: build_library(f, "libnvidia-ml.so.1"))
         versioned = built.rename(folder / f"libnvidia-ml.so.{m.library}")
         (folder / "libnvidia-ml.so.1").symlink_to(versioned.name)
         maps.append(f"7f1c2a000000-7f1c2a100000 r-xp 00000000 08:01 43 {versioned}")
