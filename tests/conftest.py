@@ -7,13 +7,17 @@ import os
 import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mgpu_env import api
 from mgpu_env.config.settings import DECLARATIONS
+from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import cudalibs, nvml
+from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.runtime import decisions
+from mgpu_env.tfprobes.tfprobe import TfFacts
 from mgpu_env.training.step import memprobe
 from tests.support.fake_nvml import FakeNvml, fake_with
 from tests.support.fakemachine import (
@@ -245,14 +249,17 @@ def fake_machine(
     from tests.support import hostaudit
     from tests.support.fakemachine import build, machine_nvml
 
+    made: list[Path] = []
+
     def make(machine: Machine | None = None, *, nvml: FakeNvml | None = None,
              libcuda: dict[str, int] | None = None, libcuda_folder: str = "driver",
              ) -> FakeHost:
         machine = machine or Machine()
-        root = build(tmp_path / "machine", machine)
+        root = build(tmp_path / f"machine{len(made) or ''}", machine)
+        made.append(root)
         monkeypatch.setenv("MGPU_HOST_ROOT", str(root))
         use_fake_nvml(nvml if nvml is not None else machine_nvml(machine))
-        folder = tmp_path / libcuda_folder
+        folder = tmp_path / f"{libcuda_folder}{len(made) - 1 or ''}"
         options = {"device_count": len(machine.usable), **(libcuda or {})}
         build_libcuda_versioned(folder, machine.library, **options)
         monkeypatch.setattr(cudadriver, "collect", REAL_DRIVER_COLLECT)
@@ -266,3 +273,30 @@ def fake_machine(
     reads = hostaudit.stop()
     cpu.cpu_flags.cache_clear()
     assert not reads, f"a probe read the real machine around the fake one: {reads[:8]}"
+
+
+@pytest.fixture
+def machine_facts(fake_machine: Callable[..., FakeHost]) -> Callable[..., Facts]:
+    """`make_facts` without replacing a probe: the facts `gather` reads from a healthy fake
+    machine (`fake_machine`) whose GPUs are those of the fake NVML the test installed (by
+    their bus ids). `tf` and `cuda` are handed to `gather` as its collectors."""
+    from mgpu_env.config.resolve import resolve_settings
+    from mgpu_env.doctor import gather
+    from mgpu_env.hardware.pcibus import short_bus_id
+    from tests.support.fake_doctor import cuda_stack
+
+    def facts(gpus_setting: str = "all", *, tf: TfFacts | None = None,
+              environ: dict[str, str] | None = None, mixed_precision: str = "0",
+              cuda: CudaStack | None = None, settings: dict[str, str] | None = None,
+              **machine: Any) -> Facts:
+        fake = nvml.load_library()
+        gpus = tuple(short_bus_id(g.bus_id) for g in getattr(fake, "gpus", ()))
+        host = fake_machine(Machine(gpus=gpus, **machine), nvml=fake)
+        env = {**host.environ, **(environ or {})}
+        resolved = resolve_settings({"GPUS": gpus_setting, "MIXED_PRECISION": mixed_precision,
+                                     **(settings or {})}, env)
+        return gather(resolved, env, with_tensorflow=tf is not None,
+                      collect_tensorflow=(lambda e: tf) if tf is not None else None,
+                      collect_cuda=lambda e: cuda or cuda_stack())
+
+    return facts

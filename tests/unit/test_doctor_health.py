@@ -9,19 +9,21 @@ from typing import Any
 import pytest
 
 from mgpu_env.doctor.checks import check_health, check_uniform
-from tests.support.fake_doctor import make_facts
+from mgpu_env.doctor.facts import Facts
 from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus
 
 Install = Callable[[FakeNvml], FakeNvml]
+MachineFacts = Callable[..., Facts]
 RETIREMENT = ("nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows")
 QUERIES = ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetDisplayActive",
            "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetCurrentClocksEventReasons",
            "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth")
 
 
-def _judged(use_fake_nvml: Install, setting: str = "all", **gpu: Any) -> Any:
+def _judged(use_fake_nvml: Install, machine_facts: MachineFacts, setting: str = "all",
+            **gpu: Any) -> Any:
     use_fake_nvml(fake_gpus([FakeGpu(), FakeGpu(**gpu)]))
-    checks = check_health(make_facts(setting))
+    checks = check_health(machine_facts(setting))
     assert isinstance(checks, list) and checks[0].status == "ok"
     return checks[1]
 
@@ -43,46 +45,52 @@ def _judged(use_fake_nvml: Install, setting: str = "all", **gpu: Any) -> Any:
     ({"pcie": (4, 16), "pcie_current": (1, 1)}, "warn",
      "PCIe Link Width: Current x1, Max x16", "riser"),
 ])
-def test_each_fault(use_fake_nvml: Install, gpu: dict[str, Any], status: str, words: str,
-                    fix: str) -> None:
-    check = _judged(use_fake_nvml, **gpu)
+def test_each_fault(machine_facts: MachineFacts, use_fake_nvml: Install, gpu: dict[str, Any],
+                    status: str, words: str, fix: str) -> None:
+    check = _judged(use_fake_nvml, machine_facts, **gpu)
     assert (check.status, check.title) == (status, "GPU 1 health")
     assert words in check.found and fix in check.fix
 
 
 @pytest.mark.parametrize("bit", [0x1, 0x2, 0x10, 0x100])
-def test_clock_reasons_that_are_not_slowdowns(use_fake_nvml: Install, bit: int) -> None:
-    assert _judged(use_fake_nvml, clock_events=bit).status == "ok"
+def test_clock_reasons_that_are_not_slowdowns(
+        machine_facts: MachineFacts, use_fake_nvml: Install, bit: int) -> None:
+    assert _judged(use_fake_nvml, machine_facts, clock_events=bit).status == "ok"
 
 
-def test_a_gen1_link_at_idle_is_no_fault(use_fake_nvml: Install) -> None:
+def test_a_gen1_link_at_idle_is_no_fault(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     # GPUs drop the PCIe generation when idle to save power; the width stays.
-    assert _judged(use_fake_nvml, pcie=(4, 16), pcie_current=(1, 16)).status == "ok"
+    assert _judged(use_fake_nvml, machine_facts, pcie=(4, 16), pcie_current=(1, 16)).status == "ok"
 
 
 @pytest.mark.parametrize("queries", [{q} for q in QUERIES] + [set(RETIREMENT)])
-def test_not_supported_is_could_not_collect(use_fake_nvml: Install, queries: set[str]) -> None:
+def test_not_supported_is_could_not_collect(
+        machine_facts: MachineFacts, use_fake_nvml: Install, queries: set[str]) -> None:
     use_fake_nvml(fake_gpus([FakeGpu(ecc_volatile=0)], unsupported=queries))
-    check = check_health(make_facts("all"))[0]  # type: ignore[index]
+    check = check_health(machine_facts("all"))[0]  # type: ignore[index]
     assert check.status == "ok" and "could not collect (Not Supported)" in check.found
 
 
 @pytest.mark.parametrize("query", RETIREMENT)
-def test_one_retirement_kind_is_always_missing(use_fake_nvml: Install, query: str) -> None:
+def test_one_retirement_kind_is_always_missing(
+        machine_facts: MachineFacts, use_fake_nvml: Install, query: str) -> None:
     use_fake_nvml(fake_gpus([FakeGpu()], unsupported={query}))
-    assert check_health(make_facts("all"))[0].found == "healthy"  # type: ignore[index]
+    assert check_health(machine_facts("all"))[0].found == "healthy"  # type: ignore[index]
 
 
-def test_several_faults_and_only_the_gpus_used(use_fake_nvml: Install) -> None:
+def test_several_faults_and_only_the_gpus_used(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_gpus([FakeGpu(), FakeGpu(ecc_volatile=1, display_active=True)]))
-    assert [c.status for c in check_health(make_facts("0"))] == ["ok"]  # type: ignore[union-attr]
-    bad = check_health(make_facts("all"))[1]  # type: ignore[index]
+    assert [c.status for c in check_health(machine_facts("0"))] == ["ok"]  # type: ignore[union-attr]
+    bad = check_health(machine_facts("all"))[1]  # type: ignore[index]
     assert bad.status == "error" and "Display Active" in bad.found
-    assert check_health(make_facts("none")).status == "skip"  # type: ignore[union-attr]
+    assert check_health(machine_facts("none")).status == "skip"  # type: ignore[union-attr]
 
 
-def test_one_model_with_two_memory_sizes(use_fake_nvml: Install) -> None:
+def test_one_model_with_two_memory_sizes(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_gpus([FakeGpu(memory_total=40 * 1024**3), FakeGpu()]))
-    check = check_uniform(make_facts("all"))
+    check = check_uniform(machine_facts("all"))
     assert check.status == "warn" and "GPU 0: 40960 MiB" in check.found
     assert "fit the smallest" in check.fix

@@ -8,11 +8,13 @@ import dataclasses
 from collections.abc import Callable
 
 from mgpu_env.doctor.checks import check_tf_devices
+from mgpu_env.doctor.facts import Facts
 from mgpu_env.tfprobes import tflog
-from tests.support.fake_doctor import WHEELS, make_facts, tf_facts
+from tests.support.fake_doctor import WHEELS, tf_facts
 from tests.support.fake_nvml import FakeNvml, fake_with
 
 Install = Callable[[FakeNvml], FakeNvml]
+MachineFacts = Callable[..., Facts]
 NOISE = "2026-01-01 10:00:00.000001: I tensorflow/core/platform/cpu_feature_guard.cc:210] " \
         "This TensorFlow binary is optimized to use available CPU instructions"
 CORES = ("2026-01-01 10:00:01.000002: I tensorflow/core/common_runtime/gpu/gpu_device.cc:2022] "
@@ -42,10 +44,11 @@ def test_a_capability_below_the_builds_minimum() -> None:
     assert "GPUS=" in fix
 
 
-def test_the_check_shows_tensorflows_reason(use_fake_nvml: Install) -> None:
+def test_the_check_shows_tensorflows_reason(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2))
     tf = dataclasses.replace(tf_facts(1), log=tflog.relevant_lines(CORES))
-    check = check_tf_devices(make_facts("all", tf=tf))
+    check = check_tf_devices(machine_facts("all", tf=tf))
     assert check.status == "error"
     assert "TensorFlow says: I tensorflow/core/common_runtime/gpu/gpu_device.cc:2022] " \
         "Ignoring visible gpu device (device: 1" in check.found
@@ -53,12 +56,13 @@ def test_the_check_shows_tensorflows_reason(use_fake_nvml: Install) -> None:
     assert "TF_MIN_GPU_MULTIPROCESSOR_COUNT=3" in check.fix
 
 
-def test_a_library_tensorflow_missed_but_the_doctor_loaded(use_fake_nvml: Install) -> None:
+def test_a_library_tensorflow_missed_but_the_doctor_loaded(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2))
     log = ("Could not load dynamic library 'libcudart.so.12'; dlerror: libcudart.so.12: "
            "cannot open shared object file: No such file or directory",)
     tf = dataclasses.replace(tf_facts(0), log=log)
-    check = check_tf_devices(make_facts("all", tf=tf))
+    check = check_tf_devices(machine_facts("all", tf=tf))
     folder = f"{WHEELS}/cuda_runtime/lib"
     assert f"but it loads from {folder} (wheel)" in check.found
     assert f"export LD_LIBRARY_PATH={folder}" in check.fix
