@@ -35,10 +35,10 @@ def _layer(name: str, below: Passing, own: tuple[str, ...], facts: list[str],
 def pci_bus(facts: Facts, below: Passing) -> Layer:
     pci = facts.host.nvidia.pci
     if not pci.ok or pci.value is None:
-        return unknown(PCI, below, f"/sys/bus/pci not read ({pci.error or 'not probed'})")
+        return unknown(PCI, f"/sys/bus/pci not read ({pci.error or 'not probed'})")
     if not pci.value:
         # WSL2 and some virtual machines show the GPU without its PCI function.
-        return unknown(PCI, below, "no NVIDIA display/3D function in /sys/bus/pci/devices")
+        return unknown(PCI, "no NVIDIA display/3D function in /sys/bus/pci/devices")
     ids = tuple(g.bus_id for g in pci.value)
     return Layer(PCI, ids, len(ids), (f"NVIDIA display/3D functions: {', '.join(ids)}",))
 
@@ -46,7 +46,7 @@ def pci_bus(facts: Facts, below: Passing) -> Layer:
 def kernel_driver(facts: Facts, below: Passing) -> Layer:
     pci = facts.host.nvidia.pci.value
     if not pci:
-        return unknown(DRIVER, below, "no PCI function to look at")
+        return unknown(DRIVER, "no PCI function to look at")
     own, drops = [], []
     for gpu in pci:
         meaning = pcibus.driver_meaning(gpu.driver, gpu)
@@ -61,10 +61,10 @@ def kernel_driver(facts: Facts, below: Passing) -> Layer:
 def nvidia_module(facts: Facts, below: Passing) -> Layer:
     probed = facts.host.nvidia.module
     if not probed.ok:
-        return unknown(MODULE, below, f"/proc/driver/nvidia not read ({probed.error})")
+        return unknown(MODULE, f"/proc/driver/nvidia not read ({probed.error})")
     module = probed.value
     if module is None:
-        return unknown(MODULE, below, "no /proc/driver/nvidia/version: the module is not "
+        return unknown(MODULE, "no /proc/driver/nvidia/version: the module is not "
                                       "loaded, or /proc hides it")
     listed = {g.bus_id: g for g in module.gpus}
     own = tuple(b for b, g in listed.items() if not g.hidden)
@@ -124,7 +124,7 @@ def _explain(facts: Facts, opened: DeviceOpen, minor: int | None,
 def device_files(facts: Facts, below: Passing) -> Layer:
     probed = facts.host.nvidia.opens
     if not probed.ok or probed.value is None or below is None:
-        return unknown(FILES, below, f"device files not opened ({probed.error or 'no GPU'})")
+        return unknown(FILES, f"device files not opened ({probed.error or 'no GPU'})")
     opens = {o.name: o for o in probed.value}
     said = [", ".join(f"/dev/{o.name} {'opens' if o.errno is None else 'fails'}"
                       for o in probed.value)]
@@ -171,7 +171,7 @@ def user_space(facts: Facts, below: Passing) -> Layer:
     if api is not None and api.library is None and api.load_error:
         problems.append(f"libcuda.so.1 does not load ({api.load_error})")
     if below is None:
-        return unknown(USER, below, "; ".join(said) or "no GPU below to carry")
+        return unknown(USER, "; ".join(said) or "no GPU below to carry")
     drops = []
     if problems:
         mismatch = any("kernel module" in p for p in problems)

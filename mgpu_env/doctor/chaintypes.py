@@ -65,7 +65,7 @@ class Chain:
 Step = Callable[[Facts, Passing], Layer]
 
 
-def unknown(name: str, passing: Passing, why: str) -> Layer:
+def unknown(name: str, why: str) -> Layer:
     """A layer not read here: it passes what came from below."""
     return Layer(name, None, None, (why,))
 

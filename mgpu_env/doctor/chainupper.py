@@ -64,7 +64,7 @@ def allowed(found: Assignment, facts: Facts) -> set[str] | None:
 def job(facts: Facts, below: Passing) -> Layer:
     found = _assignments(facts)
     if below is None:
-        return unknown(JOB, below, "no GPU below to give")
+        return unknown(JOB, "no GPU below to give")
     if not found:
         return Layer(JOB, below, len(below), ("no scheduler, orchestrator or container "
                                                "assignment: every GPU is this job's",))
@@ -85,7 +85,7 @@ def job(facts: Facts, below: Passing) -> Layer:
 def gpus(facts: Facts, below: Passing) -> Layer:
     selection = facts.selection
     if selection is None:
-        return unknown(GPUS, below, f"GPUS={facts.request} does not fit: "
+        return unknown(GPUS, f"GPUS={facts.request} does not fit: "
                                     f"{facts.selection_error}")
     own = tuple(bus_of(g) for g in selection.gpus)
     said = [f"GPUS={facts.request}"] + ([selection.note] if selection.note else [])
@@ -113,7 +113,7 @@ def cuda(facts: Facts, below: Passing) -> Layer:
     probed = facts.cuda_driver
     if probed is None or not probed.ok or probed.value is None or facts.selection is None:
         why = probed.error if probed is not None and probed.error else "not probed"
-        return unknown(CUDA, below, f"CUDA's driver API: {why}")
+        return unknown(CUDA, f"CUDA's driver API: {why}")
     api, want = probed.value, len(facts.selected)
     said = (f"libcuda.so.1: {api.library or 'none'}; cuInit: "
             f"{cudaerrors.name(api.init_code) if api.init_code is not None else 'not called'}; "
@@ -129,7 +129,7 @@ def cuda(facts: Facts, below: Passing) -> Layer:
                  ) if want else ()
         return Layer(CUDA, None, 0, said, drops)
     if api.device_count is None:
-        return unknown(CUDA, below, said[0])
+        return unknown(CUDA, said[0])
     drops = ()
     if api.device_count < want:
         drops = (between(GPUS, CUDA, _selected_labels(facts, want - api.device_count),
@@ -155,7 +155,7 @@ def _tf_cause(facts: Facts, lost: tuple[str, ...], said: tuple[str, ...]) -> Dro
 def tensorflow(facts: Facts, below: Passing) -> Layer:
     tf = facts.tensorflow
     if tf is None or facts.selection is None:
-        return unknown(TF, below, "not probed (--no-tf)" if tf is None else "no selection")
+        return unknown(TF, "not probed (--no-tf)" if tf is None else "no selection")
     cuda_layer = cuda(facts, below)
     want = cuda_layer.count if cuda_layer.read else len(facts.selected)
     want = min(want or 0, len(facts.selected))
