@@ -117,6 +117,8 @@ def test_four_gpus_on_the_bus_and_none_in_nvml_is_not_ready(fake_machine: MakeMa
     lost = chain_lines(report)["chain.kernel-driver"]
     assert lost.status == "error" and all(bus in lost.found for bus in FOUR)
     assert report.verdict().startswith("not ready")
+    nvml = next(c for c in report.checks if c.id == "driver.nvml")
+    assert nvml.status == "error" and "the kernel shows 4 NVIDIA GPU(s)" in nvml.found
 
 
 # --------------------------------------------------------------- the module and its build

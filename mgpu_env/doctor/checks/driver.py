@@ -59,6 +59,15 @@ def check_nvml(facts: Facts) -> Check:
         if intended and not listing.gpus:
             return Check("driver.nvml", title, "warn", found + compose,
                          "NVML loads and lists the GPUs", nvml_fix(facts))
+        machine = gpus_on_machine(facts)
+        if not listing.gpus and machine and wants_gpus(facts):
+            # NVML starts and lists none of the machine's GPUs: never "ok, 0 GPU(s)".
+            return Check("driver.nvml", title, "error",
+                         f"{found}, but the kernel shows {len(machine)} NVIDIA GPU(s) "
+                         f"({', '.join(machine[:8])}): none reaches NVML",
+                         "NVML lists the machine's GPUs",
+                         "the GPU chain's `GPUs lost at ...` lines name where each one drops "
+                         "and why")
         return Check("driver.nvml", title, "ok", found, "NVML loads")
     found = f"could not collect ({listing.error}){compose}"
     if not wants_gpus(facts):
