@@ -14,7 +14,7 @@ from mgpu_env.config.settings import SettingError, SettingsErrors
 from mgpu_env.doctor.checks import ALL_CHECKS, run_checks
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.doctor.verdict import Diagnosis
-from mgpu_env.hardware import cudadriver, cudalibs, nvml
+from mgpu_env.hardware import cudadriver, cudalibs, hostroot, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
@@ -63,6 +63,9 @@ def gather_with_runtime(
     runtime's environment). `with_tensorflow=False` (--no-tf) skips both.
     """
     environ = os.environ if environ is None else environ
+    # Every probe reads under MGPU_HOST_ROOT: a bad value is refused here, once, with its fix
+    # (HostRootError, a ConfigError: exit 2), not as a "could not collect" on every line.
+    hostroot.host_root()
     # The doctor asks NVML even for GPUS=none: it reports the machine, not only the run.
     snapshot = nvml.snapshot()
     runtime = _decide(resolved, environ, snapshot)

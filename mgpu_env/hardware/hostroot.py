@@ -13,11 +13,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from mgpu_env.config.errors import ConfigError
+
 ENV_VAR = "MGPU_HOST_ROOT"
 
 
-class HostRootError(ValueError):
-    """MGPU_HOST_ROOT names something that is not a folder this process can read."""
+class HostRootError(ConfigError, ValueError):
+    """MGPU_HOST_ROOT names something that is not a folder this process can read (a bad
+    setting: exit 2)."""
 
 
 def host_root(environ: Mapping[str, str] | None = None) -> Path:

@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from entrypoint.app import app
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import Check, Diagnosis, diagnose
 from tests.support import hostaudit
@@ -205,3 +207,11 @@ def test_unknown_nvml_without_any_layer_below_is_not_invented(
     lines = chain_lines(report)
     assert list(lines) == ["chain"] and lines["chain"].status == "ok"
     assert "not read here: PCI bus" in lines["chain"].found
+
+
+@pytest.mark.parametrize("value", ["relative/root", "/no/such/folder"])
+def test_a_bad_host_root_is_a_bad_setting(value: str) -> None:
+    result = CliRunner().invoke(app, ["doctor", "--no-tf"], env={"MGPU_HOST_ROOT": value})
+    assert result.exit_code == 2, result.output
+    assert f"MGPU_HOST_ROOT={value!r} is not an absolute path" in result.stderr
+    assert "Traceback" not in result.output
