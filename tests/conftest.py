@@ -288,13 +288,15 @@ def machine_facts(fake_machine: Callable[..., FakeHost]) -> Callable[..., Facts]
     def facts(gpus_setting: str = "all", *, tf: TfFacts | None = None,
               environ: dict[str, str] | None = None, mixed_precision: str = "0",
               cuda: CudaStack | None = None, settings: dict[str, str] | None = None,
-              **machine: Any) -> Facts:
+              xla: bool = False, cross_device_ops: str = "auto", **machine: Any) -> Facts:
         fake = nvml.load_library()
         gpus = tuple(short_bus_id(g.bus_id) for g in getattr(fake, "gpus", ()))
         host = fake_machine(Machine(gpus=gpus, **machine), nvml=fake)
         env = {**host.environ, **(environ or {})}
         resolved = resolve_settings({"GPUS": gpus_setting, "MIXED_PRECISION": mixed_precision,
-                                     **(settings or {})}, env)
+                                     "XLA": "1" if xla else "0",
+                                     "CROSS_DEVICE_OPS": cross_device_ops, **(settings or {})},
+                                    env)
         return gather(resolved, env, with_tensorflow=tf is not None,
                       collect_tensorflow=(lambda e: tf) if tf is not None else None,
                       collect_cuda=lambda e: cuda or cuda_stack())

@@ -21,6 +21,7 @@ from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 from tests.support.runtimes import runtime_for
 
 Install = Callable[[FakeNvml], FakeNvml]
+MachineFacts = Callable[..., Facts]
 
 
 def by_id(facts: Facts) -> dict[str, Check]:
@@ -75,12 +76,12 @@ def test_no_nvml_library(monkeypatch: pytest.MonkeyPatch) -> None:
     ("setting", "nvml_status", "request_status", "bad_setting"),
     [("all", "warn", "skip", False), ("0", "error", "error", True), ("none", "skip", "ok", False)],
 )
-def test_driver_not_loaded_by_request(
+def test_driver_not_loaded_by_request(machine_facts: MachineFacts,
     use_fake_nvml: Install, setting: str, nvml_status: str, request_status: str,
     bad_setting: bool,
 ) -> None:
     use_fake_nvml(FakeNvml(init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
-    results = by_id(make_facts(setting))
+    results = by_id(machine_facts(setting))
     assert results["driver.nvml"].status == nvml_status
     assert results["visible.request"].status == request_status
     assert results["visible.request"].bad_setting is bad_setting
@@ -117,11 +118,11 @@ def test_in_container_without_gpus_names_the_toolkit(use_fake_nvml: Install) -> 
         ("470.82.01", 11040, "error", "error"),  # too old for CUDA 12
     ],
 )
-def test_driver_against_the_table(
+def test_driver_against_the_table(machine_facts: MachineFacts,
     use_fake_nvml: Install, driver: str, cuda: int, version_status: str, cuda_status: str
 ) -> None:
     use_fake_nvml(fake_with(1, driver_version=driver, cuda_driver_version=cuda))
-    results = by_id(make_facts("all", tf=tf_facts(1)))
+    results = by_id(machine_facts("all", tf=tf_facts(1)))
     assert results["driver.version"].status == version_status
     assert results["driver.cuda"].status == cuda_status
     if version_status != "ok":
@@ -129,10 +130,10 @@ def test_driver_against_the_table(
         assert "525.60.13" in results["driver.version"].expected
 
 
-def test_driver_queries_not_supported(use_fake_nvml: Install) -> None:
+def test_driver_queries_not_supported(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(1, unsupported={"nvmlSystemGetDriverVersion",
                                             "nvmlSystemGetCudaDriverVersion_v2"}))
-    results = by_id(make_facts("all"))
+    results = by_id(machine_facts("all"))
     assert results["driver.version"].status == "warn"
     assert "could not collect" in results["driver.version"].found
     assert results["driver.cuda"].status == "warn"
@@ -141,18 +142,20 @@ def test_driver_queries_not_supported(use_fake_nvml: Install) -> None:
 # -------------------------------------------------------------------------- TensorFlow
 
 
-def test_cpu_only_tensorflow_with_gpus_is_an_error(use_fake_nvml: Install) -> None:
+def test_cpu_only_tensorflow_with_gpus_is_an_error(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2))
-    results = by_id(make_facts("all", tf=tf_facts(0, cuda_build=False)))
+    results = by_id(machine_facts("all", tf=tf_facts(0, cuda_build=False)))
     assert results["tensorflow.build"].status == "error"
     assert "tensorflow[and-cuda]" in results["tensorflow.build"].fix
     assert results["visible.tensorflow"].status == "error"
     assert "CPU-only" in results["visible.tensorflow"].fix
 
 
-def test_cpu_only_tensorflow_without_gpus_is_fine(use_fake_nvml: Install) -> None:
+def test_cpu_only_tensorflow_without_gpus_is_fine(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(0))
-    results = by_id(make_facts("all", tf=tf_facts(0, cuda_build=False)))
+    results = by_id(machine_facts("all", tf=tf_facts(0, cuda_build=False)))
     assert results["tensorflow.build"].status == "ok"
     # A cuDNN that is there is reported as found, not skipped; no GPU will use it.
     assert results["tensorflow.cudnn"].status == "ok"
@@ -161,33 +164,34 @@ def test_cpu_only_tensorflow_without_gpus_is_fine(use_fake_nvml: Install) -> Non
     assert results["visible.tensorflow"].status == "ok"
 
 
-def test_cudnn_without_a_gpu(use_fake_nvml: Install) -> None:
+def test_cudnn_without_a_gpu(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(0))
-    missing = by_id(make_facts("all", tf=tf_facts(0, cudnn=None)))["tensorflow.cudnn"]
+    missing = by_id(machine_facts("all", tf=tf_facts(0, cudnn=None)))["tensorflow.cudnn"]
     assert missing.status == "skip" and missing.skipped_for is not None
-    old = by_id(make_facts("all", tf=tf_facts(0, cudnn="8.9.7")))["tensorflow.cudnn"]
+    old = by_id(machine_facts("all", tf=tf_facts(0, cudnn="8.9.7")))["tensorflow.cudnn"]
     # A version TensorFlow would refuse is named even here, on a row of its own.
     assert old.status == "skip" and "another major version" in old.found
     assert old.skipped_for is None
 
 
-def test_tensorflow_does_not_import(use_fake_nvml: Install) -> None:
+def test_tensorflow_does_not_import(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     from mgpu_env.tfprobes import tfprobe
 
     use_fake_nvml(fake_with(1))
-    results = by_id(make_facts("all", tf=tfprobe.failed("TensorFlow does not import: boom")))
+    results = by_id(machine_facts("all", tf=tfprobe.failed("TensorFlow does not import: boom")))
     assert results["tensorflow.build"].status == "error"
     assert results["visible.tensorflow"].status == "error"
 
 
-def test_build_cuda_disagrees_with_table(use_fake_nvml: Install) -> None:
+def test_build_cuda_disagrees_with_table(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(1))
     tf = tf_facts(1)
     info = tf.build.value
     assert info is not None
     odd = type(tf)(version=tf.version, gpus=tf.gpus, cudnn=tf.cudnn,
                    build=Probed(value=type(info)(True, "12.3.2", "8", info.compute_capabilities)))
-    assert by_id(make_facts("all", tf=odd))["tensorflow.build"].status == "warn"
+    assert by_id(machine_facts("all", tf=odd))["tensorflow.build"].status == "warn"
 
 
 @pytest.mark.parametrize(
@@ -195,22 +199,25 @@ def test_build_cuda_disagrees_with_table(use_fake_nvml: Install) -> None:
     [("9.3.0", "ok"), ("9.3.1", "ok"), ("9.8.0", "ok"), ("9.1.1", "error"), ("8.9.7", "error"),
      (None, "error")],
 )
-def test_cudnn(use_fake_nvml: Install, cudnn: str | None, status: str) -> None:
+def test_cudnn(
+        machine_facts: MachineFacts, use_fake_nvml: Install, cudnn: str | None,
+        status: str) -> None:
     use_fake_nvml(fake_with(1))
-    results = by_id(make_facts("all", tf=tf_facts(1, cudnn=cudnn)))
+    results = by_id(machine_facts("all", tf=tf_facts(1, cudnn=cudnn)))
     assert results["tensorflow.cudnn"].status == status
 
 
-def test_cudnn_not_judged_without_gpus(use_fake_nvml: Install) -> None:
+def test_cudnn_not_judged_without_gpus(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(0))
-    check = by_id(make_facts("all", tf=tf_facts(0, cudnn=None)))["tensorflow.cudnn"]
+    check = by_id(machine_facts("all", tf=tf_facts(0, cudnn=None)))["tensorflow.cudnn"]
     assert check.status == "skip"
     assert "could not collect" in check.found
 
 
-def test_no_tf_skips_the_tensorflow_checks(use_fake_nvml: Install) -> None:
+def test_no_tf_skips_the_tensorflow_checks(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2))
-    results = by_id(make_facts("all"))
+    results = by_id(machine_facts("all"))
     for key in ("tensorflow.build", "tensorflow.cudnn", "visible.tensorflow"):
         assert results[key].status == "skip"
         assert "--no-tf" in results[key].found
@@ -236,13 +243,13 @@ def test_arch_specific_machine_code_runs_on_that_gpu_only() -> None:
     assert capability_support((10, 0), ["sm_100"]) == "native"
 
 
-def test_mixed_compute_capabilities(use_fake_nvml: Install) -> None:
+def test_mixed_compute_capabilities(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_gpus([
         FakeGpu(name="NVIDIA A100", compute_capability=(8, 0)),
         FakeGpu(name="Tesla M60", compute_capability=(5, 2)),
         FakeGpu(name="NVIDIA B200", compute_capability=(10, 0)),
     ]))
-    results = by_id(make_facts("all", tf=tf_facts(3), mixed_precision="fp16"))
+    results = by_id(machine_facts("all", tf=tf_facts(3), mixed_precision="fp16"))
     assert results["gpu.0"].status == "ok"
     assert results["gpu.1"].status == "error"
     assert "no code for compute capability 5.2" in results["gpu.1"].fix
@@ -252,7 +259,7 @@ def test_mixed_compute_capabilities(use_fake_nvml: Install) -> None:
     assert results["gpu.mixed_precision"].status == "warn"
     assert "GPU 1: no FP16" in results["gpu.mixed_precision"].fix
     # The old GPU left out of GPUS stops nothing.
-    chosen = by_id(make_facts("0,2", tf=tf_facts(2)))
+    chosen = by_id(machine_facts("0,2", tf=tf_facts(2)))
     assert chosen["gpu.1"].status == "ok" and "not used" in chosen["gpu.1"].found
 
 
@@ -261,36 +268,38 @@ def test_mixed_compute_capabilities(use_fake_nvml: Install) -> None:
     [((7, 0), "fp16", "ok"), ((7, 0), "bf16", "error"), ((8, 0), "bf16", "ok"),
      ((6, 1), "1", "warn"), ((6, 1), "0", "ok"), ((8, 0), "1", "ok")],
 )
-def test_mixed_precision_fitness(
+def test_mixed_precision_fitness(machine_facts: MachineFacts,
     use_fake_nvml: Install, capability: tuple[int, int], mode: str, status: str
 ) -> None:
     use_fake_nvml(fake_gpus([FakeGpu(compute_capability=capability)]))
-    check = by_id(make_facts("all", mixed_precision=mode))["gpu.mixed_precision"]
+    check = by_id(machine_facts("all", mixed_precision=mode))["gpu.mixed_precision"]
     assert check.status == status
 
 
-def test_fp16_on_cpu_warns(use_fake_nvml: Install) -> None:
+def test_fp16_on_cpu_warns(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(0))
-    assert by_id(make_facts("all", mixed_precision="fp16"))["gpu.mixed_precision"].status == "warn"
-    assert by_id(make_facts("all", mixed_precision="bf16"))["gpu.mixed_precision"].status == "ok"
+    precision = by_id(machine_facts("all", mixed_precision="fp16"))["gpu.mixed_precision"]
+    assert precision.status == "warn"
+    assert by_id(machine_facts("all", mixed_precision="bf16"))["gpu.mixed_precision"].status == "ok"
 
 
-def test_mig_on(use_fake_nvml: Install) -> None:
+def test_mig_on(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_gpus([FakeGpu(mig=True), FakeGpu()]))
-    results = by_id(make_facts("all", tf=tf_facts(2)))
+    results = by_id(machine_facts("all", tf=tf_facts(2)))
     assert results["gpu.0"].status == "warn"
     assert "MIG on" in results["gpu.0"].found
     assert "-mig 0" in results["gpu.0"].fix
     assert results["gpu.1"].status == "ok"
 
 
-def test_gpu_queries_not_supported_never_crash(use_fake_nvml: Install) -> None:
+def test_gpu_queries_not_supported_never_crash(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2, unsupported={
         "nvmlDeviceGetMigMode", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCudaComputeCapability",
         "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo", "nvmlDeviceGetTopologyCommonAncestor",
         "nvmlDeviceGetP2PStatus",
     }))
-    results = by_id(make_facts("all", tf=tf_facts(2)))
+    results = by_id(machine_facts("all", tf=tf_facts(2)))
     gpu = results["gpu.0"]
     assert gpu.status == "warn"
     assert "no MIG" in gpu.found  # "Not Supported" for MIG means the board has none
@@ -299,60 +308,63 @@ def test_gpu_queries_not_supported_never_crash(use_fake_nvml: Install) -> None:
     assert "topo -m" in results["gpu.topology"].fix
 
 
-def test_busy_gpu(use_fake_nvml: Install) -> None:
+def test_busy_gpu(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_gpus([FakeGpu(memory_free=2 * GIB)]))
-    check = by_id(make_facts("all"))["gpu.0"]
+    check = by_id(machine_facts("all"))["gpu.0"]
     assert check.status == "warn" and "nvidia-smi" in check.fix
 
 
 # --------------------------------------------------------------------------- topology
 
 
-def test_topology_across_sockets_names_nccl_settings(use_fake_nvml: Install) -> None:
+def test_topology_across_sockets_names_nccl_settings(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(4, nvlink=True, links={
         (0, 2): (50, False, False), (0, 3): (50, False, False),
         (1, 2): (50, False, False), (1, 3): (50, False, False),
     }))
-    check = by_id(make_facts("all"))["gpu.topology"]
+    check = by_id(machine_facts("all"))["gpu.topology"]
     assert check.status == "warn"
     assert "0-2: across CPU sockets, no P2P" in check.found
     for name in ("NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE", "NCCL_DEBUG"):
         assert name in check.fix
-    assert by_id(make_facts("0,1"))["gpu.topology"].status == "ok"
+    assert by_id(machine_facts("0,1"))["gpu.topology"].status == "ok"
 
 
-def test_topology_pcie_switch_with_p2p_is_ok(use_fake_nvml: Install) -> None:
+def test_topology_pcie_switch_with_p2p_is_ok(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2, topology_level=10, p2p_ok=True))
-    check = by_id(make_facts("all"))["gpu.topology"]
+    check = by_id(machine_facts("all"))["gpu.topology"]
     assert check.status == "ok"
     assert "single PCIe switch, P2P" in check.found
 
 
-def test_topology_skipped_for_one_gpu(use_fake_nvml: Install) -> None:
+def test_topology_skipped_for_one_gpu(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(8))
-    assert by_id(make_facts("3"))["gpu.topology"].status == "skip"
+    assert by_id(machine_facts("3"))["gpu.topology"].status == "skip"
 
 
 # -------------------------------------------------------------------- visible devices
 
 
-def test_bad_index_is_a_bad_setting(use_fake_nvml: Install) -> None:
+def test_bad_index_is_a_bad_setting(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2))
-    check = by_id(make_facts("5", tf=tf_facts(2)))["visible.request"]
+    check = by_id(machine_facts("5", tf=tf_facts(2)))["visible.request"]
     assert check.status == "error" and check.bad_setting
     assert "there is no GPU 5" in check.found
     assert "0..1" in check.expected
 
 
-def test_gpus_zero_with_no_gpu(use_fake_nvml: Install) -> None:
+def test_gpus_zero_with_no_gpu(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(0))
-    check = by_id(make_facts("0"))["visible.request"]
+    check = by_id(machine_facts("0"))["visible.request"]
     assert check.status == "error" and check.bad_setting
 
 
-def test_tensorflow_sees_fewer_gpus_than_asked(use_fake_nvml: Install) -> None:
+def test_tensorflow_sees_fewer_gpus_than_asked(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(2))
-    check = by_id(make_facts("all", tf=tf_facts(1)))["visible.tensorflow"]
+    check = by_id(machine_facts("all", tf=tf_facts(1)))["visible.tensorflow"]
     assert check.status == "error"
     assert "TensorFlow lists 1 GPU(s)" in check.found
     assert "asks for 2" in check.found
@@ -378,20 +390,21 @@ def test_selection_reaches_tensorflow(use_fake_nvml: Install) -> None:
     assert by_id(facts)["visible.tensorflow"].status == "ok"
 
 
-def test_preset_cuda_visible_devices_with_gpus_all(use_fake_nvml: Install) -> None:
+def test_preset_cuda_visible_devices_with_gpus_all(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(4))
-    facts = make_facts("all", tf=tf_facts(2), environ={"CUDA_VISIBLE_DEVICES": "2,3"})
+    facts = machine_facts("all", tf=tf_facts(2), environ={"CUDA_VISIBLE_DEVICES": "2,3"})
     results = by_id(facts)
     assert results["visible.tensorflow"].status == "ok"
     assert "CUDA_VISIBLE_DEVICES='2,3'" in results["visible.environment"].found
-    hidden = by_id(make_facts("all", tf=tf_facts(0), environ={"CUDA_VISIBLE_DEVICES": "-1"}))
+    hidden = by_id(machine_facts("all", tf=tf_facts(0), environ={"CUDA_VISIBLE_DEVICES": "-1"}))
     assert hidden["visible.environment"].status == "warn"
     assert hidden["visible.tensorflow"].status == "ok"
 
 
-def test_nvidia_visible_devices_void(use_fake_nvml: Install) -> None:
+def test_nvidia_visible_devices_void(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(0))
-    facts = make_facts("all", environ={"NVIDIA_VISIBLE_DEVICES": "void"})
+    facts = machine_facts("all", environ={"NVIDIA_VISIBLE_DEVICES": "void"})
     assert by_id(facts)["visible.environment"].status == "warn"
 
 
@@ -435,13 +448,14 @@ def test_python_outside_the_range(use_fake_nvml: Install) -> None:
     assert by_id(make_facts("all"))["versions"].status == "ok"
 
 
-def test_broken_check_becomes_a_warning(use_fake_nvml: Install) -> None:
+def test_broken_check_becomes_a_warning(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(1))
 
     def broken(facts: Facts) -> Check:
         raise RuntimeError("boom")
 
-    (result,) = run_checks(make_facts("all"), [broken])
+    (result,) = run_checks(machine_facts("all"), [broken])
     assert result.status == "warn" and "could not collect" in result.found
 
 
@@ -495,9 +509,9 @@ def test_preflight_bad_index(use_fake_nvml: Install) -> None:
     assert "GPUS='3'" in str(caught.value) and caught.value.exit_code == 2
 
 
-def test_all_check_ids_are_unique(use_fake_nvml: Install) -> None:
+def test_all_check_ids_are_unique(machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(3))
-    ids = [c.id for c in run_checks(make_facts("all", tf=tf_facts(3)))]
+    ids = [c.id for c in run_checks(machine_facts("all", tf=tf_facts(3)))]
     assert len(ids) == len(set(ids))
     assert len(checks.ALL_CHECKS) >= 15
 
@@ -518,9 +532,10 @@ def test_the_gpu_compose_file_without_gpus_says_what_to_set(
     assert "NVIDIA Container Toolkit" in nvml.fix
 
 
-def test_without_the_gpu_compose_file_no_gpu_is_fine(use_fake_nvml: Install) -> None:
+def test_without_the_gpu_compose_file_no_gpu_is_fine(
+        machine_facts: MachineFacts, use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(0))
-    nvml = by_id(make_facts("all"))["driver.nvml"]
+    nvml = by_id(machine_facts("all"))["driver.nvml"]
     assert nvml.status == "ok" and "compose" not in nvml.found + nvml.fix
 
 

@@ -175,3 +175,13 @@ def test_a_real_child_killed_by_each_signal_is_named(tmp_path: Path) -> None:
             {"PATH": os.environ["PATH"]}, marker="@@", timeout_s=30)
         assert done.returncode == -number
         assert f"was killed by {number.name}: " in done.exited("the probe")
+
+
+def test_counts_agree_from_the_bus_to_tensorflow(fake_machine: MakeMachine) -> None:
+    host = fake_machine(Machine(gpus=FOUR))
+    report = doctor(host, environ={"STANDIN_GPUS": "4"}, tf=True)
+    chain = lines(report)
+    assert list(chain) == ["chain"] and chain["chain"].status == "ok", chain
+    assert chain["chain"].found == (
+        "PCI bus 4 -> kernel driver 4 -> nvidia module 4 -> device files 4 -> user-space "
+        "driver 4 -> NVML 4 -> this job 4 -> GPUS 4 -> CUDA 4 -> TensorFlow 4")
