@@ -170,6 +170,13 @@ def tensorflow(facts: Facts, below: Passing) -> Layer:
 LAYERS: tuple[Step, ...] = (job, gpus, cuda, tensorflow)
 
 
+def _holder(facts: Facts, pid: int, mib: int | None) -> str:
+    """`python3 (pid 1000, 1024 MiB)`, or `pid 1000 (1024 MiB)` where /proc does not show it."""
+    held = "? MiB" if mib is None else f"{mib} MiB"
+    name = facts.process_names.get(pid)
+    return f"{name} (pid {pid}, {held})" if name else f"pid {pid} ({held})"
+
+
 def warnings(facts: Facts) -> Iterable[str]:
     """What does not drop a GPU but should be said: other processes' memory on the GPUs
     training will use, a container that sees more GPUs than it was given, CUDA seeing
@@ -185,8 +192,7 @@ def warnings(facts: Facts) -> Iterable[str]:
     for gpu in facts.selected:
         held = gpu.process_memory.value or ()
         if held:
-            who = ", ".join(f"pid {pid} ({'?' if mib is None else mib} MiB)"
-                            for pid, mib in held)
+            who = ", ".join(_holder(facts, pid, mib) for pid, mib in held)
             yield (f"GPU {gpu.index} ({bus_of(gpu)}): other processes hold memory on it: "
                    f"{who}; training shares it (`nvidia-smi` names them; choose other "
                    "GPUs with GPUS=...)")

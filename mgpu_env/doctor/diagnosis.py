@@ -103,6 +103,7 @@ def gather_with_runtime(
         docker=docker,
         p2p=p2p,
         nccl=probes.probe_nccl(environ),
+        process_names=probes.probe_process_names(snapshot),
     )
 
 

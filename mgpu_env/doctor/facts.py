@@ -163,6 +163,9 @@ class Facts:
     p2p: P2pHost | None = None
     # NCCL's variables and the interfaces and HCAs they may name; None: not probed.
     nccl: NcclFacts | None = None
+    # The names (/proc/<pid>/comm) of the processes NVML says hold GPU memory, where this
+    # process can see them (another container's pids are not in this /proc).
+    process_names: dict[int, str] = field(default_factory=dict)
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -338,6 +341,18 @@ def probe_nccl(environ: Mapping[str, str], root: Path | None = None) -> NcclFact
     root = root or host_path("/")
     return NcclFacts({k: v for k, v in environ.items() if k.startswith("NCCL_")},
                      ncclenv.interfaces(root), ncclenv.hcas(root))
+
+
+def probe_process_names(snapshot: nvml.NvmlSnapshot) -> dict[int, str]:
+    """Each GPU-holding process's name, by pid, as /proc/<pid>/comm says it."""
+    names: dict[int, str] = {}
+    for gpu in snapshot.listing.gpus:
+        for pid, _ in gpu.process_memory.value or ():
+            try:
+                names[pid] = host_path(f"/proc/{int(pid)}/comm").read_text().strip()[:64]
+            except (OSError, ValueError):
+                continue
+    return names
 
 
 def reported_environ(environ: Mapping[str, str]) -> dict[str, str]:

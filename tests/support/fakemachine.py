@@ -99,6 +99,7 @@ class Machine:
     iommu_groups: int = 0
     cmdline: str = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet"
     acs_bridge: str | None = None  # a PCIe switch port above every GPU, ACS redirecting
+    processes: Mapping[int, str] = field(default_factory=dict)  # pid -> name, in /proc
 
     @property
     def usable(self) -> tuple[str, ...]:
@@ -260,6 +261,9 @@ def _process(root: Path, m: Machine) -> None:
     (proc / "1").mkdir(exist_ok=True)
     (proc / "1/cgroup").write_text(cgroup)
     (proc / "self/cgroup").write_text("11:devices:/job\n" + cgroup)
+    for pid, name in m.processes.items():
+        (proc / str(pid)).mkdir(exist_ok=True)
+        (proc / str(pid) / "comm").write_text(name + "\n")
     if m.container:
         (root / ".dockerenv").write_text("")
 

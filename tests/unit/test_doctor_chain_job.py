@@ -99,12 +99,14 @@ def test_unreadable_slurm_value_is_said(fake_machine: MakeMachine) -> None:
 
 
 def test_other_processes_memory_is_named(fake_machine: MakeMachine) -> None:
-    machine = Machine(gpus=FOUR)
+    # pid 1001 is another container's: not in this /proc, so only its number is known.
+    machine = Machine(gpus=FOUR, processes={1000: "python3"})
     nvml = machine_nvml(machine)
     nvml.gpus[1].processes = 2
     chain = lines(doctor(fake_machine(machine, nvml=nvml)))
     warned = chain["chain.job"]
-    assert warned.status == "warn" and "pid 1000 (1024 MiB), pid 1001 (1024 MiB)" in warned.found
+    assert warned.status == "warn"
+    assert "python3 (pid 1000, 1024 MiB), pid 1001 (1024 MiB)" in warned.found
     assert warned.found.startswith(f"GPU 1 ({FOUR[1]})")
 
 
