@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import Check, Diagnosis, diagnose
+from mgpu_env.doctor.chain import build
 from tests.support import hostaudit
 from tests.support.fake_nvml import FakeNvml
 from tests.support.fakemachine import FakeHost, Machine, bus_ids, machine_nvml, mknod_allowed
@@ -150,8 +151,14 @@ def test_library_of_another_driver_version_drops_every_gpu(fake_machine: MakeMac
 def test_nvml_losing_a_gpu_names_nvml_s_error(fake_machine: MakeMachine) -> None:
     machine = Machine(gpus=FOUR)
     nvml = machine_nvml(machine, handle_errors={1: 15})  # GPU_IS_LOST
-    lost = chain_lines(doctor(fake_machine(machine, nvml=nvml)))["chain.nvml"]
-    assert lost.found.startswith(FOUR[1]) and "NVML cannot use it" in lost.found
+    report = doctor(fake_machine(machine, nvml=nvml))
+    # NVML's own line names it (one cause, one error); the chain counts it and points there.
+    assert "1 lost at NVML: see the Driver (NVML) line" in chain_lines(report)["chain"].found
+    nvml_line = next(c for c in report.checks if c.id == "driver.nvml")
+    assert nvml_line.status == "error" and FOUR[1] in nvml_line.found
+    layer = build(report.facts).layer("NVML")
+    assert layer is not None and layer.drops[0].gpus == (FOUR[1],)
+    assert layer.drops[0].cause.startswith("NVML cannot use it")
 
 
 # ------------------------------------------------------- device files: errnos, for real

@@ -179,6 +179,7 @@ def test_training_stops_on_a_gpu_machine_without_nvml(
 
 def test_a_failing_check_list_is_judged_once(use_fake_nvml: Install, tmp_path: Path) -> None:
     use_fake_nvml(FakeNvml(init_error=pynvml.NVML_ERROR_GPU_IS_LOST))
-    root = machine_root(tmp_path)
+    # The driver's libcuda.so (the suite's canned one) is 555.42.06: so is the module here.
+    root = machine_root(tmp_path, kernel="555.42.06", library="555.42.06")
     checks = run_checks(make_facts("all", host=_host(root)))  # type: ignore[arg-type]
     assert [c.id for c in checks if c.status == "error"] == ["driver.nvml"]

@@ -6,15 +6,18 @@ given). `ready` needs the counts to agree for the GPUs training will use."""
 from __future__ import annotations
 
 from mgpu_env.doctor.chain import Chain, build
+from mgpu_env.doctor.chainlower import NVML
 from mgpu_env.doctor.chainupper import CUDA, TF
 from mgpu_env.doctor.checks.common import Check, Status, check, no_gpu, wants_gpus
 from mgpu_env.doctor.facts import Facts
 
 TITLE = "GPU chain"
 EXPECTED = "every GPU the job uses passes every layer, from the PCI bus to TensorFlow"
-# Layers whose drops a line of their own already reports with its cause and fix (the CUDA
-# driver line, the TensorFlow GPUs line): the chain's line counts them, and does not repeat.
-REPORTED_ELSEWHERE = {CUDA: "the CUDA driver line", TF: "the TensorFlow GPUs line"}
+# Layers whose drops a line of their own already reports with its cause and fix (the Driver
+# (NVML) line, the CUDA driver line, the TensorFlow GPUs line): the chain's line counts them
+# and points there, and is not counted again (one cause, one error).
+REPORTED_ELSEWHERE = {NVML: "the Driver (NVML) line", CUDA: "the CUDA driver line",
+                      TF: "the TensorFlow GPUs line"}
 
 
 def _summary(chain: Chain) -> str:
@@ -42,19 +45,24 @@ def check_chain(facts: Facts) -> list[Check]:
         return [Check("chain", TITLE, "skip", _summary(chain), EXPECTED,
                       skipped_for=no_gpu(facts))]
     status: Status = "error" if wants_gpus(facts) else "warn"
+    own = [(layer, drop) for layer, drop in faults if layer.name not in REPORTED_ELSEWHERE]
+    if faults and not own:
+        return [Check("chain", TITLE, "skip", _summary(chain) + " (counted on those lines)",
+                      EXPECTED), *_warnings(chain)]
     results = [Check("chain", TITLE, status if faults else "ok", _summary(chain), EXPECTED,
                      "each `GPUs lost at ...` line names the GPUs, the cause and the fix"
                      if faults else "")]
     seen: dict[str, int] = {}
-    for layer, drop in faults:
-        if layer.name in REPORTED_ELSEWHERE:
-            continue
+    for layer, drop in own:
         where = layer.name.replace(" ", "-").lower()
         seen[where] = seen.get(where, 0) + 1
         where += f".{seen[where]}" if seen[where] > 1 else ""
         title = f"GPUs lost at {layer.name}"
         results.append(Check(f"chain.{where}", title, status,
                              f"{', '.join(drop.gpus)}: {drop.cause}", EXPECTED, drop.fix))
-    results += [Check("chain.job", "GPUs of this job", "warn", text, "the job's GPUs to itself")
-                for text in chain.warnings]
-    return results
+    return results + _warnings(chain)
+
+
+def _warnings(chain: Chain) -> list[Check]:
+    return [Check("chain.job", "GPUs of this job", "warn", text, "the job's GPUs to itself")
+            for text in chain.warnings]
