@@ -193,6 +193,10 @@ def nvml(facts: Facts, below: Passing) -> Layer:
     own = tuple(by_bus) + tuple(f"NVML GPU {g.index}" for g in listing.gpus
                                 if g not in by_bus.values())
     said = [f"NVML lists {len(listing.gpus)}: {', '.join(own) or 'none'}"]
+    # Each one's state, as the GPU lines judge it: MIG, a compute mode other than default.
+    said += [f"GPU {g.index}: MIG on" for g in listing.gpus if g.mig_enabled.value]
+    said += [f"GPU {g.index}: compute mode {g.compute_mode.value}" for g in listing.gpus
+             if g.compute_mode.ok and g.compute_mode.value not in (None, "default")]
     failed = {pcibus.short_bus_id(f.bus_id): f for f in listing.failed if f.bus_id}
     if below and len(listing.gpus) + len(listing.failed) == len(below):
         # NVML enumerates in PCI order: a GPU whose handle it refused is the one at its index.
