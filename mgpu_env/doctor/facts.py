@@ -2,14 +2,13 @@
 
 Each probe is a module-level function that never raises: a failure becomes a `Probed`
 with an error ("could not collect ..."). Tests build `Facts` directly, or replace a probe
-with `monkeypatch.setattr(facts, "probe_shm_bytes", ...)`.
+with `monkeypatch.setattr(facts, "probe_host", ...)`.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -19,6 +18,7 @@ from typing import Any
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
 from mgpu_env.hardware import hostfacts, hostgpus, ncclenv, nvidiahost, nvml
+from mgpu_env.hardware import limits as machine_limits
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
@@ -52,6 +52,9 @@ REPORTED_VARIABLES = (
     "NCCL_SOCKET_IFNAME",
     "NCCL_DEBUG",
     "TF_FORCE_GPU_ALLOW_GROWTH",
+    # TensorFlow's pool sizes where the user set them (the thread-limit check's demand).
+    "TF_NUM_INTEROP_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
     LEGACY_VARIABLE,
     # Where the dynamic loader looks first, and a conda environment that may have set it.
     "LD_LIBRARY_PATH",
@@ -66,7 +69,6 @@ DISTRIBUTIONS = {
     "NumPy": "numpy",
     "nvidia-ml-py": "nvidia-ml-py",
 }
-UNLIMITED = -1
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,7 @@ class HostFacts:
     # The machine's NVIDIA GPUs by the kernel's /proc and /sys, which a container without
     # the NVIDIA runtime still sees (hardware.hostgpus).
     host_gpus: Probed[int] = field(default_factory=lambda: Probed(value=0))
-    shm_bytes: Probed[int] = field(default_factory=Probed)
-    # RLIMIT_MEMLOCK (soft, hard) in bytes; -1 is unlimited.
-    memlock: Probed[tuple[int, int]] = field(default_factory=Probed)
     euid: Probed[int] = field(default_factory=Probed)
-    # RLIMIT_STACK (soft, hard) in bytes; -1 is unlimited. NVIDIA asks for 64 MiB.
-    stack: Probed[tuple[int, int]] = field(default_factory=Probed)
     # /dev/dxg: WSL2's GPU device; there the GPU comes without any /dev/nvidia* file.
     wsl_gpu: Probed[bool] = field(default_factory=lambda: Probed(value=False))
     # The NVIDIA kernel modules loaded (/proc/modules: the host's, also from a container).
@@ -92,6 +89,9 @@ class HostFacts:
     # What tells NVML's failures apart: the kernel module's version against the NVML
     # library's, nouveau, the GPUs on the PCI bus, /dev/nvidia* permissions, the groups.
     nvidia: nvidiahost.NvidiaHost = field(default_factory=nvidiahost.NvidiaHost)
+    # The process's, cgroup's and kernel's limits, /dev/shm, memory and CPUs (hardware.limits);
+    # None: not read (the limit checks skip).
+    limits: machine_limits.MachineLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -187,29 +187,8 @@ def probe_device_files(dev: Path = Path("/dev")) -> Probed[tuple[str, ...]]:
     return probe(lambda: tuple(sorted(p.name for p in dev.glob("nvidia*"))))
 
 
-def probe_shm_bytes(path: str = "/dev/shm") -> Probed[int]:
-    def size() -> int:
-        stats = os.statvfs(path)
-        return stats.f_frsize * stats.f_blocks
-
-    return probe(size)
-
-
-def _limits(which: int) -> Probed[tuple[int, int]]:
-    def limits() -> tuple[int, int]:
-        soft, hard = resource.getrlimit(which)
-        as_int = lambda v: UNLIMITED if v == resource.RLIM_INFINITY else int(v)  # noqa: E731
-        return as_int(soft), as_int(hard)
-
-    return probe(limits)
-
-
-def probe_memlock() -> Probed[tuple[int, int]]:
-    return _limits(resource.RLIMIT_MEMLOCK)
-
-
-def probe_stack() -> Probed[tuple[int, int]]:
-    return _limits(resource.RLIMIT_STACK)
+def probe_limits() -> machine_limits.MachineLimits:
+    return machine_limits.collect()
 
 
 def probe_wsl_gpu(dev: Path = Path("/dev")) -> Probed[bool]:
@@ -249,13 +228,11 @@ def probe_host() -> HostFacts:
         in_container=probe_in_container(),
         device_files=probe_device_files(),
         host_gpus=probe(hostgpus.host_nvidia_gpus),
-        shm_bytes=probe_shm_bytes(),
-        memlock=probe_memlock(),
         euid=probe_euid(),
-        stack=probe_stack(),
         wsl_gpu=probe_wsl_gpu(),
         nvidia_modules=probe_nvidia_modules(),
         nvidia=probe_nvidia_host(),
+        limits=probe_limits(),
     )
 
 
