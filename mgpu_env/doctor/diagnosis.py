@@ -18,7 +18,8 @@ from mgpu_env.hardware import cudadriver, cudalibs, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
-from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
+from mgpu_env.hardware.dockerhost import DockerHost
+from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.runtime import Runtime, build_runtime
 from mgpu_env.tfprobes import tfprobe
@@ -106,7 +107,7 @@ def gather_with_runtime(
 def _docker_and_p2p(
     host: HostFacts, selection: GpuSelection | None, resolved: ResolvedSettings,
     environ: Mapping[str, str],
-) -> tuple[Probed[DockerGpu] | None, P2pHost | None]:
+) -> tuple[DockerHost | None, P2pHost | None]:
     """Docker's GPU support where the GPU compose file is selected on a host; the host's
     P2P facts where two GPUs or more are used."""
     docker = None

@@ -17,13 +17,14 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import hostfacts, hostgpus, ncclenv, nvidiahost, nvml
+from mgpu_env.hardware import dockerhost, hostfacts, hostgpus, ncclenv, nvidiahost, nvml
 from mgpu_env.hardware import limits as machine_limits
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
+from mgpu_env.hardware.dockerhost import DockerHost
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
-from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
+from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.runtime.cluster import decide_cluster
 from mgpu_env.runtime.cluster.peers import PeerStatus, probe_peers
@@ -150,9 +151,9 @@ class Facts:
     # CUDA's driver API (cuInit) in a child with the run's environment; None: not probed
     # (no GPU from NVML, GPUS=none, or the pre-flight).
     cuda_driver: Probed[DriverApi] | None = None
-    # Docker's way to give containers GPUs, asked on a host where the GPU compose file is
-    # selected (COMPOSE_FILE); None: not asked.
-    docker: Probed[DockerGpu] | None = None
+    # Docker's host side (the daemon, the NVIDIA toolkit's settings, CDI), read on a host
+    # where the GPU compose file is selected (COMPOSE_FILE); None: not asked.
+    docker: DockerHost | None = None
     # IOMMU, ACS, hypervisor: what can break P2P between GPUs; None: fewer than 2 GPUs.
     p2p: P2pHost | None = None
     # NCCL's variables and the interfaces and HCAs they may name; None: not probed.
@@ -211,8 +212,8 @@ def gpu_compose_selected(environ: Mapping[str, str], env_file: Mapping[str, str]
     return GPU_COMPOSE_FILE in environ.get("COMPOSE_FILE", env_file.get("COMPOSE_FILE", ""))
 
 
-def probe_docker() -> Probed[DockerGpu]:
-    return hostfacts.docker_gpu_support()
+def probe_docker() -> DockerHost:
+    return dockerhost.collect()
 
 
 def probe_p2p(bus_ids: tuple[str, ...]) -> P2pHost:

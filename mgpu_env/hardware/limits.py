@@ -171,10 +171,35 @@ def meminfo() -> Probed[tuple[int, int]]:
     return probe(read)
 
 
+def tmpfs_size(mounts: str, mount_point: str) -> int | None:
+    """The `size=` of the tmpfs mounted at `mount_point` in /proc/self/mounts (Docker's
+    --shm-size writes it, as `size=65536k`); None when it is not given there."""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == mount_point:
+            for option in fields[3].split(","):
+                match = re.fullmatch(r"size=(\d+)([kmg]?)", option)
+                if match:
+                    scale = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[match.group(2)]
+                    return int(match.group(1)) * scale
+    return None
+
+
 def shm_space(path: str = "/dev/shm") -> Probed[tuple[int, int]]:
+    """/dev/shm's size and free bytes: the size from its mount options (what --shm-size set),
+    the free space as that less its files' blocks; where the mount names no size (a host's
+    default tmpfs, or a folder), statvfs answers both."""
+
     def read() -> tuple[int, int]:
-        stats = os.statvfs(host_path(path))
-        return stats.f_frsize * stats.f_blocks, stats.f_frsize * stats.f_bavail
+        where = host_path(path)
+        if not where.is_dir():
+            raise FileNotFoundError(f"no folder {path}")
+        size = tmpfs_size(_read("/proc/self/mounts"), path)
+        if size is None:
+            stats = os.statvfs(where)
+            return stats.f_frsize * stats.f_blocks, stats.f_frsize * stats.f_bavail
+        used = sum(f.stat().st_blocks * 512 for f in where.rglob("*") if f.is_file())
+        return size, max(size - used, 0)
 
     return probe(read)
 

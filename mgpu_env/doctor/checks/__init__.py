@@ -12,6 +12,8 @@ it never changes the exit code.
 - `limits`, `gpulimits`: every limit that stops TensorFlow (threads, memory, address space,
   open files, /dev/shm, memlock, stack) against what this machine makes it ask for
   (`doctor.demand`);
+- `dockerhost`: Docker's host side (daemon, NVIDIA toolkit settings, CDI), on a host;
+- `host`: what can break P2P between GPUs;
 - `cluster`: the engine that described the cluster, and whether each peer answers;
 - `versions`: Python, TensorFlow, Keras against the table and the lock;
 - `common`: `Check`, `Status` and the helpers the topics share;
@@ -50,6 +52,7 @@ from mgpu_env.doctor.checks.cuda import (
     check_ptxas,
     check_tf_build,
 )
+from mgpu_env.doctor.checks.dockerhost import check_docker
 from mgpu_env.doctor.checks.driver import (
     check_cuda_driver,
     check_driver_cuda,
@@ -71,7 +74,7 @@ from mgpu_env.doctor.checks.gpus import (
     gpu_checks,
 )
 from mgpu_env.doctor.checks.health import check_health
-from mgpu_env.doctor.checks.host import check_docker, check_p2p
+from mgpu_env.doctor.checks.host import check_p2p
 from mgpu_env.doctor.checks.judge import ALL_CHECKS, PREFLIGHT_CHECKS, registered, run_checks
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
 from mgpu_env.doctor.checks.limits import (
