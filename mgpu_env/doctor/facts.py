@@ -17,7 +17,15 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import dockerhost, hostfacts, hostgpus, ncclenv, nvidiahost, nvml
+from mgpu_env.hardware import (
+    dockerhost,
+    hostfacts,
+    hostgpus,
+    hostroot,
+    ncclenv,
+    nvidiahost,
+    nvml,
+)
 from mgpu_env.hardware import limits as machine_limits
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
@@ -301,7 +309,9 @@ def probe_keras(
         return KerasFacts(error=str(err))
 
 
-def probe_nccl(environ: Mapping[str, str], root: Path = Path("/")) -> NcclFacts:
+def probe_nccl(environ: Mapping[str, str], root: Path | None = None) -> NcclFacts:
+    """NCCL's variables, and the interfaces and HCAs under the host root's /sys."""
+    root = hostroot.host_root() if root is None else root
     return NcclFacts({k: v for k, v in environ.items() if k.startswith("NCCL_")},
                      ncclenv.interfaces(root), ncclenv.hcas(root))
 

@@ -10,7 +10,7 @@ troubleshooting page names /dev/shm for its `unhandled system error`.
 from __future__ import annotations
 
 from mgpu_env.doctor.checks.common import MIB, Check, Status, check, limit_text
-from mgpu_env.doctor.checks.limits import NOT_PROBED, _rlimit, demand_of
+from mgpu_env.doctor.checks.limits import FIX_UNREADABLE, NOT_PROBED, demand_of, rlimit_of
 from mgpu_env.doctor.demand import NVIDIA_STACK, Demand, size_text
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.limits import MachineLimits
@@ -53,7 +53,9 @@ def check_shm(facts: Facts) -> Check:
                    if demand.shm else ""))
     shm = limits.shm
     if not shm.ok or shm.value is None:
-        return Check("container.shm", title, "warn", shm.text(), expected)
+        return Check("container.shm", title, "warn", shm.text(), expected,
+                     "mount a tmpfs at /dev/shm (Docker does; compose `shm_size:`), or make it "
+                     "readable")
     size, free = shm.value
     found = f"{size / MIB:.0f} MiB, {free / MIB:.0f} MiB free"
     if free < demand.shm:
@@ -83,9 +85,10 @@ def check_memlock(facts: Facts) -> Check:
     limits = facts.host.limits
     if limits is None:
         return Check("container.memlock", title, "skip", "not read", skipped_for=NOT_PROBED)
-    memlock = _rlimit(limits, "memlock")
+    memlock = rlimit_of(limits, "memlock")
     if memlock is None:
-        return Check("container.memlock", title, "warn", limits.rlimits.text(), expected)
+        return Check("container.memlock", title, "warn", limits.rlimits.text(), expected,
+                     FIX_UNREADABLE)
     found = f"soft {size_text(memlock.soft)}, hard {size_text(memlock.hard)}"
     if memlock.soft is None:
         return Check("container.memlock", title, "ok", found, expected)
@@ -115,9 +118,10 @@ def _stack(limits: MachineLimits, demand: Demand) -> Check:
     title = "stack limit"
     expected = (f"{NVIDIA_STACK // MIB} MiB or more, or unlimited (NVIDIA's recommended "
                 "`--ulimit stack=67108864`)")
-    stack = _rlimit(limits, "stack")
+    stack = rlimit_of(limits, "stack")
     if stack is None:
-        return Check("container.stack", title, "warn", limits.rlimits.text(), expected)
+        return Check("container.stack", title, "warn", limits.rlimits.text(), expected,
+                     FIX_UNREADABLE)
     found = (f"soft {limit_text(-1 if stack.soft is None else stack.soft)}, "
              f"hard {limit_text(-1 if stack.hard is None else stack.hard)}")
     if stack.soft is None or stack.soft >= NVIDIA_STACK:

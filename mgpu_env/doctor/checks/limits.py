@@ -26,6 +26,10 @@ THREAD_FAILURE = (
     "Thread ... creation via pthread_create() failed`, or `terminate called after throwing an "
     "instance of 'std::system_error' what(): Resource temporarily unavailable`"
 )
+FIX_UNREADABLE = (
+    "read the limits by hand (`ulimit -a`, `cat /proc/self/limits /proc/self/cgroup`) and "
+    "make them readable to this user (a hardened /proc: mount option hidepid)"
+)
 FIX_POOLS = (
     "or make TensorFlow ask for fewer: TF_NUM_INTEROP_THREADS=2 TF_NUM_INTRAOP_THREADS=<CPUs>"
 )
@@ -71,7 +75,7 @@ def _judge(
     return judge(limits, demand_of(facts, limits))
 
 
-def _rlimit(limits: MachineLimits, name: str) -> Rlimit | None:
+def rlimit_of(limits: MachineLimits, name: str) -> Rlimit | None:
     return (limits.rlimits.value or {}).get(name) if limits.rlimits.ok else None
 
 
@@ -84,7 +88,7 @@ def _bound(rooms: list[Room], unreadable: list[str], need: int) -> tuple[Status,
     if tight is not None and tight.left < need:
         return "error", found, tight.fix
     if unreadable:
-        return "warn", found, "read the limits by hand (`ulimit -a`, `cat /proc/self/limits`)"
+        return "warn", found, FIX_UNREADABLE
     return "ok", found, ""
 
 
@@ -98,7 +102,7 @@ def _thread_rooms(limits: MachineLimits, need: int) -> tuple[list[Room], list[st
     unreadable: list[str] = []
     note = ""
     wanted = 2 * need
-    nproc = _rlimit(limits, "nproc")
+    nproc = rlimit_of(limits, "nproc")
     exempt = limits.identity.value.nproc_exempt if limits.identity.value else False
     if nproc is None:
         unreadable.append(f"/proc/self/limits ({limits.rlimits.error})")
@@ -180,7 +184,7 @@ def check_memory(facts: Facts) -> Check:
                     "container's memory (docker run --memory, compose `mem_limit:` or "
                     "deploy.resources.limits.memory), the pod's resources.limits.memory, or "
                     "Slurm's --mem / --mem-per-gpu"))
-        data = _rlimit(limits, "data")
+        data = rlimit_of(limits, "data")
         if data is None:
             unreadable.append(f"/proc/self/limits ({limits.rlimits.error})")
         elif data.soft is not None:
@@ -209,9 +213,10 @@ def check_address_space(facts: Facts) -> Check:
                     f"{demand.threads} thread stacks of {size_text(demand.thread_stack)}"
                     + (", CUDA's reservation: host memory + the GPUs' memory)" if demand.gpus
                        else ")"))
-        rlimit = _rlimit(limits, "as")
+        rlimit = rlimit_of(limits, "as")
         if rlimit is None:
-            return Check("limits.address_space", title, "warn", limits.rlimits.text(), expected)
+            return Check("limits.address_space", title, "warn", limits.rlimits.text(), expected,
+                         FIX_UNREADABLE)
         found = f"RLIMIT_AS soft {size_text(rlimit.soft)}, hard {size_text(rlimit.hard)}"
         if rlimit.soft is None:
             return Check("limits.address_space", title, "ok", found, expected)
@@ -240,9 +245,10 @@ def check_open_files(facts: Facts) -> Check:
     def judge(limits: MachineLimits, demand: Demand) -> Check:
         expected = (f"{demand.open_files} or more (64 + 32 x {demand.gpus} GPU(s) + "
                     f"{demand.cpus} tf.data reader(s))")
-        rlimit = _rlimit(limits, "nofile")
+        rlimit = rlimit_of(limits, "nofile")
         if rlimit is None:
-            return Check("limits.open_files", title, "warn", limits.rlimits.text(), expected)
+            return Check("limits.open_files", title, "warn", limits.rlimits.text(), expected,
+                         FIX_UNREADABLE)
         found = (f"RLIMIT_NOFILE soft {size_or_count(rlimit.soft)}, "
                  f"hard {size_or_count(rlimit.hard)}")
         if rlimit.soft is None or rlimit.soft >= demand.open_files:
