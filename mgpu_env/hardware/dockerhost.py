@@ -12,6 +12,7 @@ through `hostroot.host_path`. The judgement is the doctor's (`doctor/checks/dock
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -68,6 +69,7 @@ class CdiSpec:
     device_nodes: tuple[str, ...] = ()  # /dev/nvidia0, /dev/nvidiactl, ...
     host_paths: tuple[str, ...] = ()  # libraries and files it mounts
     error: str | None = None  # could not be read (a rootless daemon's user, say)
+    missing: tuple[str, ...] = ()  # the device files and host files it names that are gone
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class DockerHost:
     driver_version: str | None = None  # the nvidia kernel module's
     host_gpus: tuple[str, ...] = ()  # /dev/nvidia<N> on the host
     dev_char_links: int = 0  # /dev/char links to NVIDIA devices (the #48 workaround)
+    ldconfig_found: bool = True  # the host file config.toml's `ldconfig = "@..."` names
 
     @property
     def runtimes(self) -> tuple[str, ...]:
@@ -164,7 +167,9 @@ def cdi_specs(folders: tuple[str, ...] = CDI_FOLDERS) -> tuple[CdiSpec, ...]:
                 found.append(CdiSpec(shown, error=err.strerror or str(err)))
                 continue
             if parsed is not None:
-                found.append(parsed)
+                gone = tuple(p for p in parsed.device_nodes + parsed.host_paths
+                             if p.startswith("/") and not host_path(p).exists())
+                found.append(dataclasses.replace(parsed, missing=gone))
     return tuple(found)
 
 
@@ -235,16 +240,19 @@ def collect(path: str | None = None) -> DockerHost:
         else Probed(error="no docker command on PATH"))
     daemon_json_path = _daemon_json_path(info)
     dirs = info.value.cdi_spec_dirs if info.value and info.value.cdi_spec_dirs else ()
+    toolkit = probe(_toolkit)
+    ldconfig = toolkit.value.ldconfig if toolkit.value is not None else ""
     return DockerHost(
         docker=os.path.realpath(docker) if docker else None,
         info=info,
         daemon_json=probe(lambda: _read_json(daemon_json_path)),
         daemon_json_path=daemon_json_path,
-        toolkit=probe(_toolkit),
+        toolkit=toolkit,
         cdi_specs=cdi_specs(CDI_FOLDERS + dirs),
         hook=shutil.which(HOOK, path=path),
         libnvidia_container=libnvidia_container_version(),
         driver_version=_driver_version(),
         host_gpus=_host_gpus(),
         dev_char_links=_dev_char_links(),
+        ldconfig_found=not ldconfig.startswith("@") or host_path(ldconfig[1:]).exists(),
     )

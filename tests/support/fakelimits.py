@@ -106,7 +106,7 @@ def lay_out(
         (root / "dev" / "shm").mkdir(parents=True, exist_ok=True)
         mounts += f"shm /dev/shm tmpfs rw,nosuid,nodev,size={shm_size // 1024}k 0 0\n"
         if shm_used:
-            (root / "dev" / "shm" / "held").write_bytes(b"\1" * shm_used)
+            (root / "dev" / "shm" / "held").write_bytes(os.urandom(1024) * (shm_used // 1024))
     _write(root, "/proc/self/mounts", mounts)
     return root
 

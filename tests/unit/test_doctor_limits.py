@@ -267,7 +267,8 @@ def test_shm_with_p2p_between_the_gpus_warns_rather_than_fails(
 def test_shm_held_by_other_files_counts_against_the_room(use_fake_nvml: Install,
                                                          tmp_path: Path) -> None:
     use_fake_nvml(fake_with(GPUS, p2p_ok=False))
-    check = by_id(facts_on(tmp_path, shm_size=1 * GIB, shm_used=1 * GIB - 4 * MIB))
+    # 120 MiB would hold NCCL's 110 MiB; 16 MiB already held leaves too little.
+    check = by_id(facts_on(tmp_path, shm_size=120 * MIB, shm_used=16 * MIB))
     assert check["container.shm"].status == "error"
 
 

@@ -25,7 +25,6 @@ import re
 from mgpu_env.doctor.checks.common import Check, Status, check
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.dockerhost import DockerHost
-from mgpu_env.hardware.hostroot import host_path
 
 FIX_CONTAINER_TOOLKIT = (
     "install the NVIDIA Container Toolkit "
@@ -66,7 +65,10 @@ def check_docker(facts: Facts) -> list[Check]:
     host = facts.docker
     if host is None:
         return []
-    return [_gpu_path(host), *_combinations(host), *_cdi(host)]
+    path = _gpu_path(host)
+    if path.status == "error":  # no way to GPUs at all: what sits behind it cannot matter
+        return [path]
+    return [path, *_combinations(host), *_cdi(host)]
 
 
 def _gpu_path(host: DockerHost) -> Check:
@@ -170,11 +172,11 @@ def _problems(host: DockerHost) -> list[tuple[Status, str, str]]:
                          "cgroup subsystem devices not found`", "upgrade the NVIDIA Container "
                          "Toolkit (1.8.0 or later; `apt-get install nvidia-container-toolkit`)"))
     if toolkit is not None:
-        problems += _mode_problems(host, toolkit.mode, toolkit.ldconfig)
+        problems += _mode_problems(host, toolkit.mode)
     return problems
 
 
-def _mode_problems(host: DockerHost, mode: str, ldconfig: str) -> list[tuple[Status, str, str]]:
+def _mode_problems(host: DockerHost, mode: str) -> list[tuple[Status, str, str]]:
     problems: list[tuple[Status, str, str]] = []
     if mode == "cdi" and not any(s.error is None for s in host.cdi_specs):
         problems.append(("error", 'mode = "cdi" and no CDI spec for nvidia.com/gpu: '
@@ -187,8 +189,8 @@ def _mode_problems(host: DockerHost, mode: str, ldconfig: str) -> list[tuple[Sta
     if mode not in ("auto", "legacy", "cdi", "csv"):
         problems.append(("error", f"mode = {mode!r} is not one of auto, legacy, cdi, csv",
                          'set mode = "auto" in /etc/nvidia-container-runtime/config.toml'))
-    program = ldconfig.removeprefix("@")
-    if ldconfig.startswith("@") and program and not host_path(program).exists():
+    if not host.ldconfig_found:
+        ldconfig = host.toolkit.value.ldconfig if host.toolkit.value else ""
         problems.append(("error", f"ldconfig = {ldconfig!r} names no file on the host "
                          "(`nvidia-container-cli: ldconfig error`)",
                          "point ldconfig at the host's (`@/sbin/ldconfig.real` on Debian and "
@@ -210,8 +212,7 @@ def _cdi(host: DockerHost) -> list[Check]:
                                 "daemon.json's cdi-spec-dirs (moby#47676)"))
             continue
         gpus = [d for d in spec.devices if d.isdigit()]
-        missing = [p for p in spec.device_nodes + spec.host_paths
-                   if p.startswith("/") and not host_path(p).exists()]
+        missing = spec.missing
         found = f"{spec.path}: {len(gpus)} GPU(s) named, {len(host.host_gpus)} on the host"
         status: Status = "ok"
         if missing:
