@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mgpu_env.doctor.checks import Check, run_checks
-from mgpu_env.doctor.checks.limits import demand_of
+from mgpu_env.doctor.checks.processlimits import check_threads, demand_of
 from mgpu_env.doctor.demand import NCCL_SHM_SEGMENT, estimate
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import limits as machine_limits
@@ -41,7 +41,13 @@ def facts_on(root: Path, gpus: int = GPUS, environ: dict[str, str] | None = None
 
 
 def by_id(facts: Facts) -> dict[str, Check]:
-    return {c.id: c for c in run_checks(facts)}
+    """The checks by id; where every process limit holds, the one `limits` line stands for
+    each of them (limits.threads, limits.memory, ...)."""
+    checks = {c.id: c for c in run_checks(facts)}
+    if "limits" in checks:
+        assert checks["limits"].status == "ok"
+        checks.update(dict.fromkeys(LIMIT_IDS, checks["limits"]))
+    return checks
 
 
 @dataclass(frozen=True)
@@ -190,7 +196,7 @@ def test_every_cgroup_version_on_a_healthy_machine_raises_nothing(
 def test_root_is_not_held_to_rlimit_nproc(use_fake_nvml: Install, tmp_path: Path) -> None:
     use_fake_nvml(fake_with(GPUS))
     facts = facts_on(tmp_path, uid=0, rlimits={"nproc": (10, 10)})
-    check = by_id(facts)["limits.threads"]
+    check = check_threads(facts)
     assert check.status == "ok" and "not applied" in check.found
 
 
@@ -276,6 +282,7 @@ def test_no_limits_read_skips_the_checks(use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(1))
     checks = by_id(make_facts("all", host=healthy_host(limits=None)))
     assert {checks[i].status for i in LIMIT_IDS} == {"skip"}
+    assert checks["limits.threads"].skipped_for is not None
 
 
 def test_parsers() -> None:

@@ -9,9 +9,9 @@ it never changes the exit code.
 - `gpus`: each GPU, mixed precision, sameness, links;
 - `visible`: GPUS, the visibility variables, what TensorFlow lists;
 - `container`: device files, the user, the run folder;
-- `limits`, `gpulimits`: every limit that stops TensorFlow (threads, memory, address space,
-  open files, /dev/shm, memlock, stack) against what this machine makes it ask for
-  (`doctor.demand`);
+- `limits` (`processlimits`, `gpulimits`): every limit that stops TensorFlow (threads,
+  memory, address space, open files, /dev/shm, memlock, stack) against what this machine
+  makes it ask for (`doctor.demand`);
 - `dockerhost`: Docker's host side (daemon, NVIDIA toolkit settings, CDI), on a host;
 - `host`: what can break P2P between GPUs;
 - `cluster`: the engine that described the cluster, and whether each peer answers;
@@ -77,13 +77,14 @@ from mgpu_env.doctor.checks.health import check_health
 from mgpu_env.doctor.checks.host import check_p2p
 from mgpu_env.doctor.checks.judge import ALL_CHECKS, PREFLIGHT_CHECKS, registered, run_checks
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
-from mgpu_env.doctor.checks.limits import (
+from mgpu_env.doctor.checks.limits import check_limits
+from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
+from mgpu_env.doctor.checks.processlimits import (
     check_address_space,
     check_memory,
     check_open_files,
     check_threads,
 )
-from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import check_request, check_tf_devices, check_visibility_env
 
@@ -117,6 +118,7 @@ __all__ = [
     "check_health",
     "check_keras",
     "check_libdevice",
+    "check_limits",
     "check_memlock",
     "check_memory",
     "check_mixed_precision",

@@ -9,8 +9,8 @@ troubleshooting page names /dev/shm for its `unhandled system error`.
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import MIB, Check, Status, check, limit_text
-from mgpu_env.doctor.checks.limits import FIX_UNREADABLE, NOT_PROBED, demand_of, rlimit_of
+from mgpu_env.doctor.checks.common import MIB, Check, Status, limit_text
+from mgpu_env.doctor.checks.processlimits import FIX_UNREADABLE, NOT_PROBED, demand_of, rlimit_of
 from mgpu_env.doctor.demand import NVIDIA_STACK, Demand, size_text
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.limits import MachineLimits
@@ -41,7 +41,6 @@ def _without_p2p(facts: Facts) -> bool:
                if lk.a in chosen and lk.b in chosen)
 
 
-@check(260)
 def check_shm(facts: Facts) -> Check:
     title = "/dev/shm size"
     limits = facts.host.limits
@@ -78,7 +77,6 @@ def _memlock_needed(facts: Facts) -> bool:
     return bool(across and nccl is not None and nccl.hcas and not ib_off)
 
 
-@check(270)
 def check_memlock(facts: Facts) -> Check:
     title = "memlock limit"
     expected = "unlimited (CUDA and NCCL pin host memory)"
@@ -105,7 +103,6 @@ def check_memlock(facts: Facts) -> Check:
     return Check("container.memlock", title, "warn", found, expected, fix)
 
 
-@check(280)
 def check_stack(facts: Facts) -> Check:
     title = "stack limit"
     limits = facts.host.limits
