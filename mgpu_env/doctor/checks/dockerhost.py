@@ -90,8 +90,10 @@ def _gpu_path(host: DockerHost) -> Check:
              f"hook: {host.hook or 'not on PATH'}")
     snap = bool(host.docker and host.docker.startswith("/snap/")) or \
         info.root_dir.startswith("/var/snap/")
+    refused = ("" if host.ready else " (docker-compose.gpu.yml is selected: Docker will refuse "
+               'it: could not select device driver "" with capabilities: [[gpu]])')
     if snap:
-        return Check("host.docker", TITLE, "error", found, expected, FIX_SNAP_DOCKER)
+        return Check("host.docker", TITLE, "error", found + refused, expected, FIX_SNAP_DOCKER)
     if info.server_version and _version(info.server_version) < (19, 3):
         return Check("host.docker", TITLE, "error", found + " (before 19.03: no --gpus)",
                      expected, "upgrade Docker (19.03 or later; 25 or later for CDI)")
@@ -104,10 +106,7 @@ def _gpu_path(host: DockerHost) -> Check:
                      "`systemctl --user restart docker`)")
     if host.ready:
         return Check("host.docker", TITLE, "ok", found, expected)
-    return Check("host.docker", TITLE, "error",
-                 found + " (docker-compose.gpu.yml is selected: Docker will refuse it: could "
-                 'not select device driver "" with capabilities: [[gpu]])', expected,
-                 FIX_CONTAINER_TOOLKIT)
+    return Check("host.docker", TITLE, "error", found + refused, expected, FIX_CONTAINER_TOOLKIT)
 
 
 def _legacy(host: DockerHost) -> bool:
