@@ -205,11 +205,17 @@ def shm_space(path: str = "/dev/shm") -> Probed[tuple[int, int]]:
 
 
 def collect() -> MachineLimits:
-    """Every limit, read once; milliseconds (the user's threads walk /proc)."""
+    """Every limit, read once; about a millisecond, more where RLIMIT_NPROC applies (the
+    user's threads are then counted over /proc)."""
+    rlimits = process_limits()
     who = identity()
     known = who.value
-    users = (probe(lambda: threads_of_user(known.uid)) if known is not None
-             else Probed[int](error=who.error))
-    return MachineLimits(process_limits(), who, users, cgroup_limits(), kernel_threads(),
-                         meminfo(), shm_space(), allowed_cpus())
-
+    nproc = (rlimits.value or {}).get("nproc")
+    if known is None:
+        users: Probed[int] = Probed(error=who.error)
+    elif nproc is None or nproc.soft is None or known.nproc_exempt:
+        users = Probed(value=0, error=None)  # not counted: RLIMIT_NPROC does not bind here
+    else:
+        users = probe(lambda: threads_of_user(known.uid))
+    return MachineLimits(rlimits, who, users, cgroup_limits(), kernel_threads(), meminfo(),
+                         shm_space(), allowed_cpus())

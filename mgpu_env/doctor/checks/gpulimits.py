@@ -98,8 +98,10 @@ def check_memlock(facts: Facts) -> Check:
     if _memlock_needed(facts) and facts.nccl is not None:
         return Check("container.memlock", title, "error",
                      found + f": NCCL's InfiniBand transport ({', '.join(facts.nccl.hcas)}) "
-                     "registers its buffers against this limit and fails at init (`NET/IB : "
-                     "Unable to register memory`, `unhandled system error`)", expected, fix)
+                     "registers its buffers against this limit and fails at init (`NCCL WARN "
+                     "Call to ibv_reg_mr_iova2 failed with error Cannot allocate memory`, "
+                     "NVIDIA/nccl-tests#206; NCCL's troubleshooting page, InfiniBand)",
+                     expected, fix)
     return Check("container.memlock", title, "warn", found, expected, fix)
 
 
