@@ -113,6 +113,11 @@ def parse_info(text: str) -> DaemonInfo:
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("docker info answered something other than a JSON object")
+    if "ServerVersion" not in data and "host" in data:
+        # podman-docker's `docker` answers with Podman's own description.
+        raise ValueError("this `docker` is Podman: it gives containers GPUs through CDI "
+                         "(`nvidia-ctk cdi generate`, then `--device nvidia.com/gpu=all`), not "
+                         "through Docker's runtimes")
     options = [str(o) for o in data.get("SecurityOptions") or ()]
     return DaemonInfo(
         server_version=str(data.get("ServerVersion", "")),

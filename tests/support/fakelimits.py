@@ -6,8 +6,10 @@ none), the kernel's thread limits, /proc/meminfo and /dev/shm. `hardware.limits.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -135,7 +137,10 @@ def healthy_limits(shm_size: int = 8 * GIB) -> machine_limits.MachineLimits:
 def probed_limits(root: Path | None = None, **facts: Any) -> machine_limits.MachineLimits:
     """`hardware.limits.collect()` on a machine laid out with `facts` (in `root`, or a new
     temporary folder)."""
-    folder = root or Path(tempfile.mkdtemp(prefix="limits-"))
+    folder = root
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="limits-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     lay_out(folder, **facts)
     with host_root(folder):
         return machine_limits.collect()

@@ -249,3 +249,29 @@ def test_not_asked_in_a_container_or_without_the_gpu_compose_file(
     gpu_file = {"COMPOSE_FILE": "docker-compose.yml:docker-compose.gpu.yml"}
     inside = make_facts("all", environ=gpu_file)  # healthy_host: in a container
     assert inside.docker is None and check_docker(inside) == []
+
+
+def test_a_podman_behind_the_docker_command_is_named(use_fake_nvml: Install,
+                                                    tmp_path: Path) -> None:
+    use_fake_nvml(fake_with(1))
+    podman = {"host": {"arch": "amd64", "cgroupVersion": "v2", "ociRuntime": {"name": "crun"}},
+              "store": {"graphDriverName": "overlay"}, "version": {"Version": "4.9.3"}}
+    (check,) = judged(tmp_path, podman)["host.docker"]
+    assert check.status == "warn" and "Podman" in check.found and "CDI" in check.found
+
+
+def test_a_cdi_spec_the_daemon_cannot_read(use_fake_nvml: Install, tmp_path: Path) -> None:
+    use_fake_nvml(fake_with(1))
+    (tmp_path / "host/etc/cdi/nvidia.yaml").mkdir(parents=True)  # read() fails: EISDIR
+    checks = judged(tmp_path, info(SecurityOptions=ROOTLESS), toolkit=NO_CGROUPS)
+    assert statuses(checks)["host.cdi"] == ["warn"]
+    assert "cdi-spec-dirs" in checks["host.cdi"][0].fix
+
+
+def test_envvar_refused_when_unprivileged_is_said(use_fake_nvml: Install,
+                                                  tmp_path: Path) -> None:
+    use_fake_nvml(fake_with(1))
+    refusing = TOOLKIT.replace("#accept-nvidia-visible-devices-envvar-when-unprivileged = true",
+                               "accept-nvidia-visible-devices-envvar-when-unprivileged = false")
+    (check,) = judged(tmp_path, info(), toolkit=refusing)["host.toolkit"]
+    assert check.status == "ok" and "NVIDIA_VISIBLE_DEVICES alone gives no GPUs" in check.found

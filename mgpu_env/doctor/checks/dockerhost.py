@@ -135,7 +135,10 @@ def _combinations(host: DockerHost) -> list[Check]:
              + (f"mode {toolkit.mode}, no-cgroups {str(toolkit.no_cgroups).lower()}"
                 if toolkit else "no config.toml (its defaults)")
              + (f", libnvidia-container {host.libnvidia_container}"
-                if host.libnvidia_container else ""))
+                if host.libnvidia_container else "")
+             + ("; accept-nvidia-visible-devices-envvar-when-unprivileged = false: "
+                "NVIDIA_VISIBLE_DEVICES alone gives no GPUs (--gpus, compose's devices and CDI "
+                "do)" if toolkit and not toolkit.accept_envvar_unprivileged else ""))
     problems = _problems(host)
     if not problems:
         return [Check("host.toolkit", "NVIDIA toolkit setup", "ok", found, expected)]
