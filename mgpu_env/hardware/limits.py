@@ -85,6 +85,25 @@ class MachineLimits:
     cpus: Probed[int] = field(default_factory=Probed)  # Cpus_allowed_list
 
 
+def describe(limits: MachineLimits) -> str:
+    """One line of what was read, for a bug report (None: unlimited)."""
+    def word(value: int | None) -> str:
+        return "unlimited" if value is None else str(value)
+
+    parts = [f"{name} {word(r.soft)}/{word(r.hard)}"
+             for name, r in sorted((limits.rlimits.value or {}).items())] or [
+        f"rlimits: {limits.rlimits.text()}"]
+    cgroup = limits.cgroup.value
+    if cgroup is not None and cgroup.version:
+        parts.append(f"cgroup v{cgroup.version} {cgroup.path}: pids.max "
+                     f"{word(cgroup.pids_max)}, memory.max {word(cgroup.memory_max)}")
+    if limits.shm.value is not None:
+        parts.append(f"/dev/shm {limits.shm.value[0]} bytes ({limits.shm.value[1]} free)")
+    if limits.cpus.value is not None:
+        parts.append(f"{limits.cpus.value} CPUs allowed")
+    return "; ".join(parts)
+
+
 # --------------------------------------------------------------------------- parsing
 
 

@@ -313,3 +313,12 @@ def test_a_tensorflow_probe_does_not_change_the_verdict(use_fake_nvml: Install,
         probed = machine_limits.collect()
     facts = make_facts("all", tf=tf_facts(2), host=healthy_host(limits=probed))
     assert all(by_id(facts)[i].status == "ok" for i in LIMIT_IDS)
+
+
+def test_a_bug_report_line_says_what_was_read(tmp_path: Path) -> None:
+    lay_out(tmp_path, rlimits={"nproc": (4096, 8192)}, cgroup_path="/job",
+            cgroup_files={"pids.max": "512", "memory.max": str(8 * GIB)}, cpus="0-3")
+    with host_root(tmp_path):
+        line = machine_limits.describe(machine_limits.collect())
+    assert "nproc 4096/8192" in line and "pids.max 512" in line
+    assert f"memory.max {8 * GIB}" in line and "4 CPUs allowed" in line
