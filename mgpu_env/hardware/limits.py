@@ -96,7 +96,8 @@ def describe(limits: MachineLimits) -> str:
     cgroup = limits.cgroup.value
     if cgroup is not None and cgroup.version:
         parts.append(f"cgroup v{cgroup.version} {cgroup.path}: pids.max "
-                     f"{word(cgroup.pids_max)}, memory.max {word(cgroup.memory_max)}")
+                     f"{word(cgroup.pids_max)}, memory.max {word(cgroup.memory_max)}"
+                     + (f", CPU quota {cgroup.cpu_quota:g}" if cgroup.cpu_quota else ""))
     if limits.shm.value is not None:
         parts.append(f"/dev/shm {limits.shm.value[0]} bytes ({limits.shm.value[1]} free)")
     if limits.cpus.value is not None:

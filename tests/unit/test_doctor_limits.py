@@ -317,8 +317,20 @@ def test_a_tensorflow_probe_does_not_change_the_verdict(use_fake_nvml: Install,
 
 def test_a_bug_report_line_says_what_was_read(tmp_path: Path) -> None:
     lay_out(tmp_path, rlimits={"nproc": (4096, 8192)}, cgroup_path="/job",
-            cgroup_files={"pids.max": "512", "memory.max": str(8 * GIB)}, cpus="0-3")
+            cgroup_files={"pids.max": "512", "memory.max": str(8 * GIB),
+                          "cpu.max": "150000 100000"}, cpus="0-3")
     with host_root(tmp_path):
         line = machine_limits.describe(machine_limits.collect())
     assert "nproc 4096/8192" in line and "pids.max 512" in line
     assert f"memory.max {8 * GIB}" in line and "4 CPUs allowed" in line
+    assert "CPU quota 1.5" in line
+
+
+def test_cgroup_v1_cpu_quota_and_cpuset(tmp_path: Path) -> None:
+    lay_out(tmp_path, cgroup="v1", cgroup_path="/docker/abc", cgroup_files={
+        "cpu.cfs_quota_us": "200000", "cpu.cfs_period_us": "100000",
+        "cpuset.effective_cpus": "0-1,4"})
+    with host_root(tmp_path):
+        cgroup = machine_limits.collect().cgroup.value
+    assert cgroup is not None and cgroup.version == 1
+    assert cgroup.cpu_quota == 2.0 and cgroup.cpuset == 3
