@@ -36,4 +36,5 @@ def check_limits(facts: Facts) -> list[Check]:
                   f"{size_text(demand.memory)}, {demand.open_files} files; /dev/shm "
                   f"{size_text(shm)}",
                   "room for what TensorFlow asks here: threads, memory, address space, open "
-                  "files, /dev/shm, memlock, stack (--verbose or --json: each)")]
+                  "files, /dev/shm, memlock, stack (each on its own line where one does not "
+                  "hold; --json's facts.host.limits has every value read)")]
