@@ -22,9 +22,10 @@ from mgpu_env.hardware.limits import MachineLimits, Rlimit
 
 NOT_PROBED = Skipped("limits", "the machine's limits were not read")
 THREAD_FAILURE = (
-    "TensorFlow aborts when a pool's thread cannot start: `Check failed: ret == 0 (11 vs. 0)"
-    "Thread ... creation via pthread_create() failed`, or `terminate called after throwing an "
-    "instance of 'std::system_error' what(): Resource temporarily unavailable`"
+    "TensorFlow aborts when a pool's thread cannot start: `Check failed: ret == 0 (11 vs. 0) "
+    "Thread tf_data_private_threadpool creation via pthread_create() failed`, `LLVM ERROR: "
+    "pthread_create failed: Resource temporarily unavailable`, or `terminate called after "
+    "throwing an instance of 'std::system_error' what(): Resource temporarily unavailable`"
 )
 FIX_UNREADABLE = (
     "read the limits by hand (`ulimit -a`, `cat /proc/self/limits /proc/self/cgroup`) and "
@@ -206,8 +207,9 @@ def check_address_space(facts: Facts) -> Check:
     title = "Address space limit"
 
     def judge(limits: MachineLimits, demand: Demand) -> Check:
-        expected = (f"unlimited, or more than {size_text(demand.address_space)} (TensorFlow, "
-                    f"{demand.threads} thread stacks of {size_text(demand.thread_stack)}"
+        expected = (f"unlimited, or more than {size_text(demand.address_space)} (TensorFlow's "
+                    f"libraries and malloc arenas, {demand.threads} thread stacks of "
+                    f"{size_text(demand.thread_stack)}"
                     + (", CUDA's reservation: host memory + the GPUs' memory)" if demand.gpus
                        else ")"))
         rlimit = rlimit_of(limits, "as")
