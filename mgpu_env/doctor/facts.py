@@ -13,12 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
 from mgpu_env.hardware import (
-    dockerhost,
     hostfacts,
     hostgpus,
     hostroot,
@@ -30,7 +29,6 @@ from mgpu_env.hardware import limits as machine_limits
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
-from mgpu_env.hardware.dockerhost import DockerHost
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
 from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
@@ -44,6 +42,9 @@ from mgpu_env.runtime.keras import (
     tf_keras_installed,
 )
 from mgpu_env.tfprobes.tfprobe import TfFacts
+
+if TYPE_CHECKING:  # Docker's host probe is imported where it runs: on a host, rarely
+    from mgpu_env.hardware.dockerhost import DockerHost
 
 # Environment variables the report shows as they were before mgpu changed anything.
 REPORTED_VARIABLES = (
@@ -221,6 +222,8 @@ def gpu_compose_selected(environ: Mapping[str, str], env_file: Mapping[str, str]
 
 
 def probe_docker() -> DockerHost:
+    from mgpu_env.hardware import dockerhost
+
     return dockerhost.collect()
 
 

@@ -21,10 +21,13 @@ Each rule cites the toolkit's documentation or the thread where NVIDIA gave the 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from mgpu_env.doctor.checks.common import Check, Status, check
 from mgpu_env.doctor.facts import Facts
-from mgpu_env.hardware.dockerhost import DockerHost
+
+if TYPE_CHECKING:  # imported where Docker is asked (facts.probe_docker)
+    from mgpu_env.hardware.dockerhost import DockerHost
 
 FIX_CONTAINER_TOOLKIT = (
     "install the NVIDIA Container Toolkit "
