@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import mgpu_env.doctor.facts as probes
 from mgpu_env.config.errors import ConfigError
@@ -18,11 +19,14 @@ from mgpu_env.hardware import cudadriver, cudalibs, hostroot, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection, select_gpus
-from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
+from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.runtime import Runtime, build_runtime
 from mgpu_env.tfprobes import tfprobe
 from mgpu_env.tfprobes.tfprobe import TfFacts
+
+if TYPE_CHECKING:
+    from mgpu_env.hardware.dockerhost import DockerHost
 
 
 def _decide(
@@ -110,7 +114,7 @@ def gather_with_runtime(
 def _docker_and_p2p(
     host: HostFacts, selection: GpuSelection | None, resolved: ResolvedSettings,
     environ: Mapping[str, str],
-) -> tuple[Probed[DockerGpu] | None, P2pHost | None]:
+) -> tuple[DockerHost | None, P2pHost | None]:
     """Docker's GPU support where the GPU compose file is selected on a host; the host's
     P2P facts where two GPUs or more are used."""
     docker = None

@@ -2,28 +2,35 @@
 
 Each probe is a module-level function that never raises: a failure becomes a `Probed`
 with an error ("could not collect ..."). Tests build `Facts` directly, or replace a probe
-with `monkeypatch.setattr(facts, "probe_shm_bytes", ...)`.
+with `monkeypatch.setattr(facts, "probe_host", ...)`.
 """
 
 from __future__ import annotations
 
-import os
 import platform
-import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
-from mgpu_env.hardware import devopen, hostfacts, hostgpus, ncclenv, nvidiahost, nvml
+from mgpu_env.hardware import (
+    devopen,
+    hostfacts,
+    hostgpus,
+    hostroot,
+    ncclenv,
+    nvidiahost,
+    nvml,
+)
+from mgpu_env.hardware import limits as machine_limits
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
-from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
+from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.hostroot import host_path
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
 from mgpu_env.runtime.cluster import decide_cluster
@@ -36,6 +43,9 @@ from mgpu_env.runtime.keras import (
     tf_keras_installed,
 )
 from mgpu_env.tfprobes.tfprobe import TfFacts
+
+if TYPE_CHECKING:  # Docker's host probe is imported where it runs: on a host, rarely
+    from mgpu_env.hardware.dockerhost import DockerHost
 
 # Environment variables the report shows as they were before mgpu changed anything.
 REPORTED_VARIABLES = (
@@ -53,6 +63,9 @@ REPORTED_VARIABLES = (
     "NCCL_SOCKET_IFNAME",
     "NCCL_DEBUG",
     "TF_FORCE_GPU_ALLOW_GROWTH",
+    # TensorFlow's pool sizes where the user set them (the thread-limit check's demand).
+    "TF_NUM_INTEROP_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
     LEGACY_VARIABLE,
     # Where the dynamic loader looks first, and a conda environment that may have set it.
     "LD_LIBRARY_PATH",
@@ -72,7 +85,6 @@ DISTRIBUTIONS = {
     "NumPy": "numpy",
     "nvidia-ml-py": "nvidia-ml-py",
 }
-UNLIMITED = -1
 
 
 @dataclass(frozen=True)
@@ -85,12 +97,7 @@ class HostFacts:
     # The machine's NVIDIA GPUs by the kernel's /proc and /sys, which a container without
     # the NVIDIA runtime still sees (hardware.hostgpus).
     host_gpus: Probed[int] = field(default_factory=lambda: Probed(value=0))
-    shm_bytes: Probed[int] = field(default_factory=Probed)
-    # RLIMIT_MEMLOCK (soft, hard) in bytes; -1 is unlimited.
-    memlock: Probed[tuple[int, int]] = field(default_factory=Probed)
     euid: Probed[int] = field(default_factory=Probed)
-    # RLIMIT_STACK (soft, hard) in bytes; -1 is unlimited. NVIDIA asks for 64 MiB.
-    stack: Probed[tuple[int, int]] = field(default_factory=Probed)
     # /dev/dxg: WSL2's GPU device; there the GPU comes without any /dev/nvidia* file.
     wsl_gpu: Probed[bool] = field(default_factory=lambda: Probed(value=False))
     # The NVIDIA kernel modules loaded (/proc/modules: the host's, also from a container).
@@ -98,6 +105,9 @@ class HostFacts:
     # What tells NVML's failures apart: the kernel module's version against the NVML
     # library's, nouveau, the GPUs on the PCI bus, /dev/nvidia* permissions, the groups.
     nvidia: nvidiahost.NvidiaHost = field(default_factory=nvidiahost.NvidiaHost)
+    # The process's, cgroup's and kernel's limits, /dev/shm, memory and CPUs (hardware.limits);
+    # None: not read (the limit checks skip).
+    limits: machine_limits.MachineLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -156,9 +166,9 @@ class Facts:
     # CUDA's driver API (cuInit) in a child with the run's environment; None: not probed
     # (no GPU from NVML, GPUS=none, or the pre-flight).
     cuda_driver: Probed[DriverApi] | None = None
-    # Docker's way to give containers GPUs, asked on a host where the GPU compose file is
-    # selected (COMPOSE_FILE); None: not asked.
-    docker: Probed[DockerGpu] | None = None
+    # Docker's host side (the daemon, the NVIDIA toolkit's settings, CDI), read on a host
+    # where the GPU compose file is selected (COMPOSE_FILE); None: not asked.
+    docker: DockerHost | None = None
     # IOMMU, ACS, hypervisor: what can break P2P between GPUs; None: fewer than 2 GPUs.
     p2p: P2pHost | None = None
     # NCCL's variables and the interfaces and HCAs they may name; None: not probed.
@@ -196,29 +206,8 @@ def probe_device_files(dev: Path | None = None) -> Probed[tuple[str, ...]]:
     return probe(lambda: tuple(sorted(p.name for p in (dev or host_path("/dev")).glob("nvidia*"))))
 
 
-def probe_shm_bytes(path: str | None = None) -> Probed[int]:
-    def size() -> int:
-        stats = os.statvfs(path or host_path("/dev/shm"))
-        return stats.f_frsize * stats.f_blocks
-
-    return probe(size)
-
-
-def _limits(which: int) -> Probed[tuple[int, int]]:
-    def limits() -> tuple[int, int]:
-        soft, hard = resource.getrlimit(which)
-        as_int = lambda v: UNLIMITED if v == resource.RLIM_INFINITY else int(v)  # noqa: E731
-        return as_int(soft), as_int(hard)
-
-    return probe(limits)
-
-
-def probe_memlock() -> Probed[tuple[int, int]]:
-    return _limits(resource.RLIMIT_MEMLOCK)
-
-
-def probe_stack() -> Probed[tuple[int, int]]:
-    return _limits(resource.RLIMIT_STACK)
+def probe_limits() -> machine_limits.MachineLimits:
+    return machine_limits.collect()
 
 
 def probe_wsl_gpu(dev: Path | None = None) -> Probed[bool]:
@@ -241,8 +230,10 @@ def gpu_compose_selected(environ: Mapping[str, str], env_file: Mapping[str, str]
     return GPU_COMPOSE_FILE in environ.get("COMPOSE_FILE", env_file.get("COMPOSE_FILE", ""))
 
 
-def probe_docker() -> Probed[DockerGpu]:
-    return hostfacts.docker_gpu_support()
+def probe_docker() -> DockerHost:
+    from mgpu_env.hardware import dockerhost
+
+    return dockerhost.collect()
 
 
 def probe_p2p(bus_ids: tuple[str, ...]) -> P2pHost:
@@ -259,13 +250,11 @@ def probe_host() -> HostFacts:
         in_container=probe_in_container(),
         device_files=probe_device_files(),
         host_gpus=probe(hostgpus.host_nvidia_gpus),
-        shm_bytes=probe_shm_bytes(),
-        memlock=probe_memlock(),
         euid=probe_euid(),
-        stack=probe_stack(),
         wsl_gpu=probe_wsl_gpu(),
         nvidia_modules=probe_nvidia_modules(),
         nvidia=probe_nvidia_host(),
+        limits=probe_limits(),
     )
 
 
@@ -338,7 +327,8 @@ def probe_keras(
 
 
 def probe_nccl(environ: Mapping[str, str], root: Path | None = None) -> NcclFacts:
-    root = root or host_path("/")
+    """NCCL's variables, and the interfaces and HCAs under the host root's /sys."""
+    root = hostroot.host_root() if root is None else root
     return NcclFacts({k: v for k, v in environ.items() if k.startswith("NCCL_")},
                      ncclenv.interfaces(root), ncclenv.hcas(root))
 

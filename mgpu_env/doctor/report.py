@@ -26,6 +26,7 @@ from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import BY_ENV
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.doctor.verdict import Diagnosis
+from mgpu_env.hardware import limits as machine_limits
 from mgpu_env.hardware.hostroot import host_path
 from mgpu_env.hardware.nvml import Probed, probe
 
@@ -280,6 +281,8 @@ def build_report(
         "container": "yes" if facts.host.in_container.value else (
             "no" if facts.host.in_container.ok else facts.host.in_container.text()),
     }
+    if facts.host.limits is not None:
+        system["limits"] = machine_limits.describe(facts.host.limits)
     driver = (
         {"driver": snapshot.driver_version.text(),
          "CUDA (driver supports)": _cuda_of_driver(snapshot.cuda_driver_version),

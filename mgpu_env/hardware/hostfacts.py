@@ -1,11 +1,6 @@
-"""Facts of the host around the GPUs that neither NVML nor CUDA report: whether Docker can
-give containers GPUs, and what stands between GPUs for peer-to-peer copies.
+"""Facts of the host around the GPUs that neither NVML nor CUDA report: what stands between
+GPUs for peer-to-peer copies. (Docker's host side is `dockerhost`.)
 
-- Docker (`docker_gpu_support`): the NVIDIA runtime in `docker info`, a CDI spec for
-  nvidia.com/gpu in /etc/cdi or /var/run/cdi, or `nvidia-container-runtime-hook` on PATH
-  (what `--gpus` and compose's `driver: nvidia` use). Without any, Docker refuses the GPU
-  compose file: `could not select device driver "" with capabilities: [[gpu]]`
-  (NVIDIA/nvidia-docker#1352).
 - P2P (`p2p_host`): IOMMU groups (/sys/kernel/iommu_groups), the kernel command line
   (iommu=, intel_iommu=, amd_iommu=, pci=noacs), ACS enabled on the PCI bridges above the GPUs
   (/sys/bus/pci/devices/*/config: extended configuration space, readable by root only), and
@@ -19,73 +14,12 @@ raises, and needs no root: what it cannot read is "could not collect (why)".
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mgpu_env.hardware.hostroot import host_path
 from mgpu_env.hardware.nvml import Probed, probe
-
-DOCKER_TIMEOUT_S = 4.0
-CDI_FOLDERS = (Path("/etc/cdi"), Path("/var/run/cdi"))
-HOOK = "nvidia-container-runtime-hook"
-
-
-@dataclass(frozen=True)
-class DockerGpu:
-    """What lets this Docker give containers GPUs."""
-
-    runtimes: tuple[str, ...] = ()  # `docker info`'s runtimes
-    cdi_specs: tuple[str, ...] = ()  # CDI spec files that name nvidia.com/gpu
-    hook: str | None = None  # nvidia-container-runtime-hook on PATH
-    docker: str | None = None  # the docker client's file (a snap's cannot use the toolkit)
-
-    @property
-    def ready(self) -> bool:
-        return "nvidia" in self.runtimes or bool(self.cdi_specs) or self.hook is not None
-
-
-def run_docker_info(docker: str, timeout_s: float = DOCKER_TIMEOUT_S) -> str:
-    """`docker info --format '{{json .Runtimes}}'`. Replaced in tests."""
-    done = subprocess.run([docker, "info", "--format", "{{json .Runtimes}}"],
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        raise RuntimeError((done.stderr.strip().splitlines() or ["no answer"])[-1])
-    return done.stdout
-
-
-def cdi_specs(folders: Iterable[Path] | None = None) -> tuple[str, ...]:
-    """CDI spec files that describe NVIDIA GPUs (`nvidia-ctk cdi generate` writes them)."""
-    found = []
-    for folder in [host_path(str(f)) for f in CDI_FOLDERS] if folders is None else folders:
-        for spec in sorted(folder.glob("*")) if folder.is_dir() else ():
-            try:
-                if spec.suffix in (".yaml", ".yml", ".json") and "nvidia.com" in spec.read_text(
-                        errors="replace"):
-                    found.append(str(spec))
-            except OSError:
-                continue
-    return tuple(found)
-
-
-def docker_gpu_support(path: str | None = None) -> Probed[DockerGpu]:
-    """How this host's Docker gives containers GPUs; an error when docker does not answer."""
-
-    def collect() -> DockerGpu:
-        docker = shutil.which("docker", path=path)
-        specs = cdi_specs()
-        hook = shutil.which(HOOK, path=path)
-        if docker is None:
-            raise RuntimeError("no docker command on PATH")
-        runtimes = tuple(sorted(json.loads(run_docker_info(docker) or "{}")))
-        return DockerGpu(runtimes, specs, hook, os.path.realpath(docker))
-
-    return probe(collect)
-
 
 # ------------------------------------------------------------------------------- P2P
 

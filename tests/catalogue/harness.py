@@ -52,10 +52,7 @@ GIB = 1024**3
 HEALTHY_HOST: dict[str, Any] = {
     "in_container": True,
     "device_files": ("nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"),
-    "shm_bytes": 8 * GIB,
-    "memlock": (-1, -1),
     "euid": 1000,
-    "stack": (64 * 1024 * 1024, -1),
     "wsl_gpu": False,
     "nvidia_modules": ("nvidia", "nvidia_modeset", "nvidia_uvm"),
 }
@@ -82,6 +79,12 @@ def _host(overrides: dict[str, Any], machine: Any = None) -> Any:
     known = {f.name for f in dataclasses.fields(HostFacts)}
     values = {**HEALTHY_HOST, **overrides}
     host = {k: Probed(value=v) for k, v in values.items() if k in known}
+    if "limits" in known:
+        # The machine's limits as the probe reads them from files (shm_bytes: /dev/shm's size).
+        from tests.support.fakelimits import GIB as _GIB
+        from tests.support.fakelimits import healthy_limits
+
+        host["limits"] = healthy_limits(values.get("shm_bytes", 8 * _GIB))
     if machine is not None and "nvidia" in known:
         # What the fake tree shows: the kernel's GPUs and the device files, as probed.
         host.update(nvidia=machine, host_gpus=Probed(value=len(machine.gpu_bus_ids)))
@@ -168,10 +171,12 @@ def set_up(thread: Thread, tmp: Path, patch: pytest.MonkeyPatch) -> tuple[Any, d
                                      Probed(value=p2p["hypervisor"]), Probed(value=p2p["acs"]))
         docker = {"runtimes": ("io.containerd.runc.v2", "nvidia", "runc"), "cdi": (),
                   "hook": None, "docker": "/usr/bin/docker", **(scenario.docker or {})}
-        answer = hostfacts.DockerGpu(docker["runtimes"], docker["cdi"], docker["hook"],
-                                     docker["docker"])
+        from tests.support.fake_doctor import docker_gpu
+
+        answer = docker_gpu(runtimes=docker["runtimes"], hook=docker["hook"],
+                            docker=docker["docker"])
         patch.setattr(probes, "probe_p2p", lambda bus_ids: host_p2p, raising=False)
-        patch.setattr(probes, "probe_docker", lambda: Probed(value=answer), raising=False)
+        patch.setattr(probes, "probe_docker", lambda: answer, raising=False)
     folders: list[Path] = []
     if scenario.libcuda is not None:
         options = dict(scenario.libcuda)

@@ -11,9 +11,11 @@ from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack, CudaTool, LoadedLibrary
-from mgpu_env.hardware.hostfacts import DockerGpu, P2pHost
+from mgpu_env.hardware.dockerhost import DaemonInfo, DockerHost
+from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.tfprobes.tfprobe import CudnnLibrary, TfBuildInfo, TfFacts
+from tests.support.fakelimits import healthy_limits
 
 TF_221_CAPABILITIES = ("sm_60", "sm_70", "sm_80", "sm_89", "compute_90")
 GIB = 1024**3
@@ -106,21 +108,22 @@ def p2p_host(*, iommu_groups: int = 0, cmdline: str = "", hypervisor: bool = Fal
 
 
 def docker_gpu(*, runtimes: tuple[str, ...] = ("io.containerd.runc.v2", "nvidia", "runc"),
-               cdi: tuple[str, ...] = (), hook: str | None = None,
-               docker: str = "/usr/bin/docker") -> Probed[DockerGpu]:
-    return Probed(value=DockerGpu(runtimes, cdi, hook, docker))
+               hook: str | None = None, docker: str = "/usr/bin/docker") -> DockerHost:
+    """A rootful Docker 27 with the cgroupfs driver and the given runtimes (the tests of
+    Docker's host side lay out a machine and a `docker` command instead)."""
+    info = DaemonInfo("27.3.1", False, "cgroupfs", "2", tuple(sorted(runtimes)), "runc")
+    return DockerHost(docker=docker, info=Probed(value=info), hook=hook)
 
 
 def healthy_host(**changes: object) -> HostFacts:
     values: dict[str, object] = {
         "in_container": Probed(value=True),
         "device_files": Probed(value=("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm")),
-        "shm_bytes": Probed(value=8 * GIB),
-        "memlock": Probed(value=(-1, -1)),
         "euid": Probed(value=1000),
-        "stack": Probed(value=(64 * 1024 * 1024, -1)),
         "wsl_gpu": Probed(value=False),
         "nvidia_modules": Probed(value=("nvidia", "nvidia_modeset", "nvidia_uvm")),
+        # /proc/self/limits, the cgroup, /dev/shm ... of a healthy machine, read by the probe.
+        "limits": healthy_limits(),
     }
     values.update(changes)
     return HostFacts(**values)  # type: ignore[arg-type]

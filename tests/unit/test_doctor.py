@@ -18,6 +18,7 @@ from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.nvml import Probed
 from tests.support.fake_doctor import GIB, healthy_host, make_facts, tf_facts
 from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
+from tests.support.fakelimits import probed_limits
 from tests.support.runtimes import runtime_for
 
 Install = Callable[[FakeNvml], FakeNvml]
@@ -44,8 +45,8 @@ def test_two_healthy_gpus_everything_ok(use_fake_nvml: Install) -> None:
 def test_every_check_has_found_and_every_problem_a_fix(use_fake_nvml: Install) -> None:
     use_fake_nvml(fake_with(8, driver_version="470.82.01", cuda_driver_version=11040,
                             p2p_ok=False, topology_level=50))
-    host = healthy_host(shm_bytes=Probed(value=64 * 1024 * 1024), euid=Probed(value=0),
-                        memlock=Probed(value=(65536, 65536)))
+    host = healthy_host(euid=Probed(value=0), limits=probed_limits(
+        shm_size=64 * 1024 * 1024, rlimits={"memlock": (65536, 65536)}))
     for check in run_checks(make_facts("all", tf=tf_facts(0, cudnn=None), host=host)):
         assert check.found, check
         if check.status in ("warn", "error"):
@@ -409,27 +410,6 @@ def test_nvidia_visible_devices_void(machine_facts: MachineFacts, use_fake_nvml:
 
 
 # -------------------------------------------------------------------------- container
-
-
-@pytest.mark.parametrize(
-    ("size", "status"), [(64 * 1024 * 1024, "warn"), (1 * GIB, "ok"), (None, "warn")]
-)
-def test_shm(use_fake_nvml: Install, size: int | None, status: str) -> None:
-    use_fake_nvml(fake_with(1))
-    shm = Probed(value=size) if size else Probed(error="No such file or directory")
-    check = by_id(make_facts("all", host=healthy_host(shm_bytes=shm)))["container.shm"]
-    assert check.status == status
-    if size:
-        assert check.status != "warn" or "shm_size" in check.fix
-
-
-def test_memlock(use_fake_nvml: Install) -> None:
-    use_fake_nvml(fake_with(1))
-    limited = healthy_host(memlock=Probed(value=(8 * 1024 * 1024, 8 * 1024 * 1024)))
-    check = by_id(make_facts("all", host=limited))["container.memlock"]
-    assert check.status == "warn" and "memlock=-1" in check.fix
-    assert by_id(make_facts("none", host=limited))["container.memlock"].status == "ok"
-    assert by_id(make_facts("all"))["container.memlock"].status == "ok"
 
 
 def test_root(use_fake_nvml: Install) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -11,11 +12,11 @@ from typer.testing import CliRunner
 
 from entrypoint.app import app
 from mgpu_env.doctor import facts as probes
-from mgpu_env.hardware.nvml import Probed
 from mgpu_env.tfprobes import tfprobe
 from mgpu_env.tfprobes.tfprobe import TfFacts
 from tests.support.fake_doctor import healthy_host, tf_facts
 from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.fakelimits import probed_limits
 
 Install = Callable[[FakeNvml], FakeNvml]
 REAL_PROBE_HOST = probes.probe_host
@@ -132,7 +133,7 @@ def test_json_has_every_check_and_the_facts(
     mig = facts["nvml"]["listing"]["gpus"][0]["mig_enabled"]
     assert mig["value"] is None and "Not Supported" in mig["error"]
     assert facts["tensorflow"]["gpus"]["value"] == ["/physical_device:GPU:0"]
-    assert facts["host"]["shm_bytes"]["value"] > 0
+    assert facts["host"]["limits"]["shm"]["value"][0] > 0
 
 
 def test_json_with_bad_index_still_reports(use_fake_nvml: Install) -> None:
@@ -145,12 +146,11 @@ def test_json_with_bad_index_still_reports(use_fake_nvml: Install) -> None:
 
 
 def test_small_shm_is_named_with_the_compose_setting(
-    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch
+    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     use_fake_nvml(fake_with(1, **HEALTHY_DRIVER))  # type: ignore[arg-type]
-    monkeypatch.setattr(
-        probes, "probe_host", lambda: healthy_host(shm_bytes=Probed(value=64 * 1024 * 1024))
-    )
+    small_shm = probed_limits(tmp_path, shm_size=64 * 1024 * 1024)
+    monkeypatch.setattr(probes, "probe_host", lambda: healthy_host(limits=small_shm))
     code, out = invoke("--no-tf")
     assert code == 0
     assert "64 MiB" in out and "shm_size" in out

@@ -214,20 +214,6 @@ def test_wsl2_is_not_an_error(use_fake_nvml: Install) -> None:
     assert check.status == "ok" and "/dev/dxg" in check.found
 
 
-@pytest.mark.parametrize(
-    ("soft", "gpus", "status"),
-    [(8 * 1024**2, 1, "warn"), (8 * 1024**2, 0, "ok"), (64 * 1024**2, 1, "ok"), (-1, 1, "ok")],
-)
-def test_stack_limit(use_fake_nvml: Install, soft: int, gpus: int, status: str) -> None:
-    use_fake_nvml(fake_with(gpus))
-    host = healthy_host(stack=Probed(value=(soft, -1)))
-    check = by_id(make_facts("all", host=host))["container.stack"]
-    assert check.status == status
-    if status == "warn":
-        assert "stack=67108864" in check.fix and "ulimit -s 65536" in check.fix
-        assert "soft 8 MiB" in check.found
-
-
 # ---------------------------------------------------------------------- mixed precision
 
 

@@ -1,9 +1,8 @@
-"""The host around the GPUs: Docker's way to give containers GPUs, and IOMMU, ACS and a
-hypervisor under PCIe P2P; every probe against a fake /sys, /proc or docker command."""
+"""The host around the GPUs: IOMMU, ACS and a hypervisor under PCIe P2P; every probe against
+a fake /sys or /proc. (Docker's host side: test_doctor_dockerhost.py.)"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,13 +11,10 @@ import pytest
 
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import Check, gather
-from mgpu_env.doctor import facts as probes
-from mgpu_env.doctor.checks import check_docker, check_p2p
-from mgpu_env.doctor.checks.host import FIX_CONTAINER_TOOLKIT, FIX_P2P, FIX_P2P_VM, FIX_SNAP_DOCKER
+from mgpu_env.doctor.checks import check_p2p
+from mgpu_env.doctor.checks.host import FIX_P2P, FIX_P2P_VM
 from mgpu_env.hardware import hostfacts
-from mgpu_env.hardware.nvml import Probed
-from tests.support.fake_doctor import docker_gpu, healthy_host, make_facts
-from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.fake_nvml import FakeNvml
 from tests.support.fakemachine import FakeHost, Machine, machine_nvml
 
 Install = Callable[[FakeNvml], FakeNvml]
@@ -108,66 +104,3 @@ def test_p2p_verdict(fake_machine: Callable[..., FakeHost], machine: Machine, st
 def test_nvlink_is_not_judged_by_the_pcie_path(fake_machine: Callable[..., FakeHost]) -> None:
     check = p2p_check(fake_machine, Machine(iommu_groups=9), nvlink=True)
     assert check.status == "ok"
-
-
-# ---------------------------------------------------------------------------- Docker
-
-
-def fake_docker(tmp_path: Path, runtimes: str) -> str:
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    script = folder / "docker"
-    script.write_text(f"#!/bin/sh\necho '{runtimes}'\n")
-    script.chmod(0o755)
-    return str(folder)
-
-
-def test_docker_info_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hostfacts, "CDI_FOLDERS", (tmp_path / "cdi",))
-    path = fake_docker(tmp_path, '{"io.containerd.runc.v2":{},"runc":{}}')
-    got = hostfacts.docker_gpu_support(path)
-    assert got.value is not None and got.value.runtimes == ("io.containerd.runc.v2", "runc")
-    assert not got.value.ready
-    (tmp_path / "cdi").mkdir()
-    (tmp_path / "cdi" / "nvidia.yaml").write_text("kind: nvidia.com/gpu\n")
-    assert hostfacts.cdi_specs((tmp_path / "cdi",)) == (str(tmp_path / "cdi" / "nvidia.yaml"),)
-
-
-def test_no_docker_is_could_not_collect(tmp_path: Path) -> None:
-    got = hostfacts.docker_gpu_support(str(tmp_path))
-    assert not got.ok and "no docker command" in (got.error or "")
-
-
-@pytest.mark.parametrize(("answer", "status", "fix"), [
-    (docker_gpu(), "ok", ""),
-    (docker_gpu(runtimes=("runc",), cdi=("/etc/cdi/nvidia.yaml",)), "ok", ""),
-    (docker_gpu(runtimes=("runc",), hook="/usr/bin/nvidia-container-runtime-hook"), "ok", ""),
-    (docker_gpu(runtimes=("io.containerd.runc.v2", "runc")), "error", FIX_CONTAINER_TOOLKIT),
-    (docker_gpu(runtimes=("runc",), docker="/snap/docker/2915/bin/docker"), "error",
-     FIX_SNAP_DOCKER),
-])
-def test_docker_verdict_on_a_host_with_the_gpu_compose_file(
-    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch, answer: Probed[object],
-    status: str, fix: str,
-) -> None:
-    use_fake_nvml(fake_with(1))
-    monkeypatch.setattr(probes, "probe_docker", lambda: answer)
-    host = healthy_host(in_container=Probed(value=False))
-    facts = make_facts("all", host=host, environ={
-        "COMPOSE_FILE": "docker-compose.yml:docker-compose.gpu.yml"})
-    checks = check_docker(facts)
-    assert [(c.status, c.fix) for c in checks] == [(status, fix)]
-
-
-def test_docker_is_not_asked_in_a_container_or_without_the_gpu_file(
-    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    use_fake_nvml(fake_with(1))
-    asked: list[int] = []
-    monkeypatch.setattr(probes, "probe_docker", lambda: asked.append(1) or docker_gpu())
-    gpu_file = {"COMPOSE_FILE": "docker-compose.yml:docker-compose.gpu.yml"}
-    make_facts("all", host=healthy_host(in_container=Probed(value=True)), environ=gpu_file)
-    make_facts("all", host=healthy_host(in_container=Probed(value=False)),
-               environ={"COMPOSE_FILE": "docker-compose.yml"})
-    assert asked == [] and check_docker(make_facts("all")) == []
-    assert os.environ.get("COMPOSE_FILE") is None

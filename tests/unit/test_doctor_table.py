@@ -15,15 +15,22 @@ from entrypoint.doctor import wrap_whole
 from mgpu_env.doctor import facts as probes
 from mgpu_env.hardware import cudalibs
 from mgpu_env.hardware.cudalibs import LIBRARIES, CudaStack
+from mgpu_env.hardware.limits import MachineLimits
 from mgpu_env.hardware.nvml import Probed
 from mgpu_env.tfprobes import tfprobe
 from mgpu_env.tfprobes.tfprobe import TfFacts
 from tests.support.fake_doctor import cuda_stack, healthy_host, tf_facts, versions
 from tests.support.fake_nvml import FakeNvml, fake_with
+from tests.support.fakelimits import probed_limits
 
 Install = Callable[[FakeNvml], FakeNvml]
 WIDE = "/opt/a-rather-long-virtual-environment/lib/python3.12/site-packages"
 MiB = 1024 * 1024
+
+
+def healthy_limits_with_cpu_defaults() -> MachineLimits:
+    """A workstation's defaults: memlock 8 MiB, stack 8 MiB (fine without a GPU)."""
+    return probed_limits(rlimits={"memlock": (8 * MiB, 8 * MiB), "stack": (8 * MiB, None)})
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +39,7 @@ def cpu_host(use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     use_fake_nvml(fake_with(0))
     monkeypatch.setattr(probes, "probe_host", lambda: healthy_host(
         in_container=Probed(value=False), device_files=Probed(value=()),
-        memlock=Probed(value=(8 * MiB, 8 * MiB)), stack=Probed(value=(8 * MiB, -1))))
+        limits=healthy_limits_with_cpu_defaults()))
     monkeypatch.setattr(probes, "probe_versions", lambda: versions())
     facts = tf_facts(0)
     stack = _with_long_paths(cuda_stack(missing=tuple(lib.name for lib in LIBRARIES),

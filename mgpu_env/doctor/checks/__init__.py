@@ -8,7 +8,12 @@ it never changes the exit code.
 - `cuda`: TensorFlow's build, the CUDA libraries, cuDNN, NCCL, ptxas and libdevice;
 - `gpus`: each GPU, mixed precision, sameness, links;
 - `visible`: GPUS, the visibility variables, what TensorFlow lists;
-- `container`: device files, /dev/shm, memlock and stack limits, the user;
+- `container`: device files, the user, the run folder;
+- `limits` (`processlimits`, `gpulimits`): every limit that stops TensorFlow (threads,
+  memory, address space, open files, /dev/shm, memlock, stack) against what this machine
+  makes it ask for (`doctor.demand`);
+- `dockerhost`: Docker's host side (daemon, NVIDIA toolkit settings, CDI), on a host;
+- `host`: what can break P2P between GPUs;
 - `cluster`: the engine that described the cluster, and whether each peer answers;
 - `versions`: Python, TensorFlow, Keras against the table and the lock;
 - `common`: `Check`, `Status` and the helpers the topics share;
@@ -37,15 +42,7 @@ from mgpu_env.doctor.checks.common import (
     group_skipped,
     target_build,
 )
-from mgpu_env.doctor.checks.container import (
-    DOCKER_DEFAULT_SHM,
-    check_device_files,
-    check_memlock,
-    check_run_folder,
-    check_shm,
-    check_stack,
-    check_user,
-)
+from mgpu_env.doctor.checks.container import check_device_files, check_run_folder, check_user
 from mgpu_env.doctor.checks.containerview import check_container_view
 from mgpu_env.doctor.checks.cuda import (
     check_cuda_libraries,
@@ -55,11 +52,18 @@ from mgpu_env.doctor.checks.cuda import (
     check_ptxas,
     check_tf_build,
 )
+from mgpu_env.doctor.checks.dockerhost import check_docker
 from mgpu_env.doctor.checks.driver import (
     check_cuda_driver,
     check_driver_cuda,
     check_driver_version,
     check_nvml,
+)
+from mgpu_env.doctor.checks.gpulimits import (
+    DOCKER_DEFAULT_SHM,
+    check_memlock,
+    check_shm,
+    check_stack,
 )
 from mgpu_env.doctor.checks.gpus import (
     capability_support,
@@ -70,10 +74,17 @@ from mgpu_env.doctor.checks.gpus import (
     gpu_checks,
 )
 from mgpu_env.doctor.checks.health import check_health
-from mgpu_env.doctor.checks.host import check_docker, check_p2p
+from mgpu_env.doctor.checks.host import check_p2p
 from mgpu_env.doctor.checks.judge import ALL_CHECKS, PREFLIGHT_CHECKS, registered, run_checks
 from mgpu_env.doctor.checks.libraries import check_tf_libraries
+from mgpu_env.doctor.checks.limits import check_limits
 from mgpu_env.doctor.checks.ncclvars import check_nccl_variables
+from mgpu_env.doctor.checks.processlimits import (
+    check_address_space,
+    check_memory,
+    check_open_files,
+    check_threads,
+)
 from mgpu_env.doctor.checks.versions import check_keras, check_versions
 from mgpu_env.doctor.checks.visible import check_request, check_tf_devices, check_visibility_env
 
@@ -93,6 +104,7 @@ __all__ = [
     "SkippedGroup",
     "Status",
     "capability_support",
+    "check_address_space",
     "check_cluster",
     "check_container_view",
     "check_cuda_driver",
@@ -106,11 +118,14 @@ __all__ = [
     "check_health",
     "check_keras",
     "check_libdevice",
+    "check_limits",
     "check_memlock",
+    "check_memory",
     "check_mixed_precision",
     "check_nccl",
     "check_nccl_variables",
     "check_nvml",
+    "check_open_files",
     "check_p2p",
     "check_ptxas",
     "check_request",
@@ -120,6 +135,7 @@ __all__ = [
     "check_tf_build",
     "check_tf_devices",
     "check_tf_libraries",
+    "check_threads",
     "check_topology",
     "check_uniform",
     "check_user",

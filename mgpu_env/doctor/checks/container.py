@@ -1,9 +1,6 @@
-"""The machine or container around the GPUs: device files, /dev/shm, ulimits, the user,
-whether the run folder can be written.
-
-NVIDIA's containers ask for `--ipc=host` (or a large /dev/shm), `--ulimit memlock=-1` and
-`--ulimit stack=67108864` (the NGC containers' start-up banner and their user guide).
-"""
+"""The machine or container around the GPUs: device files, the user, whether the run
+folder can be written. Its limits (/dev/shm, memlock, stack, threads, memory) are judged by
+`limits` and `gpulimits` against what TensorFlow will ask for."""
 
 from __future__ import annotations
 
@@ -11,21 +8,16 @@ import re
 
 from mgpu_env.doctor.checks.common import (
     FIX_DRIVER_IN_CONTAINER,
-    MIB,
     SAME_CAUSE_AS_NVML,
     Check,
     Skipped,
     Status,
     check,
-    limit_text,
     no_gpu,
     wants_gpus,
 )
-from mgpu_env.doctor.facts import UNLIMITED, Facts
+from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import cudaerrors
-
-DOCKER_DEFAULT_SHM = 64 * MIB
-NVIDIA_STACK_BYTES = 64 * MIB
 
 
 @check(50)
@@ -67,63 +59,6 @@ def check_device_files(facts: Facts) -> Check:
         return Check("driver.device_files", title, "skip", found + SAME_CAUSE_AS_NVML,
                      expected, skipped_for=no_gpu(facts))
     return Check("driver.device_files", title, status, found, expected, FIX_DRIVER_IN_CONTAINER)
-
-
-# ---------------------------------------------------------------------------- limits
-
-
-@check(260)
-def check_shm(facts: Facts) -> Check:
-    title = "/dev/shm size"
-    expected = "more than Docker's 64 MiB default (1 GiB or more for multi-GPU)"
-    shm = facts.host.shm_bytes
-    if not shm.ok or shm.value is None:
-        return Check("container.shm", title, "warn", shm.text(), expected)
-    found = f"{shm.value / MIB:.0f} MiB"
-    if shm.value <= DOCKER_DEFAULT_SHM:
-        return Check("container.shm", title, "warn", found, expected,
-                     "compose: `shm_size: 1gb` (or `ipc: host`) on the service; docker run: "
-                     "--shm-size=1g (NCCL and tf.data use shared memory)")
-    return Check("container.shm", title, "ok", found, expected)
-
-
-@check(270)
-def check_memlock(facts: Facts) -> Check:
-    title = "memlock limit"
-    expected = "unlimited (CUDA and NCCL pin host memory)"
-    memlock = facts.host.memlock
-    if not memlock.ok or memlock.value is None:
-        return Check("container.memlock", title, "warn", memlock.text(), expected)
-    soft, hard = memlock.value
-    found = f"soft {limit_text(soft)}, hard {limit_text(hard)}"
-    if soft == UNLIMITED:
-        return Check("container.memlock", title, "ok", found, expected)
-    if not facts.selected:
-        return Check("container.memlock", title, "ok", found + " (no GPU used)", expected)
-    return Check("container.memlock", title, "warn", found, expected,
-                 "compose: `ulimits: {memlock: -1}`; docker run: --ulimit memlock=-1 "
-                 "(outside a container: `ulimit -l unlimited` via /etc/security/limits.conf)")
-
-
-@check(280)
-def check_stack(facts: Facts) -> Check:
-    title = "stack limit"
-    expected = (
-        f"{NVIDIA_STACK_BYTES // MIB} MiB or more, or unlimited (NVIDIA's recommended "
-        "`--ulimit stack=67108864`)"
-    )
-    stack = facts.host.stack
-    if not stack.ok or stack.value is None:
-        return Check("container.stack", title, "warn", stack.text(), expected)
-    soft, hard = stack.value
-    found = f"soft {limit_text(soft)}, hard {limit_text(hard)}"
-    if soft == UNLIMITED or soft >= NVIDIA_STACK_BYTES:
-        return Check("container.stack", title, "ok", found, expected)
-    if not facts.selected:
-        return Check("container.stack", title, "ok", found + " (no GPU used)", expected)
-    return Check("container.stack", title, "warn", found, expected,
-                 "compose: `ulimits: {stack: 67108864}`; docker run: --ulimit stack=67108864 "
-                 "(bytes); outside a container: `ulimit -s 65536` (KiB) before mgpu")
 
 
 @check(290)

@@ -1,22 +1,11 @@
-"""The host around the GPUs: whether Docker can give containers the GPUs (on a host where
-the GPU compose file is selected), and what can break P2P between GPUs."""
+"""The host around the GPUs: what can break P2P between GPUs. (Docker's host side is
+`dockerhost`.)"""
 
 from __future__ import annotations
 
 from mgpu_env.doctor.checks.common import Check, check, fewer_than_two_gpus
 from mgpu_env.doctor.facts import Facts
 
-FIX_CONTAINER_TOOLKIT = (
-    "install the NVIDIA Container Toolkit "
-    "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/"
-    "install-guide.html), then `sudo nvidia-ctk runtime configure --runtime=docker` and "
-    "`sudo systemctl restart docker`; or set `COMPOSE_FILE=docker-compose.yml` in .env to run "
-    "on the CPU"
-)
-FIX_SNAP_DOCKER = (
-    "Docker installed as a snap cannot use the NVIDIA Container Toolkit: remove it (`sudo "
-    "snap remove docker`) and install Docker from Docker's apt repository, then the toolkit"
-)
 FIX_P2P = (
     "if the all-reduce hangs or its sums are wrong, set NCCL_P2P_DISABLE=1 (NCCL then copies "
     "through host memory, slower but safe); for P2P at full speed turn the IOMMU to "
@@ -28,32 +17,6 @@ FIX_P2P_VM = (
     "GPUs passed into a virtual machine rarely have working P2P: set NCCL_P2P_DISABLE=1 "
     "(NCCL then copies through host memory); `mgpu doctor --smoke` tests the path"
 )
-
-
-@check(310)
-def check_docker(facts: Facts) -> list[Check]:
-    """Nothing unless the GPU compose file is selected on a host (not in a container)."""
-    probed = facts.docker
-    if probed is None:
-        return []
-    title = "Docker GPUs"
-    expected = ("the NVIDIA runtime (`docker info`), a CDI spec for nvidia.com/gpu "
-                "(/etc/cdi, /var/run/cdi), or nvidia-container-runtime-hook")
-    if not probed.ok or probed.value is None:
-        return [Check("host.docker", title, "warn", probed.text(), expected,
-                      "check that `docker info` answers (the daemon runs, this user may use "
-                      "it); COMPOSE_FILE selects docker-compose.gpu.yml")]
-    docker = probed.value
-    runtimes = ", ".join(docker.runtimes) or "none"
-    found = (f"runtimes: {runtimes}; CDI specs: {', '.join(docker.cdi_specs) or 'none'}; "
-             f"hook: {docker.hook or 'not on PATH'}")
-    if docker.ready:
-        return [Check("host.docker", title, "ok", found, expected)]
-    snap = bool(docker.docker and docker.docker.startswith("/snap/"))
-    found += (" (docker-compose.gpu.yml is selected: Docker will refuse it: could not select "
-              'device driver "" with capabilities: [[gpu]])')
-    return [Check("host.docker", title, "error", found, expected,
-                  FIX_SNAP_DOCKER if snap else FIX_CONTAINER_TOOLKIT)]
 
 
 @check(220)
