@@ -64,8 +64,11 @@ class Holder:
 
     @classmethod
     def this_process(cls, argv: Sequence[str] | None = None) -> Holder:
-        return cls(socket.gethostname(), os.getpid(), time.time(),
-                   " ".join(sys.argv if argv is None else argv))
+        if argv is None:  # `python -m entrypoint train` is mgpu train too
+            program = Path(sys.argv[0]).name
+            argv = ["mgpu" if program in ("mgpu", "__main__.py") else sys.argv[0],
+                    *sys.argv[1:]]
+        return cls(socket.gethostname(), os.getpid(), time.time(), " ".join(argv))
 
     def describe(self) -> str:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))

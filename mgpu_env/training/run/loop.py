@@ -316,6 +316,8 @@ def _finish(
     metrics = run_metrics(plan, prepared.data_plan, epochs, test, time.time() - start.started,
                           outputs.saved)
     metrics["memory"] = memory_record(prepared.memory, outputs.peak)
+    if (run_id := rundir.run_id_of(plan.output_dir)) is not None:
+        metrics["run_id"] = run_id  # so a metrics.json of another run is seen (`state`)
     if epochs.start_epoch == plan.settings.epochs and plan.finished is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.

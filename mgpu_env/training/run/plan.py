@@ -36,7 +36,7 @@ from mgpu_env.training.run.finished import FinishedRun, finished_in
 from mgpu_env.training.run.identity import RunIdentity, identify
 from mgpu_env.training.run.resume import resume_note
 from mgpu_env.training.run.state import check_run_state
-from mgpu_env.training.shared.messages import unwritable_folder
+from mgpu_env.training.shared.messages import plural, unwritable_folder
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
 SCHEMA_VERSION = 1
@@ -304,8 +304,9 @@ def plan_training(
 def beyond_epochs(output_dir: Path, position: Position, epochs: int) -> str:
     """A start whose EPOCHS is below what its folder holds, refused as a finished run is
     answered: what the folder holds, and the two ways on."""
-    at = (f"{position.epoch} epoch{'' if position.epoch == 1 else 's'}" if not position.step
-          else f"{position.describe()} ({position.epoch} epochs and {position.step} steps)")
+    at = (plural(position.epoch, "epoch") if not position.step else
+          f"{position.describe()} ({plural(position.epoch, 'epoch')} and "
+          f"{plural(position.step, 'step')})")
     return (
         f"OUTPUT_DIR={output_dir} holds this run trained to {at}, beyond EPOCHS={epochs}: "
         "a run of fewer epochs cannot be made of it.\n"
