@@ -98,7 +98,8 @@ def test_every_file_damaged_every_way_is_a_named_refusal_or_a_correct_resume(
                 check_refusal(case, file, how, refused)
                 continue
             except ConfigError as refused:
-                raise AssertionError(f"{file} {how}: refused without the way out: {refused}") from None
+                raise AssertionError(
+                    f"{file} {how}: refused without the way out: {refused}") from None
             # A resume: only from this run's latest, whose files are all still good.
             assert position == (1, 0), (file, how, position)
             outcomes["resumed"] += 1
