@@ -152,3 +152,23 @@ def test_a_damaged_index_is_refused_by_mgpu_train_and_the_command_it_names_resum
     assert [e["epoch"] for e in found["history"]] == [1, 2]
     aside = list((case / "set-aside").glob("*/checkpoints/checkpoint"))
     assert len(aside) == 1  # the damaged index kept, not deleted
+
+
+def test_epochs_below_what_the_folder_holds_is_refused_like_a_finished_run(
+    folders: tuple[Path, Path], tmp_path: Path,
+) -> None:
+    _, other = folders
+    case = tmp_path / "run"
+    shutil.copytree(other, case)
+    # The other run keeps ckpt-1-8, ckpt-1-18 and ckpt-2: stop it at step 18 of epoch 2.
+    env = {"GPUS": "none", "DATASET": "digits", "OUTPUT_DIR": str(case), "SEED": "7"}
+    start = identify(runtime_of(resolve_run_settings({}, env)))
+    resume_from_checkpoint(case, "ckpt-1-18", start.values)
+    assert plan_of(case, epochs="2") == (1, 18)
+    with pytest.raises(ConfigError) as caught:
+        plan_of(case, epochs="1")
+    assert caught.value.exit_code == 2
+    assert str(caught.value).startswith(
+        f"OUTPUT_DIR={case} holds this run trained to step 18 of epoch 2 (1 epoch and 18 "
+        "steps), beyond EPOCHS=1")
+    assert "EPOCHS=2 or more with the same OUTPUT_DIR" in str(caught.value)

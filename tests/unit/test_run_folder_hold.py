@@ -35,7 +35,7 @@ def start_holder(folder: Path, tmp_path: Path, **env: str) -> subprocess.Popen[s
     process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)],
                                env={**child_env(tmp_path), **env}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None
+    assert process.stdout is not None and process.stderr is not None
     assert process.stdout.readline().strip() == "held", process.stderr.read()
     return process
 
