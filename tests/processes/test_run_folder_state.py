@@ -172,3 +172,25 @@ def test_epochs_below_what_the_folder_holds_is_refused_like_a_finished_run(
         f"OUTPUT_DIR={case} holds this run trained to step 18 of epoch 2 (1 epoch and 18 "
         "steps), beyond EPOCHS=1")
     assert "EPOCHS=2 or more with the same OUTPUT_DIR" in str(caught.value)
+
+
+def test_a_checkpoint_tensorflow_cannot_restore_is_refused_naming_the_one_before(
+    folders: tuple[Path, Path], tmp_path: Path,
+) -> None:
+    from mgpu_env.training.run.bundle import read_index
+
+    ours, _ = folders
+    case = tmp_path / "run"
+    shutil.copytree(ours, case)
+    # The object graph is a string tensor, whose bytes only TensorFlow's restore checks.
+    prefix = case / "checkpoints" / LATEST
+    _, entries = read_index(prefix)
+    graph = next(e for e in entries if e.name == "_CHECKPOINTABLE_OBJECT_GRAPH")
+    data = Path(f"{prefix}.data-00000-of-00001")
+    raw = bytearray(data.read_bytes())
+    raw[graph.offset + 8:graph.offset + graph.size] = bytes(graph.size - 8)
+    data.write_bytes(bytes(raw))
+    refused = run(case, EPOCHS="2", CHECKPOINT_EVERY="10")
+    assert refused.returncode == 2, refused.stderr
+    assert f"checkpoints/{LATEST} cannot be restored (" in refused.stderr
+    assert "--resume-from ckpt-0-20" in refused.stderr and "Traceback" not in refused.stderr
