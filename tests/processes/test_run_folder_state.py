@@ -152,6 +152,13 @@ def test_a_damaged_index_is_refused_by_mgpu_train_and_the_command_it_names_resum
     assert [e["epoch"] for e in found["history"]] == [1, 2]
     aside = list((case / "set-aside").glob("*/checkpoints/checkpoint"))
     assert len(aside) == 1  # the damaged index kept, not deleted
+    # The same command again (a launcher's restart, a requeued job's script) sets nothing
+    # aside that was trained since: the folder resumes from its latest, ckpt-2.
+    env = {"GPUS": "none", "DATASET": "digits", "OUTPUT_DIR": str(case), "EPOCHS": "3"}
+    start = identify(runtime_of(resolve_run_settings({}, env)))
+    (note,) = resume_from_checkpoint(case, LATEST, start.values)
+    assert note.startswith(f"--resume-from {LATEST}: done before (") and "as it is" in note
+    assert plan_of(case, epochs="3") == (2, 0)
 
 
 def test_epochs_below_what_the_folder_holds_is_refused_like_a_finished_run(

@@ -135,7 +135,7 @@ def hold_run_folder(
         if err.errno in (errno.EACCES, errno.EAGAIN):
             return _held_already(folder, environ)
         if err.errno in NO_LOCKS:
-            return _without_locks(folder, err, argv)
+            return _without_locks(folder, err, argv, environ)
         raise ConfigError(f"{folder / LOCK_FILE} cannot be locked ({err.strerror}).\n"
                           "  Fix: choose an OUTPUT_DIR on another file system.") from None
     atomic_write_json(folder / HOLDER_FILE, Holder.this_process(argv).as_dict())
@@ -145,11 +145,21 @@ def hold_run_folder(
 def _held_already(folder: Path, environ: Mapping[str, str]) -> FolderHold:
     """The lock is taken: by this process's launcher (its workers go on), else refused."""
     holder = read_holder(folder)
-    parent = os.getppid()
-    if (holder is not None and environ.get(HELD_BY_ENV) == str(parent)
-            and holder.pid == parent and holder.host == socket.gethostname()):
-        return FolderHold(folder, None, (f"the run folder is held by the launcher, pid {parent}",))
+    if _our_launcher(holder, environ):
+        return _under_launcher(folder)
     raise ConfigError(held_message(folder, holder))
+
+
+def _our_launcher(holder: Holder | None, environ: Mapping[str, str]) -> bool:
+    """Whether the holder is the launcher that started this process and named itself."""
+    parent = os.getppid()
+    return (holder is not None and environ.get(HELD_BY_ENV) == str(parent)
+            and holder.pid == parent and holder.host == socket.gethostname())
+
+
+def _under_launcher(folder: Path) -> FolderHold:
+    return FolderHold(folder, None,
+                      (f"the run folder is held by the launcher, pid {os.getppid()}",))
 
 
 def held_message(folder: Path, holder: Holder | None) -> str:
@@ -166,10 +176,13 @@ def held_message(folder: Path, holder: Holder | None) -> str:
     )
 
 
-def _without_locks(folder: Path, err: OSError, argv: Sequence[str] | None) -> FolderHold:
+def _without_locks(folder: Path, err: OSError, argv: Sequence[str] | None,
+                   environ: Mapping[str, str]) -> FolderHold:
     """A file system without locks: the record alone refuses a second start on this
     machine while its holder lives; the start summary says what is not protected."""
     holder = read_holder(folder)
+    if _our_launcher(holder, environ):
+        return _under_launcher(folder)
     if holder is not None and holder.host == socket.gethostname() and _alive(holder.pid):
         raise ConfigError(held_message(folder, holder))
     atomic_write_json(folder / HOLDER_FILE, Holder.this_process(argv).as_dict())

@@ -7,11 +7,14 @@ damaged, and each JSON record that is damaged or names another run; a new index 
 checkpoint as the latest (and the complete ones before it, as CheckpointManager keeps
 them). run.json, when set aside, is written again with this start's identity and the
 run's id; history.json, when set aside or short of the checkpoint's epochs, starts again
-after them (`first_epoch`). The plan then checks the folder as for any resume.
+after them (`first_epoch`). The plan then checks the folder as for any resume. Done once:
+the same command again on a folder that now resumes as it is (a launcher's restart with
+`--workers`, a requeued job) changes nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -28,18 +31,23 @@ from mgpu_env.training.run.state import (
     DamagedRunFolder,
     _epochs_recorded,
     _json,
+    check_run_state,
     checkpoints_on_disk,
     newest_good,
     position_of,
 )
 
 SET_ASIDE_DIR = "set-aside"
+DONE_FILE = "resume-from.json"  # in its set-aside folder: what a --resume-from did
 
 
 def resume_from_checkpoint(folder: Path, name: str, identity: Mapping[str, Any]) -> list[str]:
     """Make `folder` resume from its checkpoint `name`; the lines that say what was set
     aside. Raises ConfigError when `name` is not a complete checkpoint of the folder."""
     directory = folder / rundir.CHECKPOINT_DIR
+    done = _done_before(folder, name)
+    if done is not None:
+        return [f"--resume-from {name}: done before ({done}); the run folder resumes as it is"]
     on_disk = checkpoints_on_disk(directory)
     chosen = next((c for c in on_disk if c.name == name), None)
     if position_of(name) is None or chosen is None or chosen.problem is not None:
@@ -67,7 +75,31 @@ def resume_from_checkpoint(folder: Path, name: str, identity: Mapping[str, Any])
         rundir.atomic_write_json(folder / rundir.HISTORY_FILE, {
             "schema_version": rundir.SCHEMA_VERSION, "run_id": run_id,
             "first_epoch": chosen.position.epoch + 1, "epochs": []})
-    return [f"--resume-from {name}: set aside in {aside}: {', '.join(moved)}"] if moved else []
+    aside.mkdir(parents=True, exist_ok=True)
+    rundir.atomic_write_json(aside / DONE_FILE, {"checkpoint": name})
+    return [f"--resume-from {name}: set aside in {aside}: {', '.join(moved) or 'nothing'}"]
+
+
+def _done_before(folder: Path, name: str) -> Path | None:
+    """Where a `--resume-from name` was done already, when the folder now resumes as it is:
+    the same command again (a launcher's restart, a requeued job's script) then changes
+    nothing, rather than set aside what was trained since."""
+    marks = sorted((folder / SET_ASIDE_DIR).glob(f"*/{DONE_FILE}"))
+    if not any(_named(mark) == name for mark in marks):
+        return None
+    try:
+        check_run_state(folder)
+    except DamagedRunFolder:
+        return None
+    return next(mark.parent for mark in reversed(marks) if _named(mark) == name)
+
+
+def _named(mark: Path) -> str | None:
+    try:
+        value = json.loads(mark.read_text(encoding="utf-8")).get("checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _records_aside(folder: Path, aside: Path, chosen: Checkpoint,
