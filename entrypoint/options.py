@@ -322,5 +322,23 @@ def launch_workers(
     environ = {**os.environ, **{env: text for env, text in flags.items() if text is not None}}
     environ.update({"MGPU_DEBUG": "1"} if DEBUG.enabled else {})
     environ.update({"MGPU_STRICT": "1"} if STRICT.enabled else {})
-    return local.supervise(plan, [sys.executable, "-m", "entrypoint", *argv], environ,
-                           max_restarts=settings.max_restarts)
+    with _held_by_launcher(command, argv, settings, plan, environ):
+        return local.supervise(plan, [sys.executable, "-m", "entrypoint", *argv], environ,
+                               max_restarts=settings.max_restarts)
+
+
+@contextlib.contextmanager
+def _held_by_launcher(command: Command, argv: list[str], settings: Any,
+                      plan: local.LocalWorkers, environ: dict[str, str]) -> Iterator[None]:
+    """`mgpu train --workers N` holds the run folder for the whole run, restarts included
+    (`training.run.hold`), and names itself to its workers; a dry run writes nothing."""
+    if command != "train" or "--dry-run" in argv:
+        yield
+        return
+    from mgpu_env.hardware.folders import RUNS_ROOT
+    from mgpu_env.training.run.hold import HELD_BY_ENV, hold_run_folder
+
+    folder = settings.output_dir or RUNS_ROOT / (settings.run_name or plan.run_name or "")
+    with hold_run_folder(folder):
+        environ[HELD_BY_ENV] = str(os.getpid())
+        yield

@@ -155,6 +155,13 @@ def command(
         bool, typer.Option("--verbose", "-v",
                            help="List every setting in the start summary, defaults too.")
     ] = False,
+    resume_from: Annotated[
+        str | None, typer.Option(
+            "--resume-from", metavar="CKPT",
+            help="Resume the run folder from its checkpoint CKPT (ckpt-2, ckpt-2-30), "
+                 "setting aside what contradicts it: the way out a damaged folder's "
+                 "error names.")
+    ] = None,
     workers: WorkersOption = None,
     gpus_per_worker: GpusPerWorkerOption = None,
 ) -> None:
@@ -168,12 +175,16 @@ def command(
         if as_json:
             fail("error: --json prints one plan; with --workers each worker would print "
                  "its own. Fix: leave out --workers or --json.", EXIT_BAD_CONFIG)
-        argv = ["train", *(["--dry-run"] if dry_run else []), *(["-v"] if verbose else [])]
+        argv = ["train", *(["--dry-run"] if dry_run else []), *(["-v"] if verbose else []),
+                *(["--resume-from", resume_from] if resume_from else [])]
         raise typer.Exit(code=launch_workers(flags, workers, gpus_per_worker, argv, "train"))
     resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
     runtime = start_process(resolved, "train")  # a GPU the machine lacks: exit 2
     TAG.set_for(runtime)
     if dry_run:
+        if resume_from:
+            fail("error: --resume-from changes the run folder; a dry run writes nothing. "
+                 "Fix: leave out --dry-run or --resume-from.", EXIT_BAD_CONFIG)
         plan, data, memory = training.dry_run(runtime, preflight=_preflight)
         if as_json:
             typer.echo(json.dumps({**plan.to_dict(data), "memory": memory.as_dict()}, indent=2))
@@ -189,7 +200,8 @@ def command(
             say(line)
         return _progress(resolved.settings.quiet, prepared.plan)
 
-    result = training.train(runtime, preflight=_preflight, show=show, started=started)
+    result = training.train(runtime, preflight=_preflight, show=show, started=started,
+                            resume_from=resume_from)
     _say_result(result, runtime.strategy_plan.role.is_chief)
 
 

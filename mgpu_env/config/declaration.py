@@ -67,7 +67,10 @@ ROLES: dict[Role, str] = {
     "shown": "a setting of mgpu train's run: in its start summary, --dry-run and metrics.json",
     "recorded": "written to the run folder's settings.json when a run starts",
     "resumed": "taken from settings.json when the same OUTPUT_DIR is started again",
-    "identity": "in run.json's identity: a folder whose identity differs is not resumed",
+    # What a resume may change is decided here, once: a setting with this role may not
+    # change (refused naming it, both values and the fix); any other may (EPOCHS only up).
+    "identity": "in run.json's identity: may not change on resume (a folder whose identity "
+                "differs is refused, naming the setting and both values)",
     "agreed": "equal on every worker of a multi-worker run (checked before training)",
     "script": "decided by a user's script under mgpu run, not applied by mgpu",
 }

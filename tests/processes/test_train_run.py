@@ -94,7 +94,8 @@ def test_sigterm_saves_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
         data_file.write_bytes(b"garbage")
     result = run(broken, EPOCHS="200")
     assert result.returncode == 2, result.stderr
-    assert "cannot be restored" in result.stderr and "Traceback" not in result.stderr
+    assert "cannot be resumed as it is" in result.stderr and "Traceback" not in result.stderr
+    assert "No complete checkpoint is left" in result.stderr  # every one of them damaged
 
     # The interrupted run resumes to the end (fewer epochs this time: EPOCHS may change).
     resumed_at = int(checkpoints[-1].split("-")[1].split(".")[0])
@@ -110,7 +111,8 @@ def test_finished_run_is_kept_and_other_settings_are_refused(tmp_path: Path) -> 
     again = run(output, EPOCHS="1")
     assert again.returncode == 0 and "Nothing to do: " in again.stdout, again.stderr
     refused = run(output, EPOCHS="1", LEARNING_RATE="0.01")
-    assert refused.returncode == 2 and "other settings" in refused.stderr
+    assert refused.returncode == 2 and "these settings would change" in refused.stderr
+    assert "LEARNING_RATE: 0.001 there, 0.01 now" in refused.stderr
     assert (output / "metrics.json").read_text() == before
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mgpu_env.training.run.identity import identify
 from mgpu_env.training.run.plan import plan_training
+from tests.support.bundles import write_header_only_bundle
 from tests.support.runtimes import runtime_of
 
 settings = {"GPUS": "none", "DATASET": "user_loader:load", "MODEL": "user_model:build",
@@ -33,6 +34,8 @@ folder = Path(OUTPUT)
     {"schema_version": 1, "identity": identify(runtime, {}).values}))
 (folder / "checkpoints" / "checkpoint").write_text(
     'model_checkpoint_path: "ckpt-2"\\nall_model_checkpoint_paths: "ckpt-2"\\n')
+(folder / "history.json").write_text(json.dumps({"epochs": [{"epoch": 1}, {"epoch": 2}]}))
+write_header_only_bundle(folder / "checkpoints" / "ckpt-2")
 
 touched = []
 

@@ -109,3 +109,44 @@ def test_the_doctor_reports_it_as_an_error_with_the_fix() -> None:
     assert check.status == "error" and "uid 1000" in check.found
     assert "make docker-train" in (check.fix or "")
     assert check_run_folder(doctor_facts(None)).status == "skip"
+
+
+AS_NOBODY_TRAIN = """
+import os, sys
+from mgpu_env.config.errors import ConfigError
+from mgpu_env.training.run.plan import check_output_dir
+from tests.support.runtimes import runtime_of
+runtime = runtime_of({{"GPUS": "none", "OUTPUT_DIR": sys.argv[1]}})
+os.setgroups([]); os.setgid({uid}); os.setuid({uid})
+try:
+    check_output_dir(runtime)
+    print("writable")
+except ConfigError as err:
+    print(str(err).splitlines()[0])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to uid 65534 needs root")
+@pytest.mark.parametrize("inside", ["checkpoints", "logs"])
+def test_a_folder_inside_the_run_folder_that_cannot_be_written_is_caught_first(
+    read_only_folder: Path, inside: str,
+) -> None:
+    # The run folder is nobody's; a folder the run writes inside it (as a resume finds it)
+    # is root's: found before TensorFlow starts, not at the first save.
+    run = read_only_folder.parent / "run"
+    (run / inside).mkdir(parents=True)
+    os.chown(run, NOBODY, NOBODY)
+    result = subprocess.run(
+        [sys.executable, "-c", AS_NOBODY_TRAIN.format(uid=NOBODY), str(run)],
+        capture_output=True, text=True, env=child_env(read_only_folder.parent), timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"OUTPUT_DIR={run / inside} cannot be written: {run / inside} belongs to uid 0 and "
+        f"this process runs as uid {NOBODY}."), result.stdout
+    os.chown(run / inside, NOBODY, NOBODY)
+    again = subprocess.run(
+        [sys.executable, "-c", AS_NOBODY_TRAIN.format(uid=NOBODY), str(run)],
+        capture_output=True, text=True, env=child_env(read_only_folder.parent), timeout=60,
+    )
+    assert again.stdout.strip() == "writable", again.stdout + again.stderr

@@ -28,9 +28,12 @@ def test_a_folder_with_another_runs_settings_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         rundir.inspect_run_folder(tmp_path, other)
     message = str(caught.value)
-    assert "learning_rate=0.001 there, 0.01 now" in message
-    assert "dataset='digits' there, 'mnist' now" in message
-    assert "another OUTPUT_DIR" in message
+    assert "LEARNING_RATE: 0.001 there, 0.01 now" in message
+    assert "DATASET: 'digits' there, 'mnist' now" in message
+    assert "another RUN_NAME or OUTPUT_DIR" in message
+    # What a resume may change comes from the settings' declared roles.
+    assert "may change GPUS" in message and "CHECKPOINT_EVERY" in message
+    assert "not MIXED_PRECISION, BATCH_SIZE, LEARNING_RATE, DATASET, MODEL, SEED" in message
     again = rundir.inspect_run_folder(tmp_path, IDENTITY)
     assert not again.fresh and again.finished_metrics is None
 

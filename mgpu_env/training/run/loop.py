@@ -56,6 +56,12 @@ from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
 from mgpu_env.training.run.prepare import PreparedRun, prepare
 from mgpu_env.training.run.progress import Progress
 from mgpu_env.training.run.signals import Interrupted, StopRequest, stop_on_signals
+from mgpu_env.training.run.state import (
+    DamagedRunFolder,
+    checkpoints_on_disk,
+    newest_good,
+    position_of,
+)
 from mgpu_env.training.step.build import Trainer, build_trainer
 
 
@@ -170,11 +176,11 @@ def _start(prepared: PreparedRun, session: WorkerSession) -> Trainer:
 
 
 def _restore_checkpoints(
-    plan: TrainPlan, trainer: Trainer, session: WorkerSession
+    plan: TrainPlan, trainer: Trainer, session: WorkerSession, data: dict[str, Any]
 ) -> tuple[Checkpoints, Position]:
     """Claim the run folder (chief), restore the latest checkpoint; where to start."""
     if plan.is_chief:
-        rundir.claim_run_folder(plan.folder, plan.identity)
+        rundir.claim_run_folder(plan.folder, plan.identity, data)
         directory = plan.folder.checkpoint_dir
     else:
         # Every worker must take part in saving (the save is collective); only the chief's
@@ -220,7 +226,7 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[EpochLoop, _Output
     plan, data = prepared.plan, prepared.data
     settings, session = plan.settings, start.session
     trainer = _start(prepared, session)
-    saved, position = _restore_checkpoints(plan, trainer, session)
+    saved, position = _restore_checkpoints(plan, trainer, session, prepared.data_record)
     start_epoch = position.epoch
     if plan.is_chief:
         # What this start ran with, and why (flag, env, .env, default), before any epoch.
@@ -230,6 +236,7 @@ def _start_run(prepared: PreparedRun, start: _Start) -> tuple[EpochLoop, _Output
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start.started)),
             "resumed_from_epoch": start_epoch,
             "resumed_from_step": position.step,
+            **({"run_id": run_id} if (run_id := rundir.run_id_of(plan.output_dir)) else {}),
             "settings": plan.settings_provenance(RUN_SETTINGS),
         })
     if start_epoch or position.step:
@@ -309,6 +316,8 @@ def _finish(
     metrics = run_metrics(plan, prepared.data_plan, epochs, test, time.time() - start.started,
                           outputs.saved)
     metrics["memory"] = memory_record(prepared.memory, outputs.peak)
+    if (run_id := rundir.run_id_of(plan.output_dir)) is not None:
+        metrics["run_id"] = run_id  # so a metrics.json of another run is seen (`state`)
     if epochs.start_epoch == plan.settings.epochs and plan.finished is not None:
         # A multi-worker restart of a finished run (the workers still evaluated together):
         # keep the chief's results rather than replace them with a run of no epochs.
@@ -342,16 +351,19 @@ def _evaluate(
 def _restore(checkpoints: Checkpoints) -> None:
     """Restore the latest checkpoint, checking it matches the model.
 
-    A checkpoint that cannot be restored is an error, never a silent fresh start that would
-    overwrite it.
+    A checkpoint that cannot be restored (bytes TensorFlow's checksums refuse, another
+    model's) is refused with the newest complete one before it and the command that
+    resumes from that (`state.DamagedRunFolder`), never a silent fresh start over it.
     """
     latest = checkpoints.latest
     try:
         checkpoints.restore()
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(
-            f"The checkpoint {latest} cannot be restored ({type(err).__name__}: {first}).\n"
-            f"  Fix: move {Path(str(latest)).parent} away to start over, or choose another "
-            "OUTPUT_DIR."
+        name = Path(str(latest)).name
+        failed = position_of(name)
+        good = newest_good(checkpoints_on_disk(checkpoints.directory), failed)
+        raise DamagedRunFolder(
+            checkpoints.directory.parent, f"{checkpoints.directory.name}/{name}",
+            f"cannot be restored ({type(err).__name__}: {first})", good,
         ) from None

@@ -31,10 +31,12 @@ from mgpu_env.training.input import keep
 from mgpu_env.training.input.data import Data, DatasetChoice, DataSizes
 from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
 from mgpu_env.training.run import rundir
+from mgpu_env.training.run.checkpoints import Position
 from mgpu_env.training.run.finished import FinishedRun, finished_in
 from mgpu_env.training.run.identity import RunIdentity, identify
 from mgpu_env.training.run.resume import resume_note
-from mgpu_env.training.shared.messages import unwritable_folder
+from mgpu_env.training.run.state import check_run_state
+from mgpu_env.training.shared.messages import plural, unwritable_folder
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
 SCHEMA_VERSION = 1
@@ -241,14 +243,19 @@ def output_dir_of(runtime: Runtime) -> Path:
 
 
 def check_output_dir(runtime: Runtime) -> None:
-    """Refuse a run folder this user cannot write (ConfigError, exit 2). `train` and
-    `dry_run` call it before anything slow (the pre-flight, a loader, TensorFlow): it would
-    otherwise fail at the first checkpoint."""
+    """Refuse a run folder this user cannot write (ConfigError, exit 2): the folder itself
+    (run.json, settings.json, history.json, model.keras and metrics.json are renamed into
+    it), its checkpoints/ and its logs/ (TensorBoard's), each as it is or, not there yet,
+    where it will be created. `train` and `dry_run` call it before anything slow (the
+    pre-flight, a loader, TensorFlow): it would otherwise fail at the first checkpoint, or
+    at the first epoch's summary."""
     if not is_chief(runtime):
         return
-    access = folder_access(output_dir_of(runtime))
-    if access.problem() is not None:
-        raise ConfigError(unwritable_folder(access))
+    folder = output_dir_of(runtime)
+    for path in (folder, folder / rundir.CHECKPOINT_DIR, folder / rundir.LOG_DIR):
+        access = folder_access(path)
+        if access.problem() is not None:
+            raise ConfigError(unwritable_folder(access))
 
 
 def plan_training(
@@ -275,14 +282,15 @@ def plan_training(
         notes.append(start.dataset.note)
     keep_limit = plan_keep(runtime, runtime.strategy_plan.role.num_workers)
     notes.append(keep_limit.note())
+    # Every file of the folder checked, and against the others, before any is believed.
+    state = (check_run_state(start.output_dir)
+             if start.output_dir.is_dir() and is_chief(runtime) else None)
     folder = rundir.inspect_run_folder(start.output_dir, start.values)
-    resume_epoch, resume_step = rundir.checkpoint_position(folder)
-    if resume_epoch > settings.epochs:
-        raise ConfigError(
-            f"OUTPUT_DIR={start.output_dir} holds a run already trained for {resume_epoch} "
-            f"epochs, more than EPOCHS={settings.epochs}.\n"
-            f"  Fix: set EPOCHS to {resume_epoch} or more, or choose another OUTPUT_DIR."
-        )
+    # The other workers resume where the chief's checkpoint says (it shares its values).
+    position = state.position if state is not None and not folder.fresh else Position(0)
+    resume_epoch, resume_step = position.epoch, position.step
+    if (resume_epoch, resume_step) > (settings.epochs, 0):
+        raise ConfigError(beyond_epochs(start.output_dir, position, settings.epochs))
     return TrainPlan(
         runtime=runtime, start=start, folder=folder, resume_epoch=resume_epoch,
         finished=finished,
@@ -290,6 +298,20 @@ def plan_training(
         sizes=None if start.dataset.origin in ("hook", "files") else KNOWN_SIZES[
             start.dataset.name],
         notes=tuple(notes), keep=keep_limit, resume_step=resume_step,
+    )
+
+
+def beyond_epochs(output_dir: Path, position: Position, epochs: int) -> str:
+    """A start whose EPOCHS is below what its folder holds, refused as a finished run is
+    answered: what the folder holds, and the two ways on."""
+    at = (plural(position.epoch, "epoch") if not position.step else
+          f"{position.describe()} ({plural(position.epoch, 'epoch')} and "
+          f"{plural(position.step, 'step')})")
+    return (
+        f"OUTPUT_DIR={output_dir} holds this run trained to {at}, beyond EPOCHS={epochs}: "
+        "a run of fewer epochs cannot be made of it.\n"
+        f"  Fix: to train it on, EPOCHS={position.epoch + 1} or more with the same "
+        "OUTPUT_DIR; to train a run of fewer epochs, another RUN_NAME or OUTPUT_DIR."
     )
 
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.training.input.data import Data, DataSizes, load_data
+from mgpu_env.training.run.dataid import check_same_data, data_identity
 from mgpu_env.training.run.memcheck import MemoryCheck, check_memory
 from mgpu_env.training.run.plan import DataPlan, TrainPlan, plan_data
 
@@ -36,6 +38,7 @@ class PreparedRun:
     data_plan: DataPlan
     data: Data
     memory: MemoryCheck
+    data_record: dict[str, Any]  # the data's identity (`dataid`), run.json's record of it
 
 
 def prepare(plan: TrainPlan, memory: MemoryCheck | None = None) -> PreparedRun:
@@ -49,10 +52,13 @@ def prepare(plan: TrainPlan, memory: MemoryCheck | None = None) -> PreparedRun:
     prepare_tensorflow = _once(plan.runtime.execution.prepare_tensorflow)
     prepare_tensorflow()
     data = _load(plan, prepare_tensorflow)
+    record = data_identity(data)
+    if plan.is_chief:  # the run's record of its data: a resume on other data is refused
+        check_same_data(plan.folder.data, record, plan.output_dir, plan.dataset.name)
     data_plan = plan_data(plan, data)
     if memory is None:
         memory = check_memory(plan, data_plan.sizes, dry_run=False)
-    return PreparedRun(plan, data_plan, data, memory)
+    return PreparedRun(plan, data_plan, data, memory, record)
 
 
 def dry_run_data(plan: TrainPlan) -> tuple[TrainPlan, DataPlan, MemoryCheck]:

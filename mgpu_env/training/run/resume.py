@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
 from mgpu_env.config.settings import BY_ENV, DECLARATIONS, with_role
 from mgpu_env.training.run import rundir
@@ -32,16 +33,16 @@ _FROM_IDENTITY = {
 
 def recorded_settings(output_dir: Path) -> dict[str, str]:
     """The settings the run in `output_dir` was started with, as text keyed by env name;
-    empty for a folder that holds no run. Raises ConfigError for an unreadable record."""
-    record = rundir.read_json(output_dir / rundir.SETTINGS_FILE) or {}
-    entries: Mapping[str, Any] = record.get("settings") or {}
+    empty for a folder that holds no run, or whose records cannot be read."""
+    record = _readable(output_dir / rundir.SETTINGS_FILE)
+    found_entries = record.get("settings")
+    entries: Mapping[str, Any] = found_entries if isinstance(found_entries, dict) else {}
     recorded = {
         name: str(entry["value"])
         for name, entry in entries.items()
         if name in RESUMED_SETTINGS and isinstance(entry, dict) and "value" in entry
     }
-    run = rundir.read_json(output_dir / rundir.RUN_FILE) or {}
-    found = run.get("identity")
+    found = _readable(output_dir / rundir.RUN_FILE).get("identity")
     identity: dict[str, Any] = found if isinstance(found, dict) else {}
     for key, name in _FROM_IDENTITY.items():
         if key not in identity:
@@ -52,6 +53,15 @@ def recorded_settings(output_dir: Path) -> dict[str, str]:
             recorded[name] = str(identity[key])
     # A default needs no record: the summary then names only what the run chose itself.
     return {name: text for name, text in recorded.items() if text != BY_ENV[name].default}
+
+
+def _readable(path: Path) -> dict[str, Any]:
+    """A record of the run folder, or nothing when it is absent or damaged: the plan's
+    check of the folder (`state`) refuses a damaged one with the way out, after this."""
+    try:
+        return rundir.read_json(path) or {}
+    except ConfigError:
+        return {}
 
 
 def resolve_run_settings(

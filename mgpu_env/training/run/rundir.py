@@ -25,6 +25,7 @@ import json
 import os
 import re
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings
-from mgpu_env.config.settings import Settings
+from mgpu_env.config.settings import DECLARATIONS, Settings
 from mgpu_env.hardware.folders import RUNS_ROOT
 
 # The atomic writes and the checkpoint phrase live below run/ (input/ uses them too); here
@@ -121,6 +122,7 @@ class RunFolder:
     exists: bool
     identity: dict[str, Any] | None  # run.json's identity, None for a fresh folder
     finished_metrics: dict[str, Any] | None  # metrics.json of a finished run, if any
+    data: dict[str, Any] | None = None  # run.json's record of the data (`dataid`), if any
 
     @property
     def fresh(self) -> bool:
@@ -154,30 +156,60 @@ def inspect_run_folder(path: Path, identity: Mapping[str, Any]) -> RunFolder:
     if not isinstance(previous, dict):
         raise ConfigError(f"{path / RUN_FILE} has no identity. Fix: choose another OUTPUT_DIR.")
     differences = [
-        f"{key}={previous.get(key)!r} there, {identity.get(key)!r} now"
+        f"{_setting_of(key)}: {previous.get(key)!r} there, {identity.get(key)!r} now"
         for key in sorted(set(previous) | set(identity))
         if previous.get(key) != identity.get(key)
     ]
     if differences:
-        raise ConfigError(
-            f"OUTPUT_DIR={path} holds a run with other settings ({'; '.join(differences)}); "
-            "resuming it would mix two runs.\n"
-            "  Fix: use the same settings to resume it, or choose another OUTPUT_DIR or RUN_NAME."
-        )
+        raise ConfigError(changed_settings_message(path, differences))
     metrics = read_json(path / METRICS_FILE)
     finished = metrics if metrics and metrics.get("status") == "finished" else None
-    return RunFolder(path, True, dict(previous), finished)
+    data = stored.get("data")
+    return RunFolder(path, True, dict(previous), finished,
+                     dict(data) if isinstance(data, dict) else None)
 
 
-def claim_run_folder(folder: RunFolder, identity: Mapping[str, Any]) -> None:
-    """Create the folder and write run.json (only for a fresh folder)."""
+def _setting_of(key: str) -> str:
+    """The setting an identity key holds (the global batch: the product of three)."""
+    for declaration in DECLARATIONS:
+        if declaration.identity == key:
+            return declaration.env
+    if key == "global_batch_size":
+        return "the global batch (BATCH_SIZE x replicas: GPUS, VIRTUAL_DEVICES, workers)"
+    return key
+
+
+def changed_settings_message(path: Path, differences: list[str]) -> str:
+    """A resume that would change what the run trains: each setting with both values, what
+    a resume may and may not change (the settings' declared roles), and the fix."""
+    fixed = [d.env for d in DECLARATIONS if "identity" in d.roles]
+    free = [d.env for d in DECLARATIONS if "resumed" in d.roles and "identity" not in d.roles]
+    return (
+        f"OUTPUT_DIR={path} holds a run these settings would change ({'; '.join(differences)})"
+        ": resuming it would mix two runs. A resume may change "
+        f"{', '.join(free)} (EPOCHS only up, the devices only to the same global batch); "
+        f"not {', '.join(fixed)}.\n"
+        "  Fix: resume it with its own values (leave them unset: the folder's record "
+        "stands in), or train these settings as a new run: another RUN_NAME or OUTPUT_DIR."
+    )
+
+
+def claim_run_folder(folder: RunFolder, identity: Mapping[str, Any],
+                     data: Mapping[str, Any] | None = None) -> None:
+    """Create the folder and write run.json (a fresh folder), with the data's identity
+    (`dataid`); a run.json without that record (an older mgpu's) gets it now."""
     folder.path.mkdir(parents=True, exist_ok=True)
     if not folder.fresh:
+        stored = read_json(folder.path / RUN_FILE)
+        if data is not None and stored is not None and "data" not in stored:
+            atomic_write_json(folder.path / RUN_FILE, {**stored, "data": dict(data)})
         return
     record = {
         "schema_version": SCHEMA_VERSION,
+        "run_id": uuid.uuid4().hex,
         "identity": dict(identity),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **({"data": dict(data)} if data is not None else {}),
     }
     path = folder.path / RUN_FILE
     handle, temp = temp_beside(path, ".tmp")
@@ -215,8 +247,32 @@ def read_history(folder: Path, epochs_done: int) -> list[dict[str, Any]]:
 
 
 def write_history(folder: Path, history: list[dict[str, Any]]) -> None:
-    atomic_write_json(folder / HISTORY_FILE,
-                      {"schema_version": SCHEMA_VERSION, "epochs": history})
+    """history.json with the run's id; a history `--resume-from` started after set-aside
+    epochs keeps saying where it starts (`first_epoch`)."""
+    record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "epochs": history}
+    try:
+        previous = json.loads((folder / HISTORY_FILE).read_text(encoding="utf-8"))
+        first = previous.get("first_epoch") if isinstance(previous, dict) else None
+    except (OSError, ValueError):
+        first = None
+    if isinstance(first, int) and first > 1 and not any(
+            e.get("epoch", first) < first for e in history):
+        record["first_epoch"] = first
+    if (run_id := run_id_of(folder)) is not None:
+        record["run_id"] = run_id
+    atomic_write_json(folder / HISTORY_FILE, record)
+
+
+def run_id_of(folder: Path) -> str | None:
+    """The run's id (run.json's `run_id`), that settings.json and history.json repeat, so
+    a record copied from another run is seen (`state`); None for a run of an mgpu before
+    run ids, or a run.json that cannot be read."""
+    try:
+        record = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = record.get("run_id") if isinstance(record, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def latest_checkpoint_position(output_dir: Path) -> tuple[int, int] | None:
@@ -250,15 +306,3 @@ def latest_checkpoint_epoch(output_dir: Path) -> int | None:
     an epoch counts the epochs before it); None when there is none."""
     position = latest_checkpoint_position(output_dir)
     return None if position is None else position[0]
-
-
-def checkpoint_position(folder: RunFolder) -> tuple[int, int]:
-    """(epochs completed, steps done of the next) at the latest checkpoint; (0, 0) if none."""
-    if folder.fresh:
-        return 0, 0
-    return latest_checkpoint_position(folder.path) or (0, 0)
-
-
-def completed_epochs(folder: RunFolder) -> int:
-    """Epochs done according to the latest checkpoint's name (ckpt-<epoch>); 0 if none."""
-    return checkpoint_position(folder)[0]

@@ -3,7 +3,10 @@ runtime to the finished run, `dry_run(runtime)` the sequence to the plan it show
 Keras' `fit()` and orbit's `Controller.train()` own theirs; the command only resolves the
 settings, calls one of them and renders what it returns.
 
-    plan      pure: the run, "already finished", the folder's access, the resume epoch
+    finished  pure: a folder that holds this run finished answers "nothing to do"
+    hold      the chief holds the run folder (`hold`: one run per folder) until it ends;
+              a second start is refused here, before the folder's state is read
+    plan      pure: the run, the folder's state checked (`state`), the resume position
     memory    each replica's memory, estimated in a child (`memcheck`): a batch that
               cannot fit is refused before TensorFlow starts here
     preflight the doctor's checks (passed in: training and the doctor never import each
@@ -23,8 +26,19 @@ from typing import TYPE_CHECKING
 
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
+from mgpu_env.training.run.finished import finished_run
+from mgpu_env.training.run.hold import FolderHold, hold_run_folder
+from mgpu_env.training.run.identity import identify
 from mgpu_env.training.run.memcheck import MemoryCheck, check_memory
-from mgpu_env.training.run.plan import DataPlan, TrainPlan, plan_training
+from mgpu_env.training.run.plan import (
+    DataPlan,
+    TrainPlan,
+    check_output_dir,
+    is_chief,
+    output_dir_of,
+    plan_training,
+)
+from mgpu_env.training.run.repair import resume_from_checkpoint
 
 if TYPE_CHECKING:
     from mgpu_env.training.run.loop import TrainResult
@@ -39,29 +53,52 @@ Preflight = Callable[[Runtime, bool], None]
 def train(
     runtime: Runtime, *, preflight: Preflight,
     show: Callable[[PreparedRun], Progress] | None = None, started: float | None = None,
+    resume_from: str | None = None,
 ) -> TrainResult:
     """Train the run the applied runtime describes, or answer that its folder holds it
     finished (`TrainResult.finished`, said before TensorFlow is imported).
 
     `show`: called once the run is prepared (its data's sizes and feed known) and before
     it trains; it returns what shows the progress (the command prints the start summary
-    there). `started` (`time.time()`): the wall time's start (default: now). Raises
-    ConfigError (exit 2), RunFailed (exit 1) or Interrupted (128 + the signal).
+    there). `started` (`time.time()`): the wall time's start (default: now).
+    `resume_from`: a checkpoint's name (`ckpt-2-30`): the way out of a damaged run folder
+    (`repair.resume_from_checkpoint`), done once the folder is held. Raises ConfigError
+    (exit 2), RunFailed (exit 1) or Interrupted (128 + the signal).
     """
     started = time.time() if started is None else started
-    plan = plan_training(runtime)  # pure: no TensorFlow, no network, no data read
-    # A cluster goes on even when finished: the chief's state decides for every worker.
-    if plan.finished is not None and plan.strategy.role.num_workers == 1:
+    if resume_from is None and (finished := finished_run(runtime)) is not None:
         from mgpu_env.training.run.loop import TrainResult
 
-        return TrainResult.nothing_to_do(plan.finished)
-    # Before the pre-flight, which imports TensorFlow where there are GPUs. A loader's or a
-    # folder's data gives its shape only once loaded: `prepare` checks it after the load.
-    memory = None if plan.sizes is None else check_memory(plan, plan.sizes, dry_run=False)
-    preflight(runtime, True)
-    from mgpu_env.training.run.loop import run_training
+        return TrainResult.nothing_to_do(finished)
+    with hold_for(runtime) as hold:
+        notes = list(hold.notes)
+        if resume_from is not None and is_chief(runtime):
+            notes += resume_from_checkpoint(output_dir_of(runtime), resume_from,
+                                            identify(runtime).values)
+        plan = plan_training(runtime, looked_up=notes)  # pure: no TensorFlow, no data read
+        # A cluster goes on even when finished: the chief's state decides for every worker.
+        if plan.finished is not None and plan.strategy.role.num_workers == 1:
+            from mgpu_env.training.run.loop import TrainResult
 
-    return run_training(plan, show, started, memory)
+            return TrainResult.nothing_to_do(plan.finished)
+        # Before the pre-flight, which imports TensorFlow where there are GPUs. A loader's or a
+        # folder's data gives its shape only once loaded: `prepare` checks it after the load.
+        memory = None if plan.sizes is None else check_memory(plan, plan.sizes, dry_run=False)
+        preflight(runtime, True)
+        from mgpu_env.training.run.loop import run_training
+
+        return run_training(plan, show, started, memory)
+
+
+def hold_for(runtime: Runtime) -> FolderHold:
+    """The run folder held for this start: by the chief (or its launcher, `hold`); the
+    other workers of a cluster write no run folder and hold nothing. Every folder the run
+    writes is checked writable first."""
+    check_output_dir(runtime)
+    folder = output_dir_of(runtime)
+    if not is_chief(runtime):
+        return FolderHold(folder, None)
+    return hold_run_folder(folder)
 
 
 def dry_run(runtime: Runtime, *, preflight: Preflight
