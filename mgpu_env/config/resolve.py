@@ -19,7 +19,6 @@ from typing import Any
 
 from dotenv import dotenv_values
 
-from mgpu_env.config.parsers import shown
 from mgpu_env.config.settings import (
     BY_ENV,
     DECLARATIONS,
@@ -29,6 +28,7 @@ from mgpu_env.config.settings import (
     Settings,
     SettingsErrors,
 )
+from mgpu_env.config.text import shown
 
 
 @dataclass(frozen=True)

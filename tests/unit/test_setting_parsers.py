@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from entrypoint.app import app
-from mgpu_env.config.parsers import SHOWN_CHARACTERS, SettingError, shown
+from mgpu_env.config.parsers import SettingError
 from mgpu_env.config.resolve import setting_error_message
 from mgpu_env.config.settings import DECLARATIONS, Declaration
+from mgpu_env.config.text import SHOWN_CHARACTERS, shown
 from tests.support.children import REPO, child_env
 
 # Characters Python's readers take in numbers or strip as spaces, though a setting should not
