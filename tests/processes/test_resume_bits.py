@@ -115,3 +115,42 @@ def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
     assert not differences, (
         f"{len(differences)} of {len(stops)} stops differ (step, |d loss|, |d accuracy|, "
         f"weights equal): {differences}")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_another_replica_count_or_of_sums_alone_resumes_its_sums(
+    logical_cpus: tuple[str, ...], tmp_path: Path
+) -> None:
+    import tensorflow as tf
+
+    from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
+    from mgpu_env.runtime.strategy import make_strategy, plan_strategy
+    from mgpu_env.training.run.checkpoints import Checkpoints, Position
+    from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.model import build_model
+
+    def started(replicas: int) -> tuple[Any, Any, Checkpoints]:
+        strategy = make_strategy(plan_strategy("auto", logical_cpus[:replicas], "CPU", 1))
+        feed, shape, classes = _feed(strategy, "resident", tmp_path)
+        trainer = build_trainer(strategy, lambda: build_model(0, shape, classes),
+                                learning_rate=0.01,
+                                precision=PrecisionChoice(FLOAT32, False, "test"),
+                                global_batch_size=GLOBAL_BATCH, jit_compile=False)
+        return trainer, feed, Checkpoints(trainer, tmp_path / f"ckpt-{replicas}")
+
+    saved, feed, checkpoints = started(2)
+    feed.runner(saved.steps, 0)(7)
+    checkpoints.save(Position(0, 7))
+    # The form an mgpu before per-replica metrics wrote: their sums alone.
+    tf.train.Checkpoint(model=saved.model, optimizer=saved.optimizer, epoch=checkpoints.epoch,
+                        step=checkpoints.step, metrics=checkpoints.metrics_copy,
+                        random=checkpoints._random()).save(str(tmp_path / "sums" / "ckpt-0-7"))
+    (tmp_path / "sums" / "checkpoint").write_text('model_checkpoint_path: "ckpt-0-7-1"\n')
+    for source in ("ckpt-2", "sums"):
+        restored, _, into = started(4)
+        into.directory = tmp_path / source
+        assert into.restore() == Position(0, 7) and not into.per_replica_restored
+        into.restore_metrics()
+        # Spread over 4 replicas, the sums read back as they were saved.
+        assert _metrics(restored) == _metrics(saved)
+        assert _state(restored) == _state(saved)
