@@ -386,6 +386,7 @@ def test_a_killed_workers_scratch_and_temporary_files_are_removed_at_restart_and
     assert files_under(tmp) == [] and list(tmp.iterdir()) == []
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="requires Linux (prctl)")
 def test_what_a_killed_launcher_left_is_removed_by_the_next_start(tmp_path: Path) -> None:
     tmp, record = tmp_path / "tmp", tmp_path / "record"
     tmp.mkdir()
@@ -444,6 +445,18 @@ def test_an_owned_folder_is_swept_once_its_owner_is_killed_and_never_while_it_li
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+def test_a_temporary_folder_that_cannot_be_made_is_exit_2_before_any_worker(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "record"
+    with pytest.raises(ConfigError, match=r"(?s)cannot be made in .*nowhere.*Fix: point TMPDIR"):
+        supervise(fixed_plan(2), python_workers(LITTERING),
+                  {**child_env(tmp_path), "RECORD": str(record),
+                   "TMPDIR": str(tmp_path / "nowhere")}, stdout=io.StringIO(),
+                  stderr=io.StringIO())
+    assert not record.exists()
 
 
 def test_the_cause_is_the_worker_that_failed_first_even_when_seen_together() -> None:

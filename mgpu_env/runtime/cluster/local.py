@@ -283,7 +283,15 @@ def _workers_temporary_folder(environ: Mapping[str, str]) -> OwnedFolder:
     restarts and at the end. What a killed launcher left there is removed first."""
     parent = Path(environ["TMPDIR"]) if environ.get("TMPDIR") else None
     sweep_abandoned(parent)
-    return owned_folder("workers-", parent)
+    try:
+        return owned_folder("workers-", parent)
+    except OSError as err:
+        where = parent or "the temporary folder"
+        raise ConfigError(
+            f"The workers' temporary folder cannot be made in {where} "
+            f"({err.strerror or err}).\n  Fix: point TMPDIR at a folder this user can "
+            "write, or unset it."
+        ) from None
 
 
 @dataclass
