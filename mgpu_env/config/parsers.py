@@ -13,10 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-
-class SettingError(ValueError):
-    """A setting has a value that cannot be used. The message is meant for the user."""
-
+from mgpu_env.config.text import (  # SettingError re-exported: the parsers' error
+    MOST_DIGITS,
+    SettingError,
+    decimal_number,
+    is_digits,
+    path_kind,
+    path_of,
+    plain,
+    shown,
+    whole_number,
+)
 
 # --------------------------------------------------------------------------- parsers
 # Each parser turns the text of a setting into its value, or raises SettingError whose
@@ -26,10 +33,9 @@ class SettingError(ValueError):
 
 def parse_int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise SettingError("not a whole number") from None
+        value = whole_number(text)
+        if value is None:
+            raise SettingError("not a whole number (digits 0-9)")
         if not low <= value <= high:
             raise SettingError(f"out of range {low}..{high}")
         return value
@@ -39,10 +45,9 @@ def parse_int(low: int, high: int) -> Callable[[str], int]:
 
 def parse_positive_float(high: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise SettingError("not a number") from None
+        value = decimal_number(text)
+        if value is None:
+            raise SettingError("not a number (digits 0-9, like 0.5 or 1e-3)")
         if not (math.isfinite(value) and 0 < value <= high):
             raise SettingError(f"must be above 0 and at most {high:g}")
         return value
@@ -82,25 +87,28 @@ def parse_choice(*choices: str) -> Callable[[str], str]:
 def parse_optional_dir_must_exist(text: str) -> Path | None:
     if not text.strip():
         return None
-    path = Path(text.strip()).expanduser()
-    if not path.exists():
-        raise SettingError(f"the folder {path} does not exist")
-    if not path.is_dir():
-        raise SettingError(f"{path} is a file, not a folder")
+    path = path_of(text)
+    kind = path_kind(path)
+    if kind is None:
+        raise SettingError(f"the folder {shown(path)} does not exist")
+    if kind != "folder":
+        raise SettingError(f"{shown(path)} is a file, not a folder")
     return path
 
 
 def parse_optional_output_dir(text: str) -> Path | None:
     if not text.strip():
         return None
-    path = Path(text.strip()).expanduser()
-    if path.exists() and not path.is_dir():
-        raise SettingError(f"{path} is a file, not a folder")
+    path = path_of(text)
+    if path_kind(path) not in (None, "folder"):
+        raise SettingError(f"{shown(path)} is a file, not a folder")
     # A missing folder is fine (it is created), but its nearest existing parent must be one.
     for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise SettingError(f"{parent} is a file, so {path} cannot be created")
+        kind = path_kind(parent)
+        if kind is not None:
+            if kind != "folder":
+                raise SettingError(f"{shown(parent)} is a file, so {shown(path)} cannot be "
+                                   "created")
             break
     return path
 
@@ -108,26 +116,27 @@ def parse_optional_output_dir(text: str) -> Path | None:
 def parse_optional_env_file(text: str) -> Path | None:
     if not text.strip():
         return None
-    path = Path(text.strip()).expanduser()
-    if not path.is_file():
-        reason = "is not a file" if path.exists() else "does not exist"
-        raise SettingError(f"the file {path} {reason}")
+    path = path_of(text)
+    kind = path_kind(path)
+    if kind != "file":
+        reason = "does not exist" if kind is None else "is not a file"
+        raise SettingError(f"the file {shown(path)} {reason}")
     return path
 
 
-_RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def parse_run_name(text: str) -> str:
     # One folder under runs/: a '/' or '..' would put the run (and its overwrite checks)
     # somewhere else; OUTPUT_DIR is the setting for that.
     name = text.strip()
-    if name and not _RUN_NAME_RE.match(name):
+    if name and not _RUN_NAME_RE.fullmatch(name):
         raise SettingError("not a plain folder name (use OUTPUT_DIR for a path)")
     return name
 
 
-_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]{4,}$")
+_UUID_RE = re.compile(r"(GPU|MIG)-[0-9A-Fa-f-]{4,}")
 
 
 @dataclass(frozen=True)
@@ -155,8 +164,10 @@ def parse_gpus(text: str) -> GpuRequest:
     items = [item.strip() for item in text.split(",")]
     if any(not item for item in items):
         raise SettingError("the list has an empty item")
-    if all(item.isdigit() for item in items):
-        indices = tuple(int(item) for item in items)
+    if all(is_digits(item) for item in items):
+        indices = tuple(whole_number(item) or 0 for item in items)  # digits: never None
+        if max(indices) >= 10**MOST_DIGITS:
+            raise SettingError("an index has more digits than any GPU count")
         duplicates = sorted({i for i in indices if indices.count(i) > 1})
         if duplicates:
             raise SettingError(f"index {duplicates[0]} is listed twice")
@@ -165,19 +176,19 @@ def parse_gpus(text: str) -> GpuRequest:
         # CUDA gives one process at most one MIG instance, so MirroredStrategy cannot span
         # them, and NVML lists whole GPUs: a MIG UUID would match nothing below.
         raise SettingError("MIG instances cannot be selected; use whole GPUs (indices or GPU-…)")
-    if all(_UUID_RE.match(item) for item in items):
+    if all(_UUID_RE.fullmatch(item) for item in items):
         if len(set(items)) != len(items):
             raise SettingError("a UUID is listed twice")
         return GpuRequest("uuids", uuids=tuple(items))
-    bad = next((i for i in items if not i.isdigit() and not _UUID_RE.match(i)), None)
+    bad = next((i for i in items if not is_digits(i) and not _UUID_RE.fullmatch(i)), None)
     if bad is None:
         raise SettingError("indices and UUIDs cannot be mixed")
-    if bad.lstrip("-").isdigit():
-        raise SettingError(f"{bad} is not a GPU index (indices start at 0)")
-    raise SettingError(f"{bad!r} is neither a GPU index nor a GPU UUID")
+    if bad.startswith("-") and is_digits(bad[1:]):
+        raise SettingError(f"{shown(bad)} is not a GPU index (indices start at 0)")
+    raise SettingError(f"{shown(bad)} is neither a GPU index nor a GPU UUID")
 
 
-_HOOK_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_HOOK_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 def is_hook(text: str) -> bool:
@@ -191,7 +202,7 @@ def parse_name_or_hook(*names: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         stripped = text.strip()
         if is_hook(stripped):
-            if not _HOOK_RE.match(stripped):
+            if not _HOOK_RE.fullmatch(stripped):
                 raise SettingError(
                     "not package.module:function (dotted module name, a colon, a function name)"
                 )
@@ -215,18 +226,22 @@ def file_dataset(text: str) -> tuple[str, Path] | None:
     kind, colon, folder = text.strip().partition(":")
     if not colon or kind.lower() not in FILE_DATASET_KINDS:
         return None
-    return kind.lower(), Path(folder.strip()).expanduser()
+    return kind.lower(), path_of(folder)
 
 
 def folder_kind(folder: Path) -> str | None:
     """The kind of files a folder given without one holds, judged by their names only
     (`npy` for x_train.npy, `images` for train/<class>/ folders, `tfrecord` for
     *.tfrecord*); None for a folder that holds none of these."""
-    if (folder / "x_train.npy").is_file():
+    if path_kind(folder / "x_train.npy") == "file":
         return "npy"
-    if any(".tfrecord" in p.name or p.name.endswith(".tfrec") for p in folder.iterdir()):
+    try:
+        names = [p.name for p in folder.iterdir()]
+    except OSError:  # a folder that cannot be listed holds nothing it can tell
+        names = []
+    if any(".tfrecord" in name or name.endswith(".tfrec") for name in names):
         return "tfrecord"
-    if (folder / "train").is_dir():
+    if path_kind(folder / "train") == "folder":
         return "images"
     return None
 
@@ -239,19 +254,21 @@ def parse_dataset(*names: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         files = file_dataset(text)
         if files is None:
-            folder = Path(text.strip()).expanduser()
-            if text.strip().lower() not in names and not is_hook(text) and folder.is_dir():
+            if text.strip().lower() in names or is_hook(text):
+                return by_name(text)
+            folder = path_of(text)
+            if path_kind(folder) == "folder":
                 kind = folder_kind(folder)
                 raise SettingError(
                     "a folder, without the kind of its files; "
-                    + (f"did you mean {kind}:{text.strip()}?" if kind else
-                       f"put tfrecord:, images: or npy: before it ({folder} holds no "
+                    + (f"did you mean {kind}:{plain(text.strip())}?" if kind else
+                       f"put tfrecord:, images: or npy: before it ({shown(folder)} holds no "
                        "x_train.npy, *.tfrecord* files or train/ folder)")
                 )
             return by_name(text)
         kind, folder = files
-        if not str(folder) or not folder.is_dir():
-            raise SettingError(f"{kind}: needs an existing folder; {str(folder)!r} is not one")
+        if not str(folder) or path_kind(folder) != "folder":
+            raise SettingError(f"{kind}: needs an existing folder; {shown(folder)} is not one")
         return f"{kind}:{folder}"
 
     return parse
@@ -263,10 +280,10 @@ def parse_replica_counts(text: str) -> tuple[int, ...]:
         return ()
     counts = []
     for item in text.split(","):
-        item = item.strip()
-        if not item.isdigit() or not 1 <= int(item) <= 64:
-            raise SettingError(f"{item!r} is not a replica count from 1 to 64")
-        counts.append(int(item))
+        count = whole_number(item) if is_digits(item.strip()) else None
+        if count is None or not 1 <= count <= 64:
+            raise SettingError(f"{shown(item.strip())} is not a replica count from 1 to 64")
+        counts.append(count)
     return tuple(sorted(set(counts)))
 
 
@@ -276,7 +293,7 @@ def parse_choice_list(*choices: str) -> Callable[[str], tuple[str, ...]]:
         bad = [item for item in items if item not in choices]
         if bad:
             raise SettingError(
-                f"{bad[0]!r} is not one of the choices" + did_you_mean(bad[0], choices)
+                f"{shown(bad[0])} is not one of the choices" + did_you_mean(bad[0], choices)
             )
         return tuple(dict.fromkeys(items))
 
@@ -290,11 +307,12 @@ def parse_worker_hosts(text: str) -> tuple[str, ...]:
         host, _, port = item.rpartition(":")
         if not item:
             raise SettingError("the list has an empty item")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise SettingError(f"{item!r} is not host:port (a port from 1 to 65535)")
+        number = whole_number(port) if is_digits(port) else None
+        if not host or number is None or not 1 <= number <= 65535:
+            raise SettingError(f"{shown(item)} is not host:port (a port from 1 to 65535)")
     duplicates = sorted({item for item in items if items.count(item) > 1})
     if duplicates:
-        raise SettingError(f"{duplicates[0]} is listed twice")
+        raise SettingError(f"{shown(duplicates[0])} is listed twice")
     return tuple(items)
 
 
@@ -313,8 +331,11 @@ def parse_tf_config(text: str) -> str:
         return ""
     try:
         config = json.loads(text)
-    except ValueError as err:
+    except json.JSONDecodeError as err:
         raise SettingError(f"not JSON ({err})") from None
+    except (ValueError, RecursionError):  # what Python's reader cannot hold
+        raise SettingError("JSON that cannot be read: a number of more than 4,300 digits, "
+                           "or lists nested too deep") from None
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise SettingError('it has no "cluster" object')
     cluster = config["cluster"]
@@ -324,7 +345,7 @@ def parse_tf_config(text: str) -> str:
         # A "ps" (or "evaluator") job is a parameter-server cluster: another strategy, not a
         # TF_CONFIG to correct, so the message says what mgpu runs rather than "fix it".
         raise SettingError(
-            f'it has a "{unsupported[0]}" job, as a parameter-server cluster '
+            f'it has a "{plain(unsupported[0])}" job, as a parameter-server cluster '
             "(ParameterServerStrategy) has; mgpu runs MultiWorkerMirroredStrategy clusters "
             'only, whose TF_CONFIG lists "chief" (or "master") and "worker" tasks. Run a '
             "parameter-server job with python itself, without mgpu"
@@ -334,8 +355,10 @@ def parse_tf_config(text: str) -> str:
     for job, addresses in cluster.items():
         if not isinstance(addresses, list) or not addresses:
             raise SettingError(f'cluster "{job}" must be a non-empty list of "host:port"')
+        if not all(isinstance(a, str) for a in addresses):
+            raise SettingError(f'cluster "{job}" must list "host:port" strings')
         try:
-            parse_worker_hosts(",".join(str(a) for a in addresses))
+            parse_worker_hosts(",".join(addresses))
         except SettingError as err:
             raise SettingError(f'cluster "{job}": {err}') from None
     for lead in ("chief", "master"):
@@ -345,12 +368,13 @@ def parse_tf_config(text: str) -> str:
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
         raise SettingError('it has no "task": {"type": ..., "index": ...}')
     task_type, index = task["type"], task["index"]
-    if task_type not in cluster:
-        raise SettingError(f'task type "{task_type}" is not a job of the cluster')
-    if not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
-        raise SettingError(
-            f'task index {index!r} is not 0..{len(cluster[task_type]) - 1} for "{task_type}"'
-        )
+    if not isinstance(task_type, str) or task_type not in cluster:
+        raise SettingError(f"task type {shown(json.dumps(task_type))} is not a job of the "
+                           "cluster")
+    if (not isinstance(index, int) or isinstance(index, bool)
+            or not 0 <= index < len(cluster[task_type])):
+        raise SettingError(f"task index {shown(json.dumps(index))} is not "
+                           f'0..{len(cluster[task_type]) - 1} for "{task_type}"')
     return text.strip()
 
 
@@ -398,18 +422,19 @@ def parse_checkpoint_every(text: str) -> CheckpointInterval:
     lowered = text.strip().lower()
     if lowered in ("0", "epoch"):
         return CheckpointInterval()
-    if lowered.isdigit():
-        steps = int(lowered)
+    if is_digits(lowered):
+        steps = whole_number(lowered)
+        assert steps is not None  # digits are a whole number
         if steps > _MOST_STEPS:
             raise SettingError(f"more than {_MOST_STEPS:,} steps")
         return CheckpointInterval(steps=steps)
     unit = _TIME_UNITS.get(lowered[-1:]) if lowered else None
     if unit is None:
         raise SettingError("neither a number of steps nor a time ending in s, m or h")
-    try:
-        seconds = float(lowered[:-1]) * unit
-    except ValueError:
-        raise SettingError(f"{lowered[:-1]!r} before the unit is not a number") from None
+    number = decimal_number(lowered[:-1])
+    if number is None:
+        raise SettingError(f"{shown(lowered[:-1])} before the unit is not a number")
+    seconds = number * unit
     if not (math.isfinite(seconds) and 1 <= seconds <= _MOST_SECONDS):
         raise SettingError("a time must be at least 1s and at most 168h (a week)")
     return CheckpointInterval(seconds=seconds)

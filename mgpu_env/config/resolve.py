@@ -28,6 +28,7 @@ from mgpu_env.config.settings import (
     Settings,
     SettingsErrors,
 )
+from mgpu_env.config.text import shown
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ def typo_warnings(
     default 5 epochs. `in_effect`: each setting's value and origin as text ("5 (default)")."""
     return tuple(
         f"{u.name} {u.where} is not a setting; did you mean {u.meant}? "
-        f"({u.name}={u.value!r} is ignored; {u.meant} is {in_effect[u.meant]})"
+        f"({u.name}={shown(u.value)} is ignored; {u.meant} is {in_effect[u.meant]})"
         for u in unknown if u.meant is not None
     )
 
@@ -179,12 +180,12 @@ def strict_errors(resolved: ResolvedSettings) -> list[str]:
                 f" (in {resolved.env_file})" if u.where != "in the environment" else
                 f" (export {u.meant}={u.value}; unset {u.name})")
             errors.append(
-                f"Unknown setting {u.name}={u.value!r} ({u.where}): did you mean {u.meant}? "
+                f"Unknown setting {u.name}={shown(u.value)} ({u.where}): did you mean {u.meant}? "
                 f"(--strict).\n  Fix: {fix}, {STRICT_FIX}."
             )
         else:
             errors.append(
-                f"Unknown setting {u.name}={u.value!r} ({u.where}): mgpu has no such "
+                f"Unknown setting {u.name}={shown(u.value)} ({u.where}): mgpu has no such "
                 "setting (--strict).\n  Valid: the settings `mgpu train --help` lists, or "
                 "another tool's variable (NCCL_*, TF_*, ...). "
                 f"Fix: remove the line, export it in the environment instead, {STRICT_FIX}."
@@ -219,7 +220,7 @@ def setting_error_message(declaration: Declaration, text: str, source: str, reas
     else:
         where = f"set {declaration.env}"
     return (
-        f"Bad setting {declaration.env}={text!r} (from {source}): {reason}"
+        f"Bad setting {declaration.env}={shown(text)} (from {source}): {reason}"
         f"{'' if reason.endswith('?') else '.'}\n"
         f"  Valid: {declaration.valid}. Fix: {where}."
     )

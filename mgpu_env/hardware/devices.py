@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mgpu_env.config.settings import GpuRequest, SettingError
+from mgpu_env.config.text import is_digits, whole_number
 from mgpu_env.hardware.nvml import GpuInfo, GpuListing
 
 # CUDA hides every GPU for an id that matches none; "-1" is the documented idiom.
@@ -58,8 +59,8 @@ def visible_gpus(cuda_visible_devices: str, gpus: Sequence[GpuInfo]) -> tuple[Gp
     # By NVML index, not position: a GPU that does not answer NVML is not in `gpus`.
     by_index = {g.index: g for g in gpus}
     for item in (i.strip() for i in cuda_visible_devices.split(",")):
-        if item.isdigit() and int(item) in by_index:
-            visible.append(by_index[int(item)])
+        if is_digits(item) and whole_number(item) in by_index:
+            visible.append(by_index[whole_number(item) or 0])
             continue
         matches = [g for g in gpus if item and g.uuid.lower().startswith(item.lower())]
         if len(matches) != 1:

@@ -331,6 +331,134 @@ def test_without_restarts_the_log_is_as_before(tmp_path: Path) -> None:
     assert err.splitlines() == ["mgpu: worker 1 exited 3; stopping the other workers"]
 
 
+# Each worker makes its scratch folder as an mgpu worker does (sweeping those of workers that
+# are gone first), writes a checkpoint file there and a file of its own in TMPDIR (as
+# TensorFlow or a script may), and records what its TMPDIR held at its start; worker 1 kills
+# itself (SIGKILL: nothing of its own is removed) on its first start.
+LITTERING = """
+    import os, signal, sys, tempfile, time
+    from pathlib import Path
+    from mgpu_env.runtime.strategy import WorkerRole
+    from mgpu_env.training.multiworker.scratch import remove_scratch_dir, scratch_dir
+    i = int(os.environ["WORKER_INDEX"])
+    record = Path(os.environ["RECORD"])
+    seen = [p.name for p in Path(tempfile.gettempdir()).iterdir()]  # before its own sweep
+    folder = scratch_dir(WorkerRole("worker", i, 2))
+    (folder.path / "ckpt-1-10.data-00000-of-00001").write_bytes(b"0" * 1000)
+    _, own = tempfile.mkstemp(prefix="left-by-worker-")
+    with record.open("a") as f:
+        f.write(f"{i} {os.environ['WORKER_HOSTS']} {folder.path.name} {Path(own).name} "
+                f"{' '.join(seen)}\\n")
+    if i == 1 and sum(line.startswith("1 ") for line in record.read_text().splitlines()) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(float(os.environ.get("LINGER", "0.5")))
+    remove_scratch_dir(folder)
+"""
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_killed_workers_scratch_and_temporary_files_are_removed_at_restart_and_end(
+    tmp_path: Path,
+) -> None:
+    tmp, record = tmp_path / "tmp", tmp_path / "record"
+    tmp.mkdir()
+    record.touch()
+    fresh = iter(range(100, 200, 2))
+    code = supervise(
+        LocalWorkers(("127.0.0.1:2", "127.0.0.1:1"), (None, None), None),
+        python_workers(LITTERING),
+        {**child_env(tmp_path), "RECORD": str(record), "TMPDIR": str(tmp)},
+        max_restarts=1, stdout=io.StringIO(), stderr=io.StringIO(), grace_s=5.0, poll_s=0.05,
+        ports=lambda n: [next(fresh) for _ in range(n)],
+    )
+    assert code == 0
+    starts = [line.split() for line in record.read_text().splitlines()]
+    first = {name for _, hosts, *names in starts if hosts == "127.0.0.1:2,127.0.0.1:1"
+             for name in names[:2]}
+    again = [seen for _, hosts, _, _, *seen in starts if hosts != "127.0.0.1:2,127.0.0.1:1"]
+    # Worker 1 made its scratch folder and its file before it was killed; no start after the
+    # restart saw anything of the first attempt's workers: the launcher removed it all.
+    assert any(name.startswith("mgpu-worker1") for name in first) and len(again) == 2, starts
+    assert [name for seen in again for name in seen if name in first] == [], starts
+    assert files_under(tmp) == [] and list(tmp.iterdir()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="requires Linux (prctl)")
+def test_what_a_killed_launcher_left_is_removed_by_the_next_start(tmp_path: Path) -> None:
+    tmp, record = tmp_path / "tmp", tmp_path / "record"
+    tmp.mkdir()
+    record.write_text("1 first start\n")  # worker 1 does not kill itself
+    launch = textwrap.dedent("""
+        import io, os, sys
+        from mgpu_env.runtime.cluster.local import LocalWorkers, supervise
+        supervise(LocalWorkers(("127.0.0.1:2", "127.0.0.1:1"), (None, None), None),
+                  [sys.executable, "-c", sys.argv[1]], dict(os.environ))
+    """)
+    env = {**child_env(tmp_path), "RECORD": str(record), "TMPDIR": str(tmp), "LINGER": "60"}
+    launcher = subprocess.Popen([sys.executable, "-c", launch, textwrap.dedent(LITTERING)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while len(record.read_text().splitlines()) < 3:  # both workers wrote their files
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        launcher.kill()  # SIGKILL: the launcher removes nothing; its workers die with it
+        launcher.wait(timeout=10)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    deadline = time.monotonic() + 10
+    while workers_of(launcher.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = files_under(tmp)
+    assert len([f for f in left if "-ckpt-" in f]) == 4, left  # 2 scratch folders' files
+    assert len([f for f in left if "left-by-worker-" in f]) == 2, left
+    code = supervise(fixed_plan(1), python_workers("print('a later run')"), child_env(tmp_path)
+                     | {"TMPDIR": str(tmp)}, stdout=io.StringIO(), stderr=io.StringIO())
+    assert code == 0 and files_under(tmp) == [] and list(tmp.iterdir()) == []
+
+
+def test_an_owned_folder_is_swept_once_its_owner_is_killed_and_never_while_it_lives(
+    tmp_path: Path,
+) -> None:
+    from mgpu_env.runtime.cluster.scratch import sweep_abandoned
+
+    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from pathlib import Path
+        from mgpu_env.runtime.cluster.scratch import owned_folder
+        print(owned_folder("worker1-ckpt-", Path(sys.argv[1])).path, flush=True)
+        time.sleep(60)
+    """), str(tmp_path)], env=child_env(tmp_path), stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        folder = Path(owner.stdout.readline().strip())
+        (tmp_path / "mgpu-bench-profile-x").mkdir()  # not made by owned_folder: never swept
+        assert sweep_abandoned(tmp_path) == [] and folder.is_dir()
+        owner.kill()  # SIGKILL: the kernel releases the owner's lock
+        owner.wait(timeout=10)
+        assert sweep_abandoned(tmp_path) == [folder] and not folder.exists()
+        assert (tmp_path / "mgpu-bench-profile-x").is_dir()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
+def test_a_temporary_folder_that_cannot_be_made_is_exit_2_before_any_worker(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "record"
+    with pytest.raises(ConfigError, match=r"(?s)cannot be made in .*nowhere.*Fix: point TMPDIR"):
+        supervise(fixed_plan(2), python_workers(LITTERING),
+                  {**child_env(tmp_path), "RECORD": str(record),
+                   "TMPDIR": str(tmp_path / "nowhere")}, stdout=io.StringIO(),
+                  stderr=io.StringIO())
+    assert not record.exists()
+
+
 def test_the_cause_is_the_worker_that_failed_first_even_when_seen_together() -> None:
     # Worker 1 fails, worker 0 follows it (as a worker whose peer died does); the launcher
     # looks only once both have ended, and still names worker 1.
@@ -488,7 +616,16 @@ def test_a_worker_killed_mid_run_is_restarted_and_the_run_resumes(tmp_path: Path
     # The restart resumed from the chief's last checkpoint: no completed epoch was lost.
     assert metrics["resumed_from_epoch"] >= kept and metrics["epochs_completed"] == 8
     assert [e["epoch"] for e in metrics["history"]] == list(range(1, 9))
+    # Nothing left in the workers' temporary folder (TMPDIR): not the killed worker's
+    # scratch checkpoints, nor the launcher's own folder.
+    assert leftovers(tmp_path) == [], leftovers(tmp_path)
     print(stderr)
+
+
+def leftovers(tmp: Path) -> list[str]:
+    """What a run left in TMPDIR (`tmp`), besides the test's own folders, each with its files."""
+    return sorted(f"{p.name} ({sum(1 for f in p.rglob('*') if f.is_file())} files)"
+                  for p in tmp.iterdir() if p.name not in ("out", "home"))
 
 
 @pytest.mark.slow

@@ -44,7 +44,8 @@ def test_every_form_of_checkpoint_every_parses_and_reads_back(
     ("", "neither a number of steps nor a time"), ("-5", "neither"), ("10d", "neither"),
     ("ten", "neither"), ("xm", "'x' before the unit is not a number"),
     ("0s", "at least 1s"), ("0.5s", "at least 1s"), ("169h", "at most 168h"),
-    ("infm", "at least 1s"), ("1000000001", "more than 1,000,000,000 steps"),
+    ("infm", "before the unit is not a number"), ("9e999s", "at least 1s"),
+    ("1000000001", "more than 1,000,000,000 steps"),
 ])
 def test_a_bad_checkpoint_every_says_why(text: str, why: str) -> None:
     with pytest.raises(SettingError, match=why):

@@ -97,6 +97,10 @@ def test_a_slurm_step_of_one_task_and_a_batch_script_are_one_process() -> None:
         (slurm_step(1, 2, "n[1-2]", "1(x2)", 0, SLURM_NODEID="0"), "not local task 0 of node 1"),
         ({**slurm_step(0, 2, "n1", "2", 0), "SLURM_STEP_NUM_TASKS": "x"},
          "SLURM_STEP_NUM_TASKS='x' is not a whole number"),
+        # isdigit passes '²' and 5,000 digits; int() refuses both.
+        ({**slurm_step(0, 2, "n1", "2", 0), "SLURM_STEP_NUM_TASKS": "\u00b2"},
+         "SLURM_STEP_NUM_TASKS='\u00b2' is not a whole number"),
+        ({**slurm_step(0, 2, "n1", "2", 0), "SLURM_PROCID": "9" * 5000}, "(5,000 characters)"),
     ],
 )
 def test_contradictory_slurm_variables_are_a_clear_error(
@@ -140,6 +144,8 @@ def test_an_indexed_job_of_one_pod_or_without_the_manifest_variables_is_one_proc
     [
         (indexed_pod(3, workers=3), "JOB_COMPLETION_INDEX=3 but K8S_WORKERS=3"),
         (indexed_pod(0, K8S_WORKERS="two"), "K8S_WORKERS='two' is not a number"),
+        (indexed_pod(0, K8S_WORKERS="\u00b3"), "K8S_WORKERS='\u00b3' is not a number"),
+        ({**indexed_pod(0), "JOB_COMPLETION_INDEX": "\u00b9"}, "JOB_COMPLETION_INDEX=\u00b9 but"),
         ({**indexed_pod(0), "K8S_SERVICE": ""}, "has JOB_COMPLETION_INDEX but no K8S_SERVICE"),
     ],
 )

@@ -9,6 +9,7 @@ CUDA images set `compute,utility` themselves.
 
 from __future__ import annotations
 
+from mgpu_env.config.text import is_digits, whole_number
 from mgpu_env.doctor.checks.common import Check, Skipped, Status, check, no_gpu, wants_gpus
 from mgpu_env.doctor.checks.nvmlcause import gpus_on_machine
 from mgpu_env.doctor.facts import Facts
@@ -53,7 +54,7 @@ def _visible_devices(facts: Facts, value: str) -> tuple[Status, str, str] | None
         if item.startswith(("gpu-", "mig-")):
             if not any(u.startswith(item) for u in uuids):
                 absent.append(item)
-        elif item.split(":")[0].isdigit() and int(item.split(":")[0]) >= known:
+        elif is_digits(item.split(":")[0]) and (whole_number(item.split(":")[0]) or 0) >= known:
             absent.append(item)
     if not absent:
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.text import is_digits, plain, shown, whole_number
 from mgpu_env.runtime.cluster.model import Cluster
 
 INDEX = "JOB_COMPLETION_INDEX"
@@ -45,16 +46,19 @@ def from_indexed_job(environ: Mapping[str, str], port: int) -> Cluster | None:
             "job's completions) as k8s/indexed-job.yaml does."
         )
     index_text, workers_text = environ[INDEX].strip(), environ["K8S_WORKERS"].strip()
-    if not workers_text.isdigit() or int(workers_text) < 1:
+    count = whole_number(workers_text) if is_digits(workers_text) else None
+    if count is None or count < 1:
         raise ConfigError(
-            f"K8S_WORKERS={workers_text!r} is not a number of pods.\n"
+            f"K8S_WORKERS={shown(workers_text)} is not a number of pods.\n"
             "  Valid: a whole number from 1, equal to the job's completions and parallelism."
             " Fix: set it to spec.completions."
         )
-    workers = int(workers_text)
-    if not index_text.isdigit() or int(index_text) >= workers:
+    workers = count
+    index = whole_number(index_text) if is_digits(index_text) else None
+    if index is None or index >= workers:
         raise ConfigError(
-            f"{INDEX}={index_text} but K8S_WORKERS={workers}: the completion index must be "
+            f"{INDEX}={plain(index_text)} but K8S_WORKERS={workers}: the completion index "
+            "must be "
             f"0..{workers - 1}.\n  Fix: keep K8S_WORKERS, spec.completions and "
             "spec.parallelism equal in the manifest."
         )
@@ -62,4 +66,4 @@ def from_indexed_job(environ: Mapping[str, str], port: int) -> Cluster | None:
         return None
     job, service = environ["K8S_JOB_NAME"].strip(), environ["K8S_SERVICE"].strip()
     addresses = tuple(f"{job}-{i}.{service}:{port}" for i in range(workers))
-    return Cluster({"worker": addresses}, "worker", int(index_text), "kubernetes")
+    return Cluster({"worker": addresses}, "worker", index, "kubernetes")

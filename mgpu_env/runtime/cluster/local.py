@@ -18,7 +18,9 @@ and returns the exit code by these rules:
 
 No worker outlives the launcher: the kernel kills each when the launcher dies, SIGKILL
 included (`die_with_launcher`), so a killed launcher never leaves workers holding the GPUs
-and the ports.
+and the ports. Nor their files: every worker's TMPDIR is a folder the launcher owns
+(`scratch.owned_folder`), emptied between restarts and removed at the end, and what a killed
+launcher left is removed by the next one (`scratch.sweep_abandoned`).
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime.cluster.model import line_tag
+from mgpu_env.runtime.cluster.scratch import OwnedFolder, owned_folder, sweep_abandoned
 
 LOOPBACK = "127.0.0.1"
 # Seconds the other workers get to stop at a step boundary (their SIGTERM checkpoint)
@@ -250,20 +254,44 @@ def supervise(
     restart in the log with its cause. A failure that a restart would repeat (exit 2:
     bad settings or input) and a signal to the launcher are never restarted."""
     workers = _Workers(stdout or sys.stdout, stderr or sys.stderr)
-    with _forwarding(workers.on_signal):
-        for attempt in range(max_restarts + 1):
-            if attempt:
-                plan = dataclasses.replace(
-                    plan, hosts=tuple(f"{LOOPBACK}:{port}" for port in ports(plan.count)))
-            workers.start_all(plan, command, environ)
-            while workers.running():
-                workers.check(grace_s)
-                time.sleep(poll_s)
-            workers.check(grace_s)  # the look at the end: all may have ended since the last
-            code = workers.finish()
-            if not workers.restart(attempt, max_restarts, plan.count):
-                return code
-    return code
+    temporary = _workers_temporary_folder(environ)
+    environ = {**environ, "TMPDIR": str(temporary.path)}
+    try:
+        with _forwarding(workers.on_signal):
+            for attempt in range(max_restarts + 1):
+                if attempt:
+                    plan = dataclasses.replace(
+                        plan, hosts=tuple(f"{LOOPBACK}:{port}" for port in ports(plan.count)))
+                    temporary.clear()  # every worker of the last attempt has ended
+                workers.start_all(plan, command, environ)
+                while workers.running():
+                    workers.check(grace_s)
+                    time.sleep(poll_s)
+                workers.check(grace_s)  # the look at the end: all may have ended since
+                code = workers.finish()
+                if not workers.restart(attempt, max_restarts, plan.count):
+                    return code
+        return code
+    finally:
+        temporary.remove()
+
+
+def _workers_temporary_folder(environ: Mapping[str, str]) -> OwnedFolder:
+    """The workers' TMPDIR, a folder the launcher owns in the temporary folder they would
+    have used: whatever a worker leaves there (a killed worker's scratch checkpoints,
+    TensorFlow's or a script's temporary files) is removed when they have all ended, between
+    restarts and at the end. What a killed launcher left there is removed first."""
+    parent = Path(environ["TMPDIR"]) if environ.get("TMPDIR") else None
+    sweep_abandoned(parent)
+    try:
+        return owned_folder("workers-", parent)
+    except OSError as err:
+        where = parent or "the temporary folder"
+        raise ConfigError(
+            f"The workers' temporary folder cannot be made in {where} "
+            f"({err.strerror or err}).\n  Fix: point TMPDIR at a folder this user can "
+            "write, or unset it."
+        ) from None
 
 
 @dataclass

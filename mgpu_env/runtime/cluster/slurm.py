@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import hostlist
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.text import is_digits, plain, shown, whole_number
 from mgpu_env.runtime.cluster.model import Cluster, NodeShare
 
 STEP_VARIABLES = (
@@ -46,7 +47,8 @@ def batch_script_note(environ: Mapping[str, str]) -> str | None:
     if not in_slurm_job(environ) or in_slurm_step(environ):
         return None
     tasks = environ.get("SLURM_NTASKS", "1")
-    if not tasks.isdigit() or int(tasks) <= 1:
+    count = whole_number(tasks) if is_digits(tasks) else None
+    if count is None or count <= 1:
         return None
     return (
         f"Slurm job {environ.get('SLURM_JOB_ID', '?')} has {tasks} tasks, but this runs in its "
@@ -56,20 +58,21 @@ def batch_script_note(environ: Mapping[str, str]) -> str | None:
 
 
 def _error(what: str, fix: str, environ: Mapping[str, str]) -> ConfigError:
-    shown = "  ".join(f"{k}={environ.get(k, '(unset)')}" for k in STEP_VARIABLES)
+    seen = "  ".join(f"{k}={plain(environ.get(k, '(unset)'))}" for k in STEP_VARIABLES)
     return ConfigError(
-        f"Slurm's step variables do not describe a cluster: {what}.\n  Seen: {shown}\n"
+        f"Slurm's step variables do not describe a cluster: {what}.\n  Seen: {seen}\n"
         f"  Fix: {fix}"
     )
 
 
 def _int(environ: Mapping[str, str], name: str) -> int:
     text = environ.get(name, "")
-    if not text.strip().isdigit():
-        raise _error(f"{name}={text!r} is not a whole number",
+    value = whole_number(text) if is_digits(text.strip()) else None
+    if value is None:  # digits 0-9 only: isdigit also passes '²', which int() refuses
+        raise _error(f"{name}={shown(text)} is not a whole number",
                      "start mgpu with srun inside the job, not with these variables set "
                      "by hand", environ)
-    return int(text)
+    return value
 
 
 def from_slurm(environ: Mapping[str, str], port_base: int) -> Cluster | None:

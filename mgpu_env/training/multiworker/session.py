@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_env.runtime.cluster import Cluster
+from mgpu_env.runtime.cluster.scratch import OwnedFolder
 from mgpu_env.training.multiworker.agreement import (
     any_worker,
     broadcast_from_chief,
@@ -42,7 +43,7 @@ class WorkerSession:
         on_expire: Callable[[str], None] = abort_process,
     ) -> None:
         self.role = cluster.role if cluster is not None else None
-        self._scratch: Path | None = None
+        self._scratch: OwnedFolder | None = None
         self._agree: Callable[[tuple[bool, ...]], tuple[bool, ...]] | None = None
         self.who = cluster.name if cluster is not None else "this process"
         self._cluster = cluster
@@ -99,7 +100,7 @@ class WorkerSession:
         if self.role is None or self.role.is_chief:
             return chief_dir
         self._scratch = scratch_dir(self.role)
-        return self._scratch
+        return self._scratch.path
 
     def share_restored(self, strategy: Any, variables: Sequence[Any]) -> None:
         if self.multi:

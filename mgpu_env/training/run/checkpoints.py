@@ -2,7 +2,8 @@
 next is due, and what one costs.
 
 A checkpoint holds the model, the optimizer (with the loss scale under float16), the epochs
-completed and the steps done in the next one, that epoch's running metrics, and the
+completed and the steps done in the next one, that epoch's running metrics as each replica
+holds them (so the rest of the epoch adds to the same sums, to the bit), and the
 model's random state (Keras' seed generators: Dropout's draws, which the model's own
 checkpoint leaves out). The data's position needs nothing more: every feed's order is drawn
 from (SEED, epoch), so (epoch, step) is where each feed resumes (`Feed.runner`'s
@@ -65,7 +66,6 @@ class Checkpoints:
     def __init__(self, trainer: Any, directory: Path) -> None:
         import tensorflow as tf
 
-        weights = {id(v) for v in trainer.model.weights}
         steps = trainer.steps
         with trainer.strategy.scope():
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -73,31 +73,46 @@ class Checkpoints:
         self.directory = directory
         self.model, self.optimizer = trainer.model, trainer.optimizer
         # The epoch's running loss and accuracy, so a resumed epoch's record is the
-        # uninterrupted one's. Saved through a plain copy, outside the strategy: restoring
-        # the metrics' own (mirrored, summed) variables runs a collective on the chief
-        # alone under MultiWorkerMirroredStrategy, which the other workers never join.
+        # uninterrupted one's, to the bit: each replica's own metric state (`replica_metrics`,
+        # row r: replica r's), since each adds its losses to its own running sums and the
+        # result sums the replicas; their sum alone (`metrics`) is kept for a resume on
+        # another replica count. Saved through plain copies, outside the strategy:
+        # restoring the metrics' own (mirrored, summed) variables runs a collective on the
+        # chief alone under MultiWorkerMirroredStrategy, which the other workers never join.
         self.metrics = [*steps.train_loss.variables, *steps.train_accuracy.variables]
         self.metrics_copy = tf.Variable(tf.zeros([len(self.metrics)], tf.float64),
                                         trainable=False, name="metrics")
+        self.replica_metrics = tf.Variable(
+            tf.zeros([trainer.strategy.num_replicas_in_sync, len(self.metrics)], tf.float64),
+            trainable=False, name="replica_metrics")
+        self.per_replica_restored = True  # False: the sums were spread (`restore`)
         self.checkpoint = tf.train.Checkpoint(
             model=trainer.model, optimizer=trainer.optimizer, epoch=self.epoch, step=self.step,
-            metrics=self.metrics_copy,
+            metrics=self.metrics_copy, replica_metrics=self.replica_metrics,
             # The model's state that is not a weight: its seed generators' states.
-            random=[v for v in trainer.model.variables if id(v) not in weights],
+            random=self._random(),
         )
+        self._gather = replica_metrics_gather(trainer.strategy, self.metrics)
+        self._scatter = replica_metrics_scatter(trainer.strategy, self.metrics,
+                                                self.replica_metrics)
         self.costs: list[SaveCost] = []
+
+    def _random(self) -> list[Any]:
+        weights = {id(v) for v in self.model.weights}
+        return [v for v in self.model.variables if id(v) not in weights]
 
     def shared_variables(self) -> list[Any]:
         """Every value a checkpoint holds: what a multi-worker chief shares with the others
         after restoring (they need no shared folder)."""
         return [*self.model.variables, *self.optimizer.variables, self.metrics_copy,
-                self.epoch, self.step]
+                self.replica_metrics, self.epoch, self.step]
 
     def estimated_bytes(self) -> int:
         """The checkpoint's size from its values (the files add little): to tell the cost
         before the first save."""
         total = 0
-        for v in [*self.model.variables, *self.optimizer.variables, self.metrics_copy]:
+        for v in [*self.model.variables, *self.optimizer.variables, self.metrics_copy,
+                  self.replica_metrics]:
             count = 1
             for dim in v.shape:
                 count *= int(dim)
@@ -121,8 +136,9 @@ class Checkpoints:
         started = time.perf_counter()
         self.epoch.assign(position.epoch)
         self.step.assign(position.step)
-        self.metrics_copy.assign(tf.stack(
-            [tf.cast(tf.convert_to_tensor(v), tf.float64) for v in self.metrics]))
+        # Collective under multi-worker: every worker saves, at the same step.
+        self.replica_metrics.assign(self._gather())
+        self.metrics_copy.assign(tf.reduce_sum(self.replica_metrics, axis=0))
         path = self.manager(position).save(
             checkpoint_number=position.step if position.step else position.epoch
         )
@@ -137,28 +153,40 @@ class Checkpoints:
     def restore(self) -> Position:
         """Restore the latest checkpoint (the caller names one that cannot be): its
         position, or the start when there is none."""
+        import tensorflow as tf
+
         latest = self.latest
         if latest is None:
             return Position(0)
+        held = tf.train.load_checkpoint(latest).get_variable_to_shape_map()
+        replicas = held.get("replica_metrics/.ATTRIBUTES/VARIABLE_VALUE")
+        self.per_replica_restored = replicas == self.replica_metrics.shape.as_list()
+        checkpoint = self.checkpoint
+        if not self.per_replica_restored:
+            # Saved on another replica count, or by an mgpu that kept the sums alone: the
+            # sums are spread over the replicas (the epoch's record may then differ from
+            # an uninterrupted run's in its last bits; the weights do not).
+            checkpoint = tf.train.Checkpoint(
+                model=self.model, optimizer=self.optimizer, epoch=self.epoch, step=self.step,
+                metrics=self.metrics_copy, random=self._random())
         try:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            checkpoint.restore(latest).assert_existing_objects_matched()
         except AssertionError:
             # A checkpoint of an mgpu before checkpoints inside the epoch: the model, the
             # optimizer and the epoch alone, at the epoch's end.
-            import tensorflow as tf
-
             tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self.epoch
                                 ).restore(latest).assert_existing_objects_matched()
             self.step.assign(0)
+        if not self.per_replica_restored:
+            replicas = self.replica_metrics.shape[0]
+            self.replica_metrics.assign(tf.tile(self.metrics_copy[None, :] / replicas,
+                                                [replicas, 1]))
         return self.position()
 
     def restore_metrics(self) -> None:
-        """The epoch's running metrics from the restored copy: on every worker at once,
-        after the chief's values were shared (assigning them may be collective)."""
-        import tensorflow as tf
-
-        for variable, value in zip(self.metrics, tf.unstack(self.metrics_copy), strict=True):
-            variable.assign(tf.cast(value, variable.dtype))
+        """Each replica's running metrics from its row of the restored copy; on every worker
+        at once, after the chief's values were shared (the assignment is collective)."""
+        self._scatter()
 
     def position(self) -> Position:
         """The position the checkpoint's variables hold (after a restore, or a chief's)."""
@@ -171,6 +199,45 @@ class Checkpoints:
         seconds = [c.seconds for c in self.costs]
         return {"saves": len(self.costs), "mean_seconds": sum(seconds) / len(seconds),
                 "max_seconds": max(seconds), "mb": self.costs[-1].mb}
+
+
+def replica_metrics_gather(strategy: Any, metrics: list[Any]) -> Any:
+    """() -> [replicas, metrics] float64: each replica's own values of `metrics` (row r:
+    replica r's in the sync group, every worker's replicas included). One all-reduce: each
+    replica contributes its row and zeros elsewhere, and x + 0 is x, so the rows are exact."""
+    import tensorflow as tf
+
+    replicas = strategy.num_replicas_in_sync
+
+    @tf.function
+    def gather() -> Any:
+        def replica_fn() -> Any:
+            context = tf.distribute.get_replica_context()
+            # Read in the replica's context: a metric's variable is its own replica's part.
+            row = tf.stack([tf.cast(tf.convert_to_tensor(v), tf.float64) for v in metrics])
+            mine = tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=tf.float64)
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, mine[:, None] * row[None, :])
+
+        return strategy.experimental_local_results(strategy.run(replica_fn))[0]
+
+    return gather
+
+
+def replica_metrics_scatter(strategy: Any, metrics: list[Any], rows: Any) -> Any:
+    """() -> None: each replica's `metrics` set to its own row of `rows` (as saved by
+    `replica_metrics_gather`); assigned in the replica's context, so each part is its own."""
+    import tensorflow as tf
+
+    @tf.function
+    def scatter() -> None:
+        def replica_fn() -> None:
+            row = tf.gather(rows, tf.distribute.get_replica_context().replica_id_in_sync_group)
+            for index, variable in enumerate(metrics):
+                variable.assign(tf.cast(row[index], variable.dtype))
+
+        strategy.run(replica_fn)
+
+    return scatter
 
 
 def _dtype_size(dtype: Any) -> int:
