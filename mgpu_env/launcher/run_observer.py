@@ -158,9 +158,13 @@ def call_site(frame: FrameType | None, api: str) -> tuple[str, str]:
         frame = frame.f_back
     if frame is None:
         return how, ""
-    path = frame.f_code.co_filename
+    return how, f"{shown_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def shown_path(path: str) -> str:
+    """A script's path as a note shows it: relative to the working folder when inside it."""
     relative = os.path.relpath(path) if os.path.isabs(path) else path
-    return how, f"{path if relative.startswith('..') else relative}:{frame.f_lineno}"
+    return path if relative.startswith("..") else relative
 
 
 # ------------------------------------------------------------------------------ hooks
@@ -308,6 +312,8 @@ def _policy_wrapper(keras: str, policy: Callable[[], Any]
                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def setter(*args: Any, **kwargs: Any) -> Any:
+            if _READING_POLICY:  # reading the policy may set it (Keras 3's dtype_policy())
+                return original(*args, **kwargs)
             before = _policy_name(policy)
             result = original(*args, **kwargs)
             after = _policy_name(policy)
@@ -322,21 +328,29 @@ def _policy_wrapper(keras: str, policy: Callable[[], Any]
     return make
 
 
+_READING_POLICY: list[bool] = []
+
+
 def _policy_name(policy: Callable[[], Any]) -> str:
+    _READING_POLICY.append(True)
     try:
         return str(policy().name)
     except Exception:
         return "?"
+    finally:
+        _READING_POLICY.pop()
 
 
 def _wrap_everywhere(package: str, originals: list[Any],
                      make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Replace each function in `originals` under every name a loaded module of `package`
-    exports it (keras.backend.clear_session is keras.utils.clear_session is
-    keras.src.backend.common.global_state.clear_session)."""
+    """Replace each function in `originals` under every public name a loaded module of
+    `package` exports it (keras.backend.clear_session is keras.utils.clear_session is
+    tf.keras.backend.clear_session). Keras' own modules (`.src.`) keep theirs: Keras calls
+    them itself (Keras 3's `dtype_policy()` sets the policy it reads)."""
     wrappers: dict[int, Any] = {}
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == package or name.startswith(package + ".")):
+        if module is None or not (name == package or name.startswith(package + ".")) or (
+                ".src." in name + "."):
             continue
         for attribute in POLICY_SETTERS:
             value = module.__dict__.get(attribute) if hasattr(module, "__dict__") else None
