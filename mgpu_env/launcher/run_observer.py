@@ -309,8 +309,8 @@ def _layer_computed(layer: Any) -> None:
 
 
 def _policy_wrapper(keras: str, policy: Callable[[], Any]
-                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+                    ) -> Callable[[Callable[..., Any], str], Callable[..., Any]]:
+    def make(original: Callable[..., Any], called: str) -> Callable[..., Any]:
         def setter(*args: Any, **kwargs: Any) -> Any:
             if _READING_POLICY:  # reading the policy may set it (Keras 3's dtype_policy())
                 return original(*args, **kwargs)
@@ -322,7 +322,7 @@ def _policy_wrapper(keras: str, policy: Callable[[], Any]
                                    *(f"{k}={v!r}" for k, v in kwargs.items())])
                 _, where = call_site(sys._getframe(1), "")
                 _OBSERVED.policy_changes.append(PolicyChange(
-                    f"{original.__name__}({shown})", keras, where, before, after))
+                    f"{called}({shown})", keras, where, before, after))
             return result
         return setter
     return make
@@ -342,12 +342,12 @@ def _policy_name(policy: Callable[[], Any]) -> str:
 
 
 def _wrap_everywhere(package: str, originals: list[Any],
-                     make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+                     make: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
     """Replace each function in `originals` under every public name a loaded module of
     `package` exports it (keras.backend.clear_session is keras.utils.clear_session is
     tf.keras.backend.clear_session). Keras' own modules (`.src.`) keep theirs: Keras calls
     them itself (Keras 3's `dtype_policy()` sets the policy it reads)."""
-    wrappers: dict[int, Any] = {}
+    wrappers: dict[tuple[int, str], Any] = {}  # one per function and name, which it says
     for name, module in list(sys.modules.items()):
         if module is None or not (name == package or name.startswith(package + ".")) or (
                 ".src." in name + "."):
@@ -356,11 +356,12 @@ def _wrap_everywhere(package: str, originals: list[Any],
             value = module.__dict__.get(attribute) if hasattr(module, "__dict__") else None
             if value is None or not any(value is original for original in originals):
                 continue
-            if id(value) not in wrappers:
-                wrapper = functools.wraps(value)(make(value))
+            key = (id(value), attribute)
+            if key not in wrappers:
+                wrapper = functools.wraps(value)(make(value, attribute))
                 setattr(wrapper, _MARK, True)
-                wrappers[id(value)] = wrapper
-            setattr(module, attribute, wrappers[id(value)])
+                wrappers[key] = wrapper
+            setattr(module, attribute, wrappers[key])
 
 
 def observe() -> None:

@@ -36,7 +36,7 @@ CASES = [
     Case("first_of_four.py", expect=(
         "strategy that ran: MirroredStrategy on 2 devices (CPU:0, CPU:1)",),
         refuse=("strategy that ran: CentralStorageStrategy",)),
-    Case("named_gpus.py", expect=("GPU:0, GPU:1", "not listed"),
+    Case("named_gpus.py", expect=("GPU:0, GPU:1", "TensorFlow does not list"),
          refuse=("as planned",)),
     Case("dtensor_mesh.py", {"MIXED_PRECISION": "bf16"},
          expect=("8 devices", "float32"),

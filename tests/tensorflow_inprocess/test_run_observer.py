@@ -127,7 +127,7 @@ def test_fit_layers_gradients_and_policy_changes_are_observed(
         keras.mixed_precision.set_global_policy("float32")
     changes = [(c.call, c.keras, c.where, c.before, c.after) for c in seen.policy_changes]
     assert changes[:2] == [
-        ("set_dtype_policy('mixed_bfloat16')", "Keras 3", set_at, "float32", "mixed_bfloat16"),
+        ("set_global_policy('mixed_bfloat16')", "Keras 3", set_at, "float32", "mixed_bfloat16"),
         ("clear_session()", "Keras 3", cleared_at, "mixed_bfloat16", "float32"),
     ]
     assert seen.layers == {("float32", "float32"): 3}
