@@ -27,6 +27,7 @@ or a result. The records are read by `what_ran.py` after the script.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -185,7 +186,7 @@ def _strategy_used(strategy: Any, api: str, step: bool) -> None:
     _STRATEGIES[key] = strategy
     if step:
         _STEPPED.add(key)
-    how, where = call_site(sys._getframe(2), api)
+    how, where = call_site(sys._getframe(3), api)  # _quietly, the wrapper, its caller
     built = None if type(strategy).__name__ == "_DefaultDistributionStrategy" else \
         describe_strategy(strategy)
     _OBSERVED.uses.append(Use(built, how, where, step))
@@ -196,7 +197,7 @@ def _strategy_used(strategy: Any, api: str, step: bool) -> None:
 def _run_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if id(self) not in _STEPPED:
-            _strategy_used(self, "strategy.run", True)
+            _quietly(_strategy_used, self, "strategy.run", True)
         return original(self, *args, **kwargs)
     return run
 
@@ -205,10 +206,16 @@ def _data_wrapper(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def distribute(self: Any, *args: Any, **kwargs: Any) -> Any:
             if id(self) not in _STRATEGIES:
-                _strategy_used(self, name, False)
+                _quietly(_strategy_used, self, name, False)
             return original(self, *args, **kwargs)
         return distribute
     return make
+
+
+def _quietly(record: Callable[..., None], *args: Any) -> None:
+    """An observation that fails is lost, never the script's step."""
+    with contextlib.suppress(Exception):
+        record(*args)
 
 
 def watch_strategy_class(cls: type) -> None:
@@ -232,15 +239,15 @@ def _short(device: str) -> str:
 
 def _mesh_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def _register_mesh(self: Any, mesh: Any) -> Any:
-        if mesh not in self._meshes:
-            try:
+        try:
+            if mesh not in self._meshes:
                 dims = ",".join(f"{name}={size}" for name, size in
                                 zip(mesh.dim_names, mesh.shape(), strict=True))
                 devices = tuple(_short(device) for device in mesh.local_devices())
                 _, where = call_site(sys._getframe(1), "")
                 _OBSERVED.meshes.append(MeshUse(dims, devices, where))
-            except Exception:  # a mesh this cannot read: the script's run is what matters
-                pass
+        except Exception:  # a mesh this cannot read: the script's run is what matters
+            pass
         return original(self, mesh)
     return _register_mesh
 
@@ -293,7 +300,7 @@ def _layer_wrapper(model: type) -> Callable[[Callable[..., Any]], Callable[..., 
             if id(self) not in _LAYERS and not _symbolic(args, kwargs):
                 _LAYERS.add(id(self))
                 if not isinstance(self, model):  # a model only runs its layers
-                    _layer_computed(self)
+                    _quietly(_layer_computed, self)
             return original(self, *args, **kwargs)
         return __call__
     return make
