@@ -202,9 +202,9 @@ def first_step(built: BuiltStrategy | None, how: str, where: str) -> None:
     at = f" at {where}" if where else ""
     if built is None:
         if planned.replicas > 1:
-            print(f"mgpu run: warning: {how}{at} runs outside every strategy's scope, on "
-                  f"TensorFlow's default strategy (one device, 1 replica); {planned.by}",
-                  file=sys.stderr, flush=True)
+            print(f"mgpu run: warning: {how}{at} runs on TensorFlow's default strategy "
+                  f"(one device, 1 replica), outside the scope of any strategy the script "
+                  f"built; {planned.by}", file=sys.stderr, flush=True)
         return
     if (problem := strategy_problem(built, planned, listed_devices())) is not None:
         print(f"mgpu run: warning: {how}{at} runs under {built.kind}: {problem}",

@@ -83,9 +83,8 @@ def strategy_lines(observed: Observed, built: tuple[BuiltStrategy, ...],
         idle = ""
     default = next((use for use in stepped if use.strategy is None), None)
     if default is not None:
-        lines.extend(_outside(f"TensorFlow's default (no strategy's scope: one device, 1 "
-                              f"replica): {default.how}{_at(default.where)}", unused,
-                              planned, quiet))
+        lines.extend(_outside(f"TensorFlow's default strategy (one device, 1 replica): "
+                              f"{default.how}{_at(default.where)}", unused, planned, quiet))
     elif not stepped and observed.computed() and not (observed.gradient and
                                                       observed.gradient.mesh):
         where = observed.gradient.where if observed.gradient else ""
@@ -122,10 +121,10 @@ def mesh_lines(observed: Observed, planned: PlannedReplicas, device_type: str,
     gradient = observed.gradient
     for mesh in observed.meshes:
         stepped = gradient is not None and gradient.mesh == mesh.dims
-        said = (f"{PREFIX}mesh that ran: DTensor mesh {mesh.dims} on "
-                f"{_count(len(mesh.devices), 'device')} ({_devices(mesh.devices)}), laid out"
-                f"{_at(mesh.where)}" + (f", its step's gradient{_at(gradient.where)}"
-                                       if stepped and gradient else ", no step's gradient"))
+        said = (f"{PREFIX}mesh {'that ran' if stepped else 'used'}: DTensor mesh {mesh.dims}"
+                f" on {_count(len(mesh.devices), 'device')} ({_devices(mesh.devices)}), laid "
+                f"out{_at(mesh.where)}" + (f", its step's gradient{_at(gradient.where)}"
+                                          if stepped and gradient else ""))
         if len(mesh.devices) == planned.replicas:
             if not quiet:
                 lines.append(f"{said}; as planned ({planned.by})")

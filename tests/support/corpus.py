@@ -20,8 +20,7 @@ OFFLINE = f"{REPO / 'tests' / 'tutorials' / 'offline'}:{CORPUS / 'offline'}:{REP
 RERUN_MARK = "Fix: rerun with Keras 2 (tf_keras): "
 # What mgpu says ran for a script that fits outside every strategy's scope, and for a custom
 # loop with no strategy (seen by its first gradient).
-FIT_OUTSIDE_SCOPES = ("TensorFlow's default (no strategy's scope: one device, 1 replica): "
-                      "model.fit at")
+FIT_OUTSIDE_SCOPES = "TensorFlow's default strategy (one device, 1 replica): model.fit at"
 LOOP_OUTSIDE_STRATEGIES = "none: the steps at"
 # A script runs in about 2 minutes on 2 idle cores; several times that on a busy machine.
 SCRIPT_TIMEOUT_S = 1200

@@ -91,7 +91,7 @@ def test_the_strategy_a_step_runs_under_is_seen_with_its_first_step_warning(
         (2, "strategy.run", step_at, True),
         (None, "strategy.run", default_at, True),
     ]
-    assert "outside every strategy's scope, on TensorFlow's default strategy" in \
+    assert "runs on TensorFlow's default strategy (one device, 1 replica), outside" in \
         capsys.readouterr().err
 
 

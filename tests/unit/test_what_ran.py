@@ -58,8 +58,8 @@ def test_a_step_outside_every_scope_ran_on_the_default_strategy_with_its_fix() -
     seen = Observed(uses=[Use(None, "model.fit", "train.py:20", step=True)],
                     layers=FLOAT32_LAYERS)
     line = lines(seen)[0]
-    assert line.startswith("mgpu run: strategy that ran: TensorFlow's default (no strategy's "
-                           "scope: one device, 1 replica): model.fit at train.py:20; "
+    assert line.startswith("mgpu run: strategy that ran: TensorFlow's default strategy (one "
+                           "device, 1 replica): model.fit at train.py:20; "
                            "VIRTUAL_DEVICES planned 2. Fix: build tf.distribute.")
     # It built one, and stepped outside its scope: the fix names that one.
     built = lines(seen, (MIRRORED,))[0]
