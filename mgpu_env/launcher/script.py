@@ -30,8 +30,10 @@ How the decisions reach a script that knows nothing of mgpu:
   the planned devices and all-reduce (`_plan_mirrored_defaults`), checked against the
   devices that exist when it is built (a script may split the devices itself: then those
   are used, and a note says so). Arguments the script passes win.
-- what the script built: each strategy, as it is built and after the script, with the fix
-  when its replicas are not the plan's (`launcher/strategy_watch.py`).
+- what ran: each strategy as it is built (`launcher/strategy_watch.py`), and what the
+  script's steps really ran on and computed in, observed while it runs
+  (`launcher/run_observer.py`) and said after it (`launcher/what_ran.py`), with the fix
+  where it differs from the plan, and nothing after a failure before the first step.
 """
 
 from __future__ import annotations

@@ -1,17 +1,19 @@
-"""The strategy a script really built, against the replicas the plan gave it.
+"""The strategies a script builds, and the plan each is held against at its first step.
 
-`mgpu run`'s start summary says what the settings planned (`2 x logical CPU, 2 replica(s)`);
-a script that builds `MultiWorkerMirroredStrategy()` in one process, or names its devices
-(`MirroredStrategy(['/device:GPU:0'])`), trains on fewer. The only place that knows is the
-strategy itself, so after TensorFlow is imported `watch` wraps the one constructor every
-TF 2 strategy runs, `StrategyBase.__init__` (MirroredStrategy, MultiWorkerMirroredStrategy,
+`mgpu run`'s start summary says what the settings planned (`planned 2 x logical CPU, 2
+replica(s)`); a script that builds `MultiWorkerMirroredStrategy()` in one process, or names
+its devices (`MirroredStrategy(['/device:GPU:0'])`), trains on fewer, or on devices that do
+not exist. After TensorFlow is imported `watch` wraps the one constructor every TF 2
+strategy runs, `StrategyBase.__init__` (MirroredStrategy, MultiWorkerMirroredStrategy,
 OneDeviceStrategy, TPU and parameter-server strategies all call it with their `extended`,
 already holding the devices): a wrapper over `__init__` changes nothing the strategy does,
-where one over `scope()` would run on every `with`. Each strategy the script builds is
-recorded (class, devices, `num_replicas_in_sync`) and said on stderr as it is built, with a
-warning and the fix when it differs from the plan; `end_line` says it again after the
-script. TensorFlow's own default strategy (no `scope()` at all) is a `StrategyV1` and is
-not recorded: a run that built none is told so at the end.
+where one over `scope()` would run on every `with`. Each strategy built is recorded (class,
+devices, `num_replicas_in_sync`) and said on stderr, without advice: a strategy built is not
+one that ran (a script may build four and train under the first). `run_observer` sees the
+first step under each and calls `first_step`, which warns, before that step runs, where the
+strategy differs from the plan (`strategy_problem`: devices TensorFlow does not list, then
+the replicas); `what_ran` says what ran after the script. TensorFlow's own default strategy
+(no `scope()` at all) is a `StrategyV1` and is never recorded as built.
 """
 
 from __future__ import annotations
