@@ -346,7 +346,8 @@ def keras_note(
       KERAS=2, the command spelled out;
     - tf.keras is Keras 3 because KERAS=auto saw no Keras 2 code (`keras.by_default`), and
       the `scan` says the script is `tf.keras` code: whatever the error, rerun with KERAS=2
-      (Keras 2 code the scan could not see is the likely cause);
+      (Keras 2 code the scan could not see is the likely cause), unless no Keras can have
+      caused it (`not_by_keras`: its own file, another package missing);
     - tf.keras is Keras 2 but the script imported Keras 3 itself (`import keras`) and the
       error came from it: change that import.
     None otherwise, and for a script that imports Keras 3 itself (KERAS=2 leaves it)."""
@@ -369,7 +370,8 @@ def keras_note(
     if cause is not None:
         return (f"mgpu run: note: this is Keras 2 code meeting Keras 3 ({cause}); tf.keras "
                 f"is Keras 3 here ({keras.reason}). {rerun}")
-    if not keras.by_default or scan is None or scan.tf_keras_use is None:
+    if not keras.by_default or scan is None or scan.tf_keras_use is None or (
+            not_by_keras(err)):
         return None
     return (
         f"mgpu run: note: the script is tf.keras code ({scan.tf_keras_use.describe()}) and "
@@ -377,6 +379,31 @@ def keras_note(
         f"TensorFlow 2.16 is Keras 2 code, which fails in Keras 3 in ways its source does "
         f"not show. {rerun}"
     )
+
+
+# The packages a failure must pass through for Keras to have caused it.
+KERAS_PACKAGES = ("tensorflow", "keras", "tf_keras")
+
+
+def not_by_keras(err: BaseException) -> bool:
+    """A failure no Keras can have caused, so rerunning under another is no fix: a module
+    missing that is not TensorFlow's or Keras' (`import tensorflow_addons`), or a file or
+    folder the script's own code could not open (an OSError with no TensorFlow or Keras
+    frame in its traceback)."""
+    if isinstance(err, ImportError):
+        return bool(err.name) and str(err.name).split(".")[0] not in KERAS_PACKAGES
+    if not isinstance(err, OSError):
+        return False
+    folders = [os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+               for name in KERAS_PACKAGES
+               if (module := sys.modules.get(name)) is not None and getattr(
+                   module, "__file__", None)]
+    tb: TracebackType | None = err.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(tuple(folders)):
+            return False
+        tb = tb.tb_next
+    return True
 
 
 def _raised_by_keras_3(err: BaseException, keras: Any) -> bool:
