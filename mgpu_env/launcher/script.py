@@ -394,13 +394,11 @@ def not_by_keras(err: BaseException) -> bool:
         return bool(err.name) and str(err.name).split(".")[0] not in KERAS_PACKAGES
     if not isinstance(err, OSError):
         return False
-    folders = [os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-               for name in KERAS_PACKAGES
-               if (module := sys.modules.get(name)) is not None and getattr(
-                   module, "__file__", None)]
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in KERAS_PACKAGES]
+    folders = tuple(os.path.dirname(os.path.abspath(file)) + os.sep for file in files if file)
     tb: TracebackType | None = err.__traceback__
     while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(tuple(folders)):
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(folders):
             return False
         tb = tb.tb_next
     return True
