@@ -106,9 +106,10 @@ class Observed:
     policy_changes: list[PolicyChange] = field(default_factory=list)
 
     def computed(self) -> bool:
-        """Whether anything ran a step: a strategy's, a mesh's, a gradient, a Keras layer."""
-        return (any(use.step for use in self.uses) or self.gradient is not None
-                or bool(self.layers))
+        """Whether a step ran: a strategy's `run` (Keras' too), or a gradient (a loop with no
+        strategy, a mesh's). A Keras layer's call alone is not one: Keras 3 calls its layers
+        on graph tensors to build a model before `fit`'s first step, which may then fail."""
+        return any(use.step for use in self.uses) or self.gradient is not None
 
 
 _OBSERVED = Observed()

@@ -206,8 +206,10 @@ def what_ran(observed: Observed, built: tuple[BuiltStrategy, ...], planned: Plan
     """Every line after the script. `existing`: the short names TensorFlow lists now;
     `failed`: the script raised or exited non-zero. Nothing when it failed before any step,
     and nothing for a script that never imported TensorFlow (no records)."""
-    if failed and not observed.computed() and not observed.meshes:
-        return []
+    if not observed.computed():  # no step: no precision that computed, and after a failure
+        return [] if failed else [  # no advice about code that never ran
+            *strategy_lines(observed, built, planned, existing, quiet=quiet),
+            *mesh_lines(observed, planned, device_type, quiet=quiet)]
     return [*strategy_lines(observed, built, planned, existing, quiet=quiet),
             *mesh_lines(observed, planned, device_type, quiet=quiet),
             *precision_lines(observed, precision, quiet=quiet)]

@@ -146,6 +146,11 @@ def test_no_advice_about_code_that_never_ran() -> None:
     assert lines(Observed(), (ONE,), failed=True) == []
     data_only = Observed(uses=[Use(ONE, "experimental_distribute_dataset", "x.py:3", False)])
     assert lines(data_only, (ONE,), failed=True) == []
+    # Keras 3 calls its layers on graph tensors to build a model before fit's first step
+    # (which may then fail): layers alone are no step.
+    built_only = Observed(layers=FLOAT32_LAYERS, first_layer={("float32", "float32"): "D"})
+    assert lines(built_only, (ONE,), failed=True) == []
+    assert not any("precision" in line for line in lines(built_only, (ONE,)))
     # Ended well without a step: what it built, and no fix.
     (line,) = lines(Observed(), (ONE,))
     assert line == ("mgpu run: no step ran: the script built MirroredStrategy (1 replica) and "
