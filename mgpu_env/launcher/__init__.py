@@ -4,7 +4,10 @@
   defaults) and run in this process, with mgpu's notes after it;
 - `source_scan` (with `keras_3_breaks`): the script's source read before it starts, for what
   only Keras 2 has (KERAS=auto) and a custom loop;
-- `strategy_watch`: each strategy the script builds, against the plan.
+- `strategy_watch`: each strategy the script builds, and the plan it is held against;
+- `run_observer`: what the script's run did, seen where it happens (the strategy a step
+  ran under, a DTensor mesh, the first gradient, each Keras layer's compute dtype, the
+  calls that changed Keras' policy); `what_ran`: the lines after the script, from those.
 
 This module only re-exports.
 """

@@ -30,8 +30,10 @@ How the decisions reach a script that knows nothing of mgpu:
   the planned devices and all-reduce (`_plan_mirrored_defaults`), checked against the
   devices that exist when it is built (a script may split the devices itself: then those
   are used, and a note says so). Arguments the script passes win.
-- what the script built: each strategy, as it is built and after the script, with the fix
-  when its replicas are not the plan's (`launcher/strategy_watch.py`).
+- what ran: each strategy as it is built (`launcher/strategy_watch.py`), and what the
+  script's steps really ran on and computed in, observed while it runs
+  (`launcher/run_observer.py`) and said after it (`launcher/what_ran.py`), with the fix
+  where it differs from the plan, and nothing after a failure before the first step.
 """
 
 from __future__ import annotations
@@ -51,15 +53,16 @@ from typing import Any
 from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import with_role
+from mgpu_env.launcher.run_observer import observe
 from mgpu_env.launcher.source_scan import ScriptScan, scan_script, script_roots
-from mgpu_env.launcher.strategy_watch import PlannedReplicas, end_line, planned_replicas, watch
+from mgpu_env.launcher.strategy_watch import PlannedReplicas, planned_replicas, watch
+from mgpu_env.launcher.what_ran import ran_notes, unscaled_loop_warning
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.keras import (
     MULTI_WORKER_ISSUE,
     KerasChoice,
     keras_2_error,
     keras_3_loaded,
-    tensorflow_keras,
 )
 from mgpu_env.runtime.precision import MIXED_FLOAT16
 from mgpu_env.runtime.strategy import StrategyPlan
@@ -162,6 +165,7 @@ def prepare(runtime: Runtime) -> None:
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
     watch(planned(runtime), quiet=runtime.settings.quiet)
+    observe()
     if runtime.cluster is not None and runtime.keras.version == "2":
         _true_batch_metrics_between_workers()
     api.adopt(runtime, tensorflow_prepared=True)
@@ -174,12 +178,14 @@ def planned(runtime: Runtime) -> PlannedReplicas:
 
 def summary(runtime: Runtime, target: Target, scan: ScriptScan | None = None) -> list[str]:
     """What the script will get, on stderr before it starts (QUIET=1: nothing), so its own
-    output on stdout stays its own: the devices, the precision and why, the Keras (and why,
-    when it is not the default's), and what the source scan found."""
+    output on stdout stays its own: the planned devices and precision and why (what ran is
+    said after the script, as observed), the Keras (and why, when it is not the default's),
+    and what the source scan found."""
     plan = runtime.strategy_plan
     logical = " logical" if runtime.split.logical else ""
     lines = [
-        f"mgpu run {target.describe()}: {plan.local_replicas} x{logical} {runtime.device_type}"
+        f"mgpu run {target.describe()}: planned {plan.local_replicas} x{logical} "
+        f"{runtime.device_type}"
         f", {runtime.replicas} replica(s) ({plan.kind}), precision {runtime.precision.policy}"
         f", all-reduce {plan.cross_device_ops}, tf.keras {runtime.keras.label}"
     ]
@@ -285,9 +291,9 @@ def run_target(
     `sys.exit(n)` gives n (None: 0; a message: printed, 1). An exception prints the
     script's traceback (from its own first frame, through `sys.excepthook` as Python
     would) and gives 1; Ctrl-C gives 130. Everything else the script does is its own.
-    With the run's `runtime` (and `scan`), mgpu's notes follow on stderr: a precision
-    policy the script set itself (`policy_note`), and after an exception that Keras 2 code
-    meets in Keras 3, the fix (`keras_note`), always the last line.
+    With the run's `runtime` (and `scan`), mgpu's notes follow on stderr: what ran, as
+    observed (`ran_notes`: none after a failure before any step), and after an exception
+    that Keras 2 code meets in Keras 3, the fix (`keras_note`), always the last line.
     """
     sys.argv = target.argv
     if target.is_module:
@@ -301,8 +307,9 @@ def run_target(
         else:
             runpy.run_path(target.name, run_name="__main__")
     except SystemExit as stop:
-        _end_notes(runtime, scan, None)
-        return _exit_status(stop.code)
+        code = _exit_status(stop.code)
+        _end_notes(runtime, scan, None, failed=code != 0)
+        return code
     except KeyboardInterrupt as err:
         _print_user_traceback(err)
         return EXIT_INTERRUPTED
@@ -315,53 +322,16 @@ def run_target(
 
 
 def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseException | None,
-               target: Target | None = None) -> None:
+               target: Target | None = None, *, failed: bool = False) -> None:
     if runtime is None:
         return
-    # A script that never imported TensorFlow built no strategy: nothing to say.
-    ran = (end_line(planned(runtime), quiet=runtime.settings.quiet)
-           if "tensorflow" in sys.modules else None)
-    notes = [ran, policy_note(runtime, scan)]
+    notes: list[str | None] = [*ran_notes(runtime, scan, failed=failed or err is not None)]
     if err is not None and target is not None:
         notes.append(keras_note(err, sys.modules, runtime.keras, target,
                                 cluster=runtime.cluster is not None, scan=scan))
     for note in notes:
         if note is not None:
             print(note, file=sys.stderr, flush=True)
-
-
-def unscaled_loop_warning(where: str, whose: str) -> str:
-    """A custom loop that applies float16 gradients without loss scaling, and the fix."""
-    return (
-        f"{whose} gives mixed_float16, and {where} calls apply_gradients with no "
-        "LossScaleOptimizer in the script: small float16 gradients flush to zero without "
-        "loss scaling. Fix: optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)"
-        " and scale the loss (Keras 3: loss = optimizer.scale_loss(loss); Keras 2: "
-        "get_scaled_loss and get_unscaled_gradients), or MIXED_PRECISION=bf16 (no scaling "
-        "needed)"
-    )
-
-
-def policy_note(runtime: Runtime, scan: ScriptScan | None = None) -> str | None:
-    """After the script: the precision policy its layers took, when it is not the one mgpu
-    set (the script called `set_global_policy` itself), so the run's record says what
-    trained. None when the policies agree or TensorFlow never started."""
-    if "tensorflow" not in sys.modules:
-        return None
-    try:
-        trained = str(tensorflow_keras().mixed_precision.global_policy().name)
-    except Exception:  # the script broke Keras itself: its own traceback says more
-        return None
-    chosen = runtime.precision.policy
-    if trained == chosen:
-        return None
-    where = f" ({scan.sets_policy.describe()})" if scan and scan.sets_policy else ""
-    note = (f"mgpu run: note: the script set its own precision policy{where}: its layers "
-            f"built after that use {trained}, not {chosen} ({runtime.precision.reason})")
-    if trained == MIXED_FLOAT16 and scan is not None and (
-        loop := scan.unscaled_custom_loop()) is not None:
-        note += "\n  warning: " + unscaled_loop_warning(loop.where, "The script's policy")
-    return note
 
 
 def keras_note(
@@ -376,7 +346,8 @@ def keras_note(
       KERAS=2, the command spelled out;
     - tf.keras is Keras 3 because KERAS=auto saw no Keras 2 code (`keras.by_default`), and
       the `scan` says the script is `tf.keras` code: whatever the error, rerun with KERAS=2
-      (Keras 2 code the scan could not see is the likely cause);
+      (Keras 2 code the scan could not see is the likely cause), unless no Keras can have
+      caused it (`not_by_keras`: its own file, another package missing);
     - tf.keras is Keras 2 but the script imported Keras 3 itself (`import keras`) and the
       error came from it: change that import.
     None otherwise, and for a script that imports Keras 3 itself (KERAS=2 leaves it)."""
@@ -399,7 +370,8 @@ def keras_note(
     if cause is not None:
         return (f"mgpu run: note: this is Keras 2 code meeting Keras 3 ({cause}); tf.keras "
                 f"is Keras 3 here ({keras.reason}). {rerun}")
-    if not keras.by_default or scan is None or scan.tf_keras_use is None:
+    if not keras.by_default or scan is None or scan.tf_keras_use is None or (
+            not_by_keras(err)):
         return None
     return (
         f"mgpu run: note: the script is tf.keras code ({scan.tf_keras_use.describe()}) and "
@@ -407,6 +379,29 @@ def keras_note(
         f"TensorFlow 2.16 is Keras 2 code, which fails in Keras 3 in ways its source does "
         f"not show. {rerun}"
     )
+
+
+# The packages a failure must pass through for Keras to have caused it.
+KERAS_PACKAGES = ("tensorflow", "keras", "tf_keras")
+
+
+def not_by_keras(err: BaseException) -> bool:
+    """A failure no Keras can have caused, so rerunning under another is no fix: a module
+    missing that is not TensorFlow's or Keras' (`import tensorflow_addons`), or a file or
+    folder the script's own code could not open (an OSError with no TensorFlow or Keras
+    frame in its traceback)."""
+    if isinstance(err, ImportError):
+        return bool(err.name) and str(err.name).split(".")[0] not in KERAS_PACKAGES
+    if not isinstance(err, OSError):
+        return False
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in KERAS_PACKAGES]
+    folders = tuple(os.path.dirname(os.path.abspath(file)) + os.sep for file in files if file)
+    tb: TracebackType | None = err.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(folders):
+            return False
+        tb = tb.tb_next
+    return True
 
 
 def _raised_by_keras_3(err: BaseException, keras: Any) -> bool:

@@ -1,17 +1,19 @@
-"""The strategy a script really built, against the replicas the plan gave it.
+"""The strategies a script builds, and the plan each is held against at its first step.
 
-`mgpu run`'s start summary says what the settings planned (`2 x logical CPU, 2 replica(s)`);
-a script that builds `MultiWorkerMirroredStrategy()` in one process, or names its devices
-(`MirroredStrategy(['/device:GPU:0'])`), trains on fewer. The only place that knows is the
-strategy itself, so after TensorFlow is imported `watch` wraps the one constructor every
-TF 2 strategy runs, `StrategyBase.__init__` (MirroredStrategy, MultiWorkerMirroredStrategy,
+`mgpu run`'s start summary says what the settings planned (`planned 2 x logical CPU, 2
+replica(s)`); a script that builds `MultiWorkerMirroredStrategy()` in one process, or names
+its devices (`MirroredStrategy(['/device:GPU:0'])`), trains on fewer, or on devices that do
+not exist. After TensorFlow is imported `watch` wraps the one constructor every TF 2
+strategy runs, `StrategyBase.__init__` (MirroredStrategy, MultiWorkerMirroredStrategy,
 OneDeviceStrategy, TPU and parameter-server strategies all call it with their `extended`,
 already holding the devices): a wrapper over `__init__` changes nothing the strategy does,
-where one over `scope()` would run on every `with`. Each strategy the script builds is
-recorded (class, devices, `num_replicas_in_sync`) and said on stderr as it is built, with a
-warning and the fix when it differs from the plan; `end_line` says it again after the
-script. TensorFlow's own default strategy (no `scope()` at all) is a `StrategyV1` and is
-not recorded: a run that built none is told so at the end.
+where one over `scope()` would run on every `with`. Each strategy built is recorded (class,
+devices, `num_replicas_in_sync`) and said on stderr, without advice: a strategy built is not
+one that ran (a script may build four and train under the first). `run_observer` sees the
+first step under each and calls `first_step`, which warns, before that step runs, where the
+strategy differs from the plan (`strategy_problem`: devices TensorFlow does not list, then
+the replicas); `what_ran` says what ran after the script. TensorFlow's own default strategy
+(no `scope()` at all) is a `StrategyV1` and is never recorded as built.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 
 from mgpu_env.runtime.strategy import StrategyPlan
 
-# One process holds one run: the strategies it built, in order.
+# One process holds one run: the strategies it built, in order, and its plan.
 _BUILT: list[BuiltStrategy] = []
+_PLANNED: list[PlannedReplicas] = []
 # TensorFlow's public names for classes it exports under another (tf.distribute.
 # MultiWorkerMirroredStrategy is collective_all_reduce_strategy.CollectiveAllReduceStrategy).
 PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}
@@ -103,6 +106,45 @@ def mismatch(built: BuiltStrategy, planned: PlannedReplicas) -> str | None:
     return f"{line}. Fix: {fix}"
 
 
+def missing_devices(built: BuiltStrategy, existing: tuple[str, ...]) -> tuple[str, ...]:
+    """The devices a strategy names that TensorFlow does not list (`existing`, short names;
+    empty: not known)."""
+    if not existing:
+        return ()
+    return tuple(device for device in built.devices if device not in existing)
+
+
+def strategy_problem(built: BuiltStrategy, planned: PlannedReplicas,
+                     existing: tuple[str, ...]) -> str | None:
+    """What differs between a strategy and the plan, with the fix; None when nothing does.
+    Devices that do not exist come first: TensorFlow builds a strategy on them anyway, and
+    soft placement puts their replicas' ops elsewhere, so the replica count is no check."""
+    missing = missing_devices(built, existing)
+    if missing:
+        shown = ", ".join(existing)
+        return (
+            f"the script's {built.kind} names {', '.join(missing)}, which TensorFlow does not "
+            f"list here (it lists {shown}): its {_count(built.replicas, 'replica')} run where "
+            f"soft device placement puts their ops, not on {_count(built.replicas, 'device')} "
+            f"of their own. Fix: drop its devices argument (tf.distribute.MirroredStrategy() "
+            "takes the planned devices), or name devices TensorFlow lists")
+    return mismatch(built, planned)
+
+
+def listed_devices() -> tuple[str, ...]:
+    """The short names of the devices TensorFlow lists (CPU:0, GPU:1), once its runtime has
+    started; () before, since listing them would start it and fix the device split before a
+    script that splits the devices itself has done so."""
+    from tensorflow.python.eager import context
+
+    if not getattr(context.context(), "_initialized", False):
+        return ()
+    import tensorflow as tf
+
+    return tuple(str(device.name).rsplit("device:", 1)[-1]
+                 for device in tf.config.list_logical_devices())
+
+
 def describe_strategy(strategy: Any) -> BuiltStrategy:
     """Class, devices and replicas of a built tf.distribute strategy."""
     try:
@@ -117,11 +159,12 @@ def describe_strategy(strategy: Any) -> BuiltStrategy:
 
 
 def watch(planned: PlannedReplicas, *, quiet: bool = False) -> None:
-    """Record (and say on stderr) every TF 2 strategy built from now on in this process;
-    `quiet` (QUIET=1): only those that differ from the plan. Imports TensorFlow; a second
-    call only changes the plan compared against."""
+    """Record (and say on stderr) every TF 2 strategy built from now on in this process
+    (`quiet`, QUIET=1: record only). Imports TensorFlow; a second call only changes the
+    plan compared against."""
     from tensorflow.python.distribute import distribute_lib
 
+    _PLANNED[:] = [planned]
     base: Any = distribute_lib.StrategyBase
     original = getattr(base.__init__, "_mgpu_original", base.__init__)
 
@@ -142,12 +185,31 @@ def _record(strategy: Any, planned: PlannedReplicas, quiet: bool) -> None:
         return
     said = {*_BUILT}  # a script that builds the same strategy 9 times is told once
     _BUILT.append(built)
-    if built in said:
+    if built in said or quiet:
         return
-    if (different := mismatch(built, planned)) is not None:
-        print(f"mgpu run: warning: {different}", file=sys.stderr, flush=True)
-    elif not quiet:
-        print(f"mgpu run: strategy: the script built {built.describe()}, as planned",
+    # Built is not run (a script may build four and train under the first): the plan is
+    # held against a strategy at its first step (`first_step`), and after the script.
+    differs = "" if built.replicas == planned.replicas else f" ({planned.by})"
+    print(f"mgpu run: strategy built: {built.describe()}{differs}", file=sys.stderr,
+          flush=True)
+
+
+def first_step(built: BuiltStrategy | None, how: str, where: str) -> None:
+    """Said on stderr when a strategy's first step starts (`run_observer`), before it runs:
+    a warning where it differs from the plan (`built` None: TensorFlow's default strategy,
+    outside every scope). The fix follows after the script."""
+    planned = _PLANNED[-1] if _PLANNED else None
+    if planned is None:
+        return
+    at = f" at {where}" if where else ""
+    if built is None:
+        if planned.replicas > 1:
+            print(f"mgpu run: warning: {how}{at} runs on TensorFlow's default strategy "
+                  f"(one device, 1 replica), outside the scope of any strategy the script "
+                  f"built; {planned.by}", file=sys.stderr, flush=True)
+        return
+    if (problem := strategy_problem(built, planned, listed_devices())) is not None:
+        print(f"mgpu run: warning: {how}{at} runs under {built.kind}: {problem}",
               file=sys.stderr, flush=True)
 
 
@@ -156,32 +218,12 @@ def built_strategies() -> tuple[BuiltStrategy, ...]:
     return tuple(_BUILT)
 
 
-def end_line(planned: PlannedReplicas, built: tuple[BuiltStrategy, ...] | None = None,
-             *, quiet: bool = False) -> str | None:
-    """The strategy that ran, for the line after the script: the last one `built` (this
-    process's by default; a script builds the one it trains with last), how many it built,
-    and the plan when they differ. A script that built none ran on TensorFlow's default
-    strategy: one device. `quiet` (QUIET=1): None when it ran as planned."""
-    built = built_strategies() if built is None else built
-    if not built:
-        if planned.replicas == 1:
-            return None
-        return (f"mgpu run: strategy that ran: none built, so TensorFlow's default (one "
-                f"device, 1 replica); {planned.by}. Fix: build tf.distribute."
-                f"MirroredStrategy() (or mgpu_env.strategy()) and the model in its scope()")
-    last = built[-1]
-    more = f" (the last of {len(built)} built)" if len(built) > 1 else ""
-    different = mismatch(last, planned)
-    if different is None and quiet:
-        return None
-    return (f"mgpu run: strategy that ran: {last.describe()}{more}; "
-            + (different if different is not None else f"as planned ({planned.by})"))
-
-
 def _reset() -> None:
-    """Forget the strategies built (tests)."""
+    """Forget the strategies built and the plan (tests)."""
     _BUILT.clear()
+    _PLANNED.clear()
 
 
 __all__ = ["BuiltStrategy", "PlannedReplicas", "built_strategies", "describe_strategy",
-           "end_line", "mismatch", "planned_replicas", "watch"]
+           "first_step", "listed_devices", "mismatch", "missing_devices", "planned_replicas",
+           "strategy_problem", "watch"]

@@ -8,7 +8,8 @@ with its stand-in data (as the test runs it), and one line says:
   command), `bare` (failed without that line);
 - whether tf_keras was chosen before its first step (`keras 2 at start`: the source scan);
 - the replicas: planned (the start summary), in sync in the strategy the script built (mgpu's
-  end line), and what the script printed of it itself ("Number of devices: 2"), if it does.
+  end line: observed at its first step; 1 for TensorFlow's default strategy or no strategy),
+  and what the script printed of it itself ("Number of devices: 2"), if it does.
 `--repo` runs another checkout's mgpu (a worktree of an earlier commit: the "before").
 """
 
@@ -25,7 +26,7 @@ from tests.support.corpus import RERUN_MARK, SCRIPTS, Script, run_script
 
 PLANNED = re.compile(r"(\d+) replica\(s\) \(")
 IN_SYNC = re.compile(r"strategy that ran: (.*?), (\d+) replicas? in sync|strategy that ran: "
-                     r"(none built)")
+                     r"(TensorFlow's default|none)")
 SCRIPT_SAYS = re.compile(r"(?:Number of devices|num_replicas_in_sync|Number of replicas)"
                          r"\W+(\d+)", re.IGNORECASE)
 

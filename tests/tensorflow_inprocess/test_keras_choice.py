@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -216,7 +217,7 @@ def test_any_error_of_a_tf_keras_script_under_default_keras_3_ends_with_keras_2(
 ) -> None:
     one_machine = choose(multi_worker=False)
     tf_code = scanned(tmp_path, "import tensorflow as tf\nmodel = tf.keras.Sequential()\n")
-    got = launcher.keras_note(FileNotFoundError("data.csv"), {}, one_machine, TARGET,
+    got = launcher.keras_note(KeyError("a wording no list holds"), {}, one_machine, TARGET,
                               cluster=False, scan=tf_code)
     assert got is not None and len(got.splitlines()) == 1
     assert "the script is tf.keras code (`tf.keras.Sequential` at " in got
@@ -231,6 +232,38 @@ def test_any_error_of_a_tf_keras_script_under_default_keras_3_ends_with_keras_2(
     plain = scanned(tmp_path, "import tensorflow as tf\nx = tf.constant(1)\n")
     assert launcher.keras_note(FileNotFoundError("x"), {}, one_machine, TARGET,
                                cluster=False, scan=plain) is None
+
+
+def test_a_failure_no_keras_can_have_caused_gets_no_keras_2_advice(
+    tmp_path: Path, logical_cpus: tuple[str, ...],
+) -> None:
+    import tensorflow as tf
+
+    one_machine = choose(multi_worker=False)
+    tf_code = scanned(tmp_path, "import tensorflow as tf\nmodel = tf.keras.Sequential()\n")
+
+    def raised(action: Any) -> BaseException:
+        try:
+            action()
+        except BaseException as err:  # the error as the script meets it
+            return err
+        raise AssertionError("nothing raised")
+
+    def read_own_file() -> None:
+        with open(tmp_path / "train.csv") as rows:
+            rows.read()
+
+    own_file = raised(read_own_file)
+    missing = raised(lambda: __import__("tensorflow_addons"))
+    # An OSError raised inside TensorFlow (its file functions) may be Keras' doing.
+    in_tensorflow = raised(lambda: tf.io.read_file(str(tmp_path / "nowhere")))
+    legacy = raised(lambda: __import__("tensorflow.keras.optimizers.legacy_gone"))
+    for err in (own_file, missing):
+        assert launcher.keras_note(err, {}, one_machine, TARGET, cluster=False,
+                                   scan=tf_code) is None, err
+    for err in (in_tensorflow, legacy):
+        assert "KERAS=2 mgpu run" in (launcher.keras_note(
+            err, {}, one_machine, TARGET, cluster=False, scan=tf_code) or ""), err
 
 
 def test_a_script_that_imports_keras_3_itself_is_not_told_to_rerun_with_keras_2(
