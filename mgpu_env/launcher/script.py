@@ -51,7 +51,7 @@ from typing import Any
 from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import with_role
-from mgpu_env.launcher.source_scan import ScriptScan, scan_script, script_roots
+from mgpu_env.launcher.source_scan import ScriptScan, error_note, scan_script, script_roots
 from mgpu_env.launcher.strategy_watch import PlannedReplicas, end_line, planned_replicas, watch
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.keras import (
@@ -192,7 +192,7 @@ def summary(runtime: Runtime, target: Target, scan: ScriptScan | None = None) ->
         lines.append(f"  keras 2 code: {why}")
     lines.extend(f"  note: {note}" for note in runtime.notes)
     if scan is not None:
-        lines.extend(f"  note: {note}" for note in scan.notes())
+        lines.extend(f"  note: {note}" for note in scan.notes(runtime.keras.version))
         if (loop := scan.unscaled_custom_loop()) is not None and (
             runtime.precision.policy == MIXED_FLOAT16
         ):
@@ -323,8 +323,8 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
            if "tensorflow" in sys.modules else None)
     notes = [ran, policy_note(runtime, scan)]
     if err is not None and target is not None:
-        notes.append(keras_note(err, sys.modules, runtime.keras, target,
-                                cluster=runtime.cluster is not None, scan=scan))
+        notes += [keras_note(err, sys.modules, runtime.keras, target,
+                             cluster=runtime.cluster is not None, scan=scan), error_note(err)]
     for note in notes:
         if note is not None:
             print(note, file=sys.stderr, flush=True)
