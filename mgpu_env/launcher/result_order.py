@@ -151,6 +151,14 @@ def _dict_view(node: ast.AST, dicts: set[str]) -> bool:
     return False
 
 
+def _index(node: ast.AST) -> int | None:
+    """`1` or `-1` as written in a subscript; None for anything else."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _index(node.operand)
+        return None if inner is None else -inner
+    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
+
+
 def _reads(tree: ast.AST) -> list[tuple[ast.AST, str, int | None]]:
     """Every read by position: (node, "list" | "dict", the index read, None for all)."""
     lists: set[str] = set()
@@ -170,9 +178,8 @@ def _reads(tree: ast.AST) -> list[tuple[ast.AST, str, int | None]]:
                 found.append((node, "list", None))
             elif _dict_view(node.value, dicts):
                 found.append((node, "dict", None))
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
-                isinstance(node.slice.value, int):
-            value, index = node.value, node.slice.value
+        elif isinstance(node, ast.Subscript) and (index := _index(node.slice)) is not None:
+            value = node.value
             if _result_call(value) is not None or (
                     isinstance(value, ast.Name) and value.id in lists):
                 found.append((node, "list", index))

@@ -323,8 +323,9 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
            if "tensorflow" in sys.modules else None)
     notes = [ran, policy_note(runtime, scan)]
     if err is not None and target is not None:
-        notes += [keras_note(err, sys.modules, runtime.keras, target,
-                             cluster=runtime.cluster is not None, scan=scan), error_note(err)]
+        cluster = runtime.cluster is not None  # (a TensorFlow change: KERAS=2 won't help)
+        notes.append(error_note(err) or keras_note(err, sys.modules, runtime.keras, target,
+                                                   cluster=cluster, scan=scan))
     for note in notes:
         if note is not None:
             print(note, file=sys.stderr, flush=True)
@@ -437,7 +438,6 @@ def _print_user_traceback(err: BaseException) -> None:
     def is_ours(filename: str) -> bool:
         # runpy may be frozen into the interpreter: its frames are "<frozen runpy>".
         return filename == "<frozen runpy>" or os.path.abspath(filename) in ours
-
     while tb is not None and is_ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     # Python's excepthook prints the exception's own __traceback__, not the one passed.

@@ -214,7 +214,10 @@ class _Visitor(ast.NodeVisitor):
         (self.keras_2 if kind == "keras_2" else self.removed).append(finding)
 
     def _add_break(self, change: tensorflow_breaks.Break, api: str, node: ast.AST) -> None:
-        self._add("changed", api, node, change.says(), key=change.key)
+        if change.keras_2_runs:
+            self._add("keras_2", api, node, key=change.key, why=change.says())
+        else:
+            self._add("changed", api, node, change.says(), key=change.key)
 
     def _expand(self, dotted: str) -> str:
         """`K.x` as `tensorflow.keras.backend.x` when the file imported K so."""

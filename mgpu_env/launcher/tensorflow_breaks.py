@@ -13,8 +13,10 @@ left out and why). A record says how the change shows:
   script's traceback), with `frame` the class whose code the traceback must pass through.
 
 Every API here fails (or is ignored) under TensorFlow 2.21 with Keras 3 and with tf_keras
-alike: KERAS=2 does not help, the fix is to change the line. tests/processes/test_source_scan.py
-runs each record's example under both (slow); the scan tests need no TensorFlow.
+alike, KERAS=2 does not help and the fix is to change the line; except those marked
+`keras_2_runs`, which tf_keras still runs (the scan treats them as Keras 2 code).
+tests/processes/test_tensorflow_breaks.py runs each record's example under both (slow); the
+scan tests need no TensorFlow.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Break:
     keywords: tuple[tuple[str, str], ...] = ()
     error: str = ""  # a regex of `Type: message` where only the run shows it
     frame: str = ""  # ... raised inside this class's code (a base class name)
+    # tf_keras (Keras 2) still runs it, only Keras 3 refuses it: the scan counts it as Keras 2
+    # code, so KERAS=auto gives the script tf_keras, as for keras_3_breaks' rules.
+    keras_2_runs: bool = False
 
     def says(self) -> str:
         """The note's text: what changed, in which release, and the fix."""
@@ -56,9 +61,13 @@ TF1_NAMES = (
     "tf.to_float", "tf.to_int32", "tf.to_int64", "tf.log", "tf.image.resize_images",
     "tf.losses.sparse_softmax_cross_entropy", "tf.losses.softmax_cross_entropy",
     "tf.losses.mean_squared_error", "tf.summary.FileWriter", "tf.summary.merge_all",
+    "tf.string_split",
 )
 # The learning-rate schedule's step (2.11): float-only ops that refuse an int64 step.
+# Eager and traced (tf.function, where Keras 3 applies gradients) wordings alike.
 INT64_REFUSED = r"(Value for attr 'T' of int64 is not in the list of allowed values|" \
+                r"has DataType int64 not in list of allowed values|" \
+                r"Input '\w+' of '\w+' Op has type \w+ that does not match type int64|" \
                 r"Cannot convert [^ ]+ to EagerTensor of dtype int64|" \
                 r"expected to be a (float|double) tensor but is a int64 tensor|" \
                 r"x and y must have the same dtype, got tf\.(float32|float64) != tf\.int64|" \
@@ -82,6 +91,8 @@ BREAKS: tuple[Break, ...] = (
     Break("cudnn-layers", "2.0", "CuDNNLSTM and CuDNNGRU are removed: LSTM and GRU use cuDNN "
           "when their arguments allow", "tf.keras.layers.LSTM / GRU",
           chains=("layers.CuDNNLSTM", "layers.CuDNNGRU")),
+    Break("list-devices", "2.1", "`tf.config.experimental_list_devices` has been removed",
+          "tf.config.list_logical_devices()", chains=("tf.config.experimental_list_devices",)),
     Break("run-v2", "2.2", "`experimental_run_v2` is renamed `run` on tf.distribute strategies "
           "(the old name is gone)", "strategy.run(fn, args=...)",
           methods=("experimental_run_v2",)),
@@ -92,7 +103,7 @@ BREAKS: tuple[Break, ...] = (
           "`experimental_aggregate_gradients` in place of `all_reduce_sum_gradients` (tf_keras "
           "ignores the old keyword, Keras 3 refuses it)",
           "drop it: apply_gradients aggregates across replicas itself",
-          keywords=(("apply_gradients", "all_reduce_sum_gradients"),)),
+          keywords=(("apply_gradients", "all_reduce_sum_gradients"),), keras_2_runs=True),
     Break("multi-gpu-model", "2.4", "`tf.keras.utils.multi_gpu_model` is removed",
           "tf.distribute.MirroredStrategy", chains=("utils.multi_gpu_model",)),
     Break("graph-rewrite", "2.6", "`tf.train.experimental.enable_mixed_precision_graph_rewrite` "
@@ -110,8 +121,9 @@ BREAKS: tuple[Break, ...] = (
           "LossScaleOptimizer", chains=("mixed_precision.experimental",)),
     Break("causal-attention", "2.10", "causal attention in `Attention` and `AdditiveAttention` "
           "is specified in the call() method via `use_causal_mask` (rather than in the "
-          "constructor)", "layer(inputs, use_causal_mask=True)",
-          keywords=(("Attention", "causal"), ("AdditiveAttention", "causal"))),
+          "constructor; tf_keras still takes the old keyword, Keras 3 refuses it)",
+          "layer(inputs, use_causal_mask=True)",
+          keywords=(("Attention", "causal"), ("AdditiveAttention", "causal")), keras_2_runs=True),
     Break("optimizer-updates", "2.11", "the new Keras optimizer has a different set of public "
           "APIs from the old optimizer (no get_updates, get_gradients)", "tape.gradient(loss, "
           "variables), then optimizer.apply_gradients(zip(grads, variables))",

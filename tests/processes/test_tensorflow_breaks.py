@@ -44,6 +44,8 @@ CATALOGUE = [
     ("tf.data.Dataset.range(2).make_one_shot_iterator()", "one-shot-iterator", "failed",
      "failed"),
     ("tf.keras.layers.CuDNNLSTM(2)", "cudnn-layers", "failed", "failed"),
+    ("tf.string_split(['a b'])", "tf1-api", "failed", "failed"),
+    ("tf.config.experimental_list_devices()", "list-devices", "failed", "failed"),
     ("tf.distribute.get_strategy().experimental_run_v2(lambda: 1)", "run-v2", "failed",
      "failed"),
     ("tf.distribute.get_strategy().experimental_make_numpy_dataset(np.zeros(2))",
@@ -58,7 +60,7 @@ CATALOGUE = [
     ("model().predict_proba(np.zeros((1, 2)))", "predict-classes", "failed", "failed"),
     ("tf.keras.mixed_precision.experimental.set_policy('float32')",
      "mixed-precision-experimental", "failed", "failed"),
-    ("tf.keras.layers.Attention(causal=True)", "causal-attention", "failed", "failed"),
+    ("tf.keras.layers.Attention(causal=True)", "causal-attention", "failed", "ran"),
     ("tf.keras.optimizers.Adam().get_updates(None, [])", "optimizer-updates", "failed",
      "failed"),
     ("tf.keras.optimizers.Adam(0.1, decay=1e-3)", "optimizer-decay", "ran", "failed"),
@@ -108,6 +110,11 @@ def test_each_change_is_found_with_its_line_release_and_fix(
     scan = scan_script(write(tmp_path, PRELUDE + snippet + "\n"))
     first = PRELUDE.count("\n") + 1
     change = tensorflow_breaks.BY_KEY[key]
+    if change.keras_2_runs:  # tf_keras runs it: Keras 2 code, which KERAS=auto switches for
+        (finding,) = scan.keras_2
+        assert finding.why == change.says() and scan.removed == ()
+        assert f"TensorFlow {change.version}: " in (scan.keras_2_why() or "")
+        return
     found = [f for f in scan.removed if f.kind == "changed"]
     assert found and {f.fix for f in found} == {change.says()}, [f.api for f in scan.removed]
     assert all(first <= f.line <= first + snippet.count("\n") for f in found)
@@ -193,7 +200,8 @@ def one(metrics):
     m = K.Sequential([K.Input((2,)), K.layers.Dense(1)]); m.compile("sgd", "mse", metrics=metrics)
     return m, y
 def two():
-    i = K.Input((2,)); m = K.Model(i, [K.layers.Dense(1, name="b")(i), K.layers.Dense(1, name="a")(i)])
+    i = K.Input((2,))
+    m = K.Model(i, [K.layers.Dense(1, name="b")(i), K.layers.Dense(1, name="a")(i)])
     m.compile("sgd", {"b": "mae", "a": "mse"}, metrics={"b": ["mse", "accuracy"], "a": "mae"})
     return m, [y, y * 3]
 out = {}
@@ -261,3 +269,84 @@ def test_the_order_model_is_what_keras_3_and_tf_keras_return(tmp_path: Path) -> 
         assert keras_2[name]["history"] == list(order.keras_2)
         assert keras_3[name]["history"] == list(order.keras_3_dict or ())
     assert order.keras_3_list != order.keras_2  # the two-output case does differ
+
+
+# A Keras 2 era custom loop with the Transformer tutorial's warmup schedule (its TF 2.x
+# wording, before the tutorial cast the step): since 2.11 the optimizer passes an int64 step.
+KERAS_2_ERA_LOOP = '''\
+import tensorflow as tf
+
+
+class CustomSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
+    def __init__(self, d_model, warmup_steps=4000):
+        super().__init__()
+        self.d_model = tf.cast(d_model, tf.float32)
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step):
+        arg1 = tf.math.rsqrt(step)
+        arg2 = step * (self.warmup_steps ** -1.5)
+        return tf.math.rsqrt(self.d_model) * tf.math.minimum(arg1, arg2)
+
+
+strategy = tf.distribute.MirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    optimizer = tf.keras.optimizers.Adam(CustomSchedule(64), beta_1=0.9, beta_2=0.98)
+
+
+@tf.function
+def train_step(x, y):
+    def replica(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return strategy.run(replica, args=(x, y))
+
+
+data = tf.data.Dataset.from_tensor_slices((tf.zeros((8, 4)), tf.zeros((8, 1)))).batch(4)
+for x, y in strategy.experimental_distribute_dataset(data):
+    train_step(x, y)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keras", ["auto", "2"])
+def test_the_int64_schedule_step_is_told_before_and_after_the_run(
+    tmp_path: Path, keras: str
+) -> None:
+    from tests.support.run_process import mgpu
+
+    (tmp_path / "loop.py").write_text(KERAS_2_ERA_LOOP)
+    result = mgpu(tmp_path, ["loop.py"], QUIET="0", VIRTUAL_DEVICES="2", KERAS=keras)
+    change = tensorflow_breaks.BY_KEY["schedule-int64-step"]
+    assert result.returncode == 1, result.stderr[-3000:]
+    summary = result.stderr.split("Traceback", 1)[0]
+    assert "`CustomSchedule.__call__` at loop.py:11: TensorFlow 2.11: " in summary, summary
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mgpu run: note: this error is a change TensorFlow made") and \
+        change.says() in last, result.stderr[-2000:]
+    assert "KERAS=2 mgpu run" not in result.stderr  # Keras 2 fails the same way
+
+
+def test_the_ledger_counts_its_rows_and_names_every_record() -> None:
+    import re
+    from collections import Counter
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "tensorflow-breaks.md").read_text()
+    rows = [line for line in page.splitlines() if re.match(r"\| 2\.\d+ \|", line)]
+    kinds: Counter[str] = Counter()
+    for row in rows:
+        status = row.rstrip(" |").rsplit("|", 1)[-1].strip()
+        kinds[status.split(":")[0] if status.startswith("left out") else status.split()[0]] += 1
+    # The count table, in its order: listed, rules, keras_3_breaks, then the left-out kinds.
+    said = [int(n) for n in re.findall(r"^\| (?:listed|covered|left out)[^|]*\| (\d+) \|$",
+                                       page, re.MULTILINE)]
+    assert said == [len(rows), kinds["rule"], kinds["keras_3_breaks"],
+                    kinds["left out (not a training script's)"], kinds["left out (silent)"],
+                    kinds["left out (still works here)"], kinds["left out (other)"]]
+    assert sum(kinds.values()) == len(rows) and kinds["keras_3_breaks"] > 0
+    for change in tensorflow_breaks.BREAKS:
+        assert f"`{change.key}`" in page, change.key
