@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import mgpu_env.launcher.code_shapes as code_shapes
 import mgpu_env.launcher.keras_3_breaks as breaks
 import mgpu_env.launcher.tensorflow_breaks as tensorflow_breaks
-from mgpu_env.launcher import code_shapes
 from mgpu_env.launcher.result_order import positional_reads
 from mgpu_env.launcher.tensorflow_breaks import error_note  # the run's side, for script.py
 
