@@ -103,13 +103,15 @@ class ScriptScan:
         """One line each for the start summary: removed APIs, Keras 2 code that imports
         Keras 3 itself, and results read by position where `keras_version` ("2" or "3", the
         Keras `tf.keras` is; None: either) orders them otherwise than the script's Keras."""
-        lines = [f"{finding.describe()}: {finding.fix} (under Keras 2 and 3 alike)"
+        removed = [f for f in self.removed if f.kind != "changed" or keras_version in
+                   (*tensorflow_breaks.BY_KEY[f.why].fails_under, None)]
+        lines = [f"{finding.describe()}: {finding.fix} ({_under(finding)})"
                  if finding.kind == "changed" else
                  f"{finding.describe()} is gone from TensorFlow {TENSORFLOW_LINE} (under "
-                 f"Keras 2 and 3 alike): {finding.fix}" for finding in self.removed[:3]]
-        if len(self.removed) > 3:
-            lines.append(f"{len(self.removed) - 3} more such line(s): "
-                         + ", ".join(f.where for f in self.removed[3:8]))
+                 f"Keras 2 and 3 alike): {finding.fix}" for finding in removed[:3]]
+        if len(removed) > 3:
+            lines.append(f"{len(removed) - 3} more such line(s): "
+                         + ", ".join(f.where for f in removed[3:8]))
         if keras_version != "2" or self.keras_3_import is not None:
             lines.extend(f"{finding.describe()} {finding.why}" for finding in self.positional)
         if self.keras_2 and self.keras_3_import is not None:
@@ -124,6 +126,11 @@ class ScriptScan:
         """`apply_gradients` with no LossScaleOptimizer anywhere: a custom loop that would
         train float16 without loss scaling."""
         return None if self.loss_scale_optimizer else self.apply_gradients
+
+
+def _under(finding: Finding) -> str:
+    fails = tensorflow_breaks.BY_KEY[finding.why].fails_under
+    return "under Keras 2 and 3 alike" if len(fails) > 1 else f"under Keras {fails[0]}"
 
 
 # Attribute chains (dotted, matched at the end of what the source writes) that only Keras 2
@@ -217,7 +224,7 @@ class _Visitor(ast.NodeVisitor):
         if change.keras_2_runs:
             self._add("keras_2", api, node, key=change.key, why=change.says())
         else:
-            self._add("changed", api, node, change.says(), key=change.key)
+            self._add("changed", api, node, change.says(), key=change.key, why=change.key)
 
     def _expand(self, dotted: str) -> str:
         """`K.x` as `tensorflow.keras.backend.x` when the file imported K so."""
@@ -307,6 +314,8 @@ class _Visitor(ast.NodeVisitor):
         if (refused := tensorflow_breaks.keyword_break(
                 name, {k.arg for k in node.keywords if k.arg})) is not None:
             self._add_break(refused[0], f"{name}({refused[1]}=...)", node)
+        if code_shapes.reduce_without_axis(node, receiver):
+            self._add_break(tensorflow_breaks.BY_KEY["reduce-axis"], _shown_call(node), node)
         if code_shapes.trace_on_profiler(node):
             self._add_break(tensorflow_breaks.BY_KEY["trace-profiler"], _shown_call(node), node)
         if name in ("set_global_policy", "set_policy") and self.sets_policy is None:
@@ -317,9 +326,10 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        if (line := code_shapes.schedule_int64_step(node)) is not None:
-            self._add_break(tensorflow_breaks.BY_KEY["schedule-int64-step"],
-                            f"{node.name}.__call__", ast.Pass(lineno=line))
+        if (found := code_shapes.schedule_int64_step(node)) is not None:
+            key = "schedule-int64-step" if found[1] == "op" else "schedule-int64-arithmetic"
+            self._add_break(tensorflow_breaks.BY_KEY[key], f"{node.name}.__call__",
+                            ast.Pass(lineno=found[0]))
         self.generic_visit(node)
 
     def visit_Compare(self, node: ast.Compare) -> None:

@@ -42,6 +42,8 @@ class Break:
     # tf_keras (Keras 2) still runs it, only Keras 3 refuses it: the scan counts it as Keras 2
     # code, so KERAS=auto gives the script tf_keras, as for keras_3_breaks' rules.
     keras_2_runs: bool = False
+    # The Keras (`tf.keras`) under which it fails; the scan tells it only under those.
+    fails_under: tuple[str, ...] = ("2", "3")
 
     def says(self) -> str:
         """The note's text: what changed, in which release, and the fix."""
@@ -91,6 +93,9 @@ BREAKS: tuple[Break, ...] = (
     Break("cudnn-layers", "2.0", "CuDNNLSTM and CuDNNGRU are removed: LSTM and GRU use cuDNN "
           "when their arguments allow", "tf.keras.layers.LSTM / GRU",
           chains=("layers.CuDNNLSTM", "layers.CuDNNGRU")),
+    Break("reduce-axis", "2.0", "`Strategy.reduce` takes the `axis` to reduce over (None for "
+          "per-replica values) as a required argument", "strategy.reduce(ReduceOp.SUM, value, "
+          "axis=None)"),
     Break("list-devices", "2.1", "`tf.config.experimental_list_devices` has been removed",
           "tf.config.list_logical_devices()", chains=("tf.config.experimental_list_devices",)),
     Break("run-v2", "2.2", "`experimental_run_v2` is renamed `run` on tf.distribute strategies "
@@ -140,6 +145,10 @@ BREAKS: tuple[Break, ...] = (
           "calls it with the optimizer's iteration count, an int64 tensor (the old one cast "
           "it to float first)", "step = tf.cast(step, tf.float32) as the first line of the "
           "schedule's __call__", error=INT64_REFUSED, frame="LearningRateSchedule"),
+    Break("schedule-int64-arithmetic", "2.11", "the new optimizers call a LearningRateSchedule "
+          "with an int64 step, which tf_keras' tensors refuse in float arithmetic (Keras 3 "
+          "passes a variable whose operators promote it)", "step = tf.cast(step, tf.float32) as "
+          "the first line of the schedule's __call__", fails_under=("2",)),
     Break("config-mlir", "2.12", "`tf.config.experimental.enable_mlir_graph_optimization` and "
           "`disable_mlir_graph_optimization`: experimental API removed", "drop the call",
           chains=("tf.config.experimental.enable_mlir_graph_optimization",

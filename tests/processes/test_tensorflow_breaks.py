@@ -65,6 +65,15 @@ CATALOGUE = [
      "failed"),
     ("tf.keras.optimizers.Adam(0.1, decay=1e-3)", "optimizer-decay", "ran", "failed"),
     (SCHEDULE, "schedule-int64-step", "failed", "failed"),
+    ("class Decay(tf.keras.optimizers.schedules.LearningRateSchedule):\n"
+     "    def __call__(self, step):\n"
+     "        return 0.1 * 0.5 ** (step * 0.01)\n"
+     "m = model(); m.compile(tf.keras.optimizers.SGD(Decay()), 'mse')\n"
+     "m.fit(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)", "schedule-int64-arithmetic", "ran",
+     "failed"),
+    ("s = tf.distribute.get_strategy(); strategy = s\n"
+     "strategy.reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))", "reduce-axis", "failed",
+     "failed"),
     ("tf.config.experimental.enable_mlir_graph_optimization()", "config-mlir", "failed",
      "failed"),
     ("assert not type(tf.constant(1.0)) == tf.Tensor", "tensor-type", "ran", "ran"),
@@ -121,7 +130,10 @@ def test_each_change_is_found_with_its_line_release_and_fix(
     assert scan.keras_2_evidence() is None  # KERAS=2 would not help
     note = scan.notes()[0]
     assert f"TensorFlow {change.version}: " in note and "Fix: " in note
-    assert "under Keras 2 and 3 alike" in note
+    assert ("under Keras 2 and 3 alike" in note) is (change.fails_under == ("2", "3"))
+    for keras in ("2", "3"):  # told only under the Keras it fails under
+        assert any(f"TensorFlow {change.version}: " in line for line in scan.notes(keras)) is (
+            keras in change.fails_under)
 
 
 def test_every_record_has_a_catalogue_snippet_or_an_error() -> None:
