@@ -48,11 +48,17 @@ class PositionalRead:
 
     line: int
     shown: str  # the code, shortened
-    kind: str  # "list" (evaluate's list) or "dict" (history.history, return_dict=True)
+    kind: str  # "list" (evaluate's list), "dict" (history.history, return_dict=True) or
+    # "names" (model.metrics_names, which Keras 3 fills with one "compile_metrics")
     keras_2: tuple[str, ...]
     keras_3: tuple[str, ...]
 
     def why(self) -> str:
+        if self.kind == "names":
+            return (f"pairs `metrics_names` with results, and Keras 3's is "
+                    f"[{', '.join(self.keras_3)}] (the compiled metrics are one entry) where "
+                    f"Keras 2's was [{', '.join(self.keras_2)}]. Fix: "
+                    f"model.evaluate(..., return_dict=True), which names each value")
         by_name = ("model.evaluate(..., return_dict=True)['name']" if self.kind == "list"
                    else "history.history['name']")
         return (f"reads results by position, and Keras 3 orders them "
@@ -134,10 +140,16 @@ def _result_call(node: ast.AST) -> ast.Call | None:
     return None
 
 
+def _returns_dict(node: ast.AST) -> bool:
+    """`x.evaluate(..., return_dict=True)` (or test_on_batch/train_on_batch)."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+        node.func.attr in RESULT_METHODS and _result_call(node) is None
+
+
 def _dict_source(node: ast.AST, dicts: set[str]) -> bool:
-    """`h.history` or a name bound to `evaluate(..., return_dict=True)`."""
+    """`h.history`, `evaluate(..., return_dict=True)` or a name bound to that."""
     return (isinstance(node, ast.Attribute) and node.attr == "history") or (
-        isinstance(node, ast.Name) and node.id in dicts)
+        isinstance(node, ast.Name) and node.id in dicts) or _returns_dict(node)
 
 
 def _dict_view(node: ast.AST, dicts: set[str]) -> bool:
@@ -212,6 +224,17 @@ def positional_reads(tree: ast.AST) -> list[PositionalRead]:
         text = ast.unparse(node)
         reads.append(PositionalRead(line, text if len(text) <= 80 else text[:77] + "...",
                                     kind, order.keras_2, keras_3))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "metrics_names" and compiles:
+            line = node.lineno
+            order = ([o for at, o in compiles if at <= line] or [compiles[0][1]])[-1]
+            if order.keras_2 is None:
+                continue
+            losses = tuple(n for n in order.keras_2[1:] if n.endswith("_loss"))
+            if len(order.keras_2) == 1 + len(losses):
+                continue  # no compiled metrics: Keras 3's names are Keras 2's
+            reads.append(PositionalRead(line, ast.unparse(node), "names", order.keras_2,
+                                        ("loss", "compile_metrics", *losses)))
     return reads
 
 

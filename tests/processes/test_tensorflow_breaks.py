@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_env.launcher import tensorflow_breaks
-from mgpu_env.launcher.result_order import compile_order
+from mgpu_env.launcher.result_order import compile_order, positional_reads
 from mgpu_env.launcher.source_scan import scan_script
 from tests.support.children import child_env
 
@@ -168,6 +168,9 @@ ORDER_CASES = [
     ("loss={'b': 'mse', 'a': 'mae'}, metrics={'b': ['mse', 'accuracy'], 'a': 'mae'}",
      "m.evaluate(x, y)[0]", False),  # the loss comes first in both
     ("metrics=['accuracy']", "list(h.history)[-1]", True),
+    ("metrics=['accuracy']", "loss, acc = m.evaluate(x, y, return_dict=True).values()", True),
+    ("metrics=['accuracy', 'mae']", "print(dict(zip(m.metrics_names, m.evaluate(x, y))))", True),
+    ("metrics=None", "print(dict(zip(m.metrics_names, [m.evaluate(x, y)])))", False),
     ("loss=['mse', 'mae'], metrics=[['mse', 'accuracy'], ['mae']]",
      "r = m.train_on_batch(x, y)\nr[3]", False),  # output names not in the source
 ]
@@ -183,7 +186,7 @@ def test_a_read_by_position_is_told_only_where_the_orders_differ(
     assert bool(scan.positional) is fires, [f.why for f in scan.positional]
     if fires:
         (finding,) = scan.positional
-        assert finding.line == text.count("\n") and "Keras 3 orders them" in finding.why
+        assert finding.line == text.count("\n") and "Keras 3" in finding.why
         assert any(finding.where in note for note in scan.notes("3"))
         assert not any(finding.where in note for note in scan.notes("2"))  # Keras 2's order
 
@@ -223,7 +226,7 @@ for name, (m, yy) in {"acc": one(["accuracy"]), "auc": one([K.metrics.AUC(), "ma
     d = m.evaluate(x, yy, verbose=0, return_dict=True)
     listed = m.evaluate(x, yy, verbose=0)
     out[name] = {"list": [[k for k, v in d.items() if abs(v - r) < 1e-9] for r in listed],
-                 "history": list(h.history)}
+                 "history": list(h.history), "names": list(m.metrics_names)}
 print("ORDERS " + json.dumps(out))
 """
 ORDER_COMPILES = {
@@ -281,6 +284,12 @@ def test_the_order_model_is_what_keras_3_and_tf_keras_return(tmp_path: Path) -> 
         assert keras_2[name]["history"] == list(order.keras_2)
         assert keras_3[name]["history"] == list(order.keras_3_dict or ())
     assert order.keras_3_list != order.keras_2  # the two-output case does differ
+    # `metrics_names`: Keras 2 lists every result, Keras 3 the compiled metrics as one entry.
+    for name, source in ORDER_COMPILES.items():
+        text = f"{source}\nprint(m.metrics_names)\n"
+        (read,) = positional_reads(ast.parse(text))
+        assert keras_2[name]["names"] == list(read.keras_2)
+        assert keras_3[name]["names"] == list(read.keras_3)
 
 
 # A Keras 2 era custom loop with the Transformer tutorial's warmup schedule (its TF 2.x
