@@ -171,12 +171,12 @@ def _index(node: ast.AST) -> int | None:
     return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
 
 
-def _reads(tree: ast.AST) -> list[tuple[ast.AST, str, int | None]]:
+def _reads(nodes: list[ast.AST]) -> list[tuple[ast.AST, str, int | None]]:
     """Every read by position: (node, "list" | "dict", the index read, None for all)."""
     lists: set[str] = set()
     dicts: set[str] = set()
     found: list[tuple[ast.AST, str, int | None]] = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
             if isinstance(target, ast.Name) and _result_call(value) is not None:
@@ -184,7 +184,7 @@ def _reads(tree: ast.AST) -> list[tuple[ast.AST, str, int | None]]:
             elif isinstance(target, ast.Name) and isinstance(value, ast.Call) and any(
                     k.arg == "return_dict" for k in value.keywords):
                 dicts.add(target.id)
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], (ast.Tuple, ast.List)):
             if _result_call(node.value) is not None:
                 found.append((node, "list", None))
@@ -206,12 +206,13 @@ def _at(names: tuple[str, ...], index: int) -> str | None:
 
 def positional_reads(tree: ast.AST) -> list[PositionalRead]:
     """The reads by position in `tree` whose value Keras 3 and Keras 2 order differently."""
-    compiles = sorted(((node.lineno, compile_order(node)) for node in ast.walk(tree)
+    nodes = list(ast.walk(tree))  # one walk, read three times
+    compiles = sorted(((node.lineno, compile_order(node)) for node in nodes
                        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                        and node.func.attr == "compile" and (node.args or node.keywords)),
                       key=lambda item: item[0])
     reads: list[PositionalRead] = []
-    for node, kind, index in _reads(tree):
+    for node, kind, index in _reads(nodes):
         line = getattr(node, "lineno", 0)
         before = [order for at, order in compiles if at <= line]
         if not compiles:
@@ -224,7 +225,7 @@ def positional_reads(tree: ast.AST) -> list[PositionalRead]:
         text = ast.unparse(node)
         reads.append(PositionalRead(line, text if len(text) <= 80 else text[:77] + "...",
                                     kind, order.keras_2, keras_3))
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Attribute) and node.attr == "metrics_names" and compiles:
             line = node.lineno
             order = ([o for at, o in compiles if at <= line] or [compiles[0][1]])[-1]

@@ -173,32 +173,44 @@ def _canonical(dotted: str) -> str:
         "tf" if head == "tensorflow" else dotted)
 
 
+# Every chain once, with its record: `tf.`-rooted ones match from the start of a name,
+# the others (`layers.CuDNNLSTM`) anywhere on a dot boundary.
+_ROOTED = {chain: entry for entry in BREAKS for chain in entry.chains
+           if chain.startswith("tf.") or chain == "tensorflow_estimator"}
+_ANYWHERE = tuple((f".{chain}.", entry) for entry in BREAKS for chain in entry.chains
+                  if chain not in _ROOTED)
+
+
 def chain_break(dotted: str) -> Break | None:
-    """The change that removed `dotted` (a name as written, after import aliases), if any:
-    `tf.`-rooted chains match from the start, others anywhere on a dot boundary."""
+    """The change that removed `dotted` (a name as written, after import aliases), if any."""
     name = _canonical(dotted)
-    for entry in BREAKS:
-        for chain in entry.chains:
-            if chain.startswith("tf.") or chain == "tensorflow_estimator":
-                if name == chain or name.startswith(chain + "."):
-                    return entry
-            elif f".{chain}." in f".{name}.":
-                return entry
-    return None
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):  # tf.train.AdamOptimizer.x: longest prefix first
+        if (entry := _ROOTED.get(".".join(parts[:end]))) is not None:
+            return entry
+    padded = f".{name}."
+    return next((entry for chain, entry in _ANYWHERE if chain in padded), None)
+
+
+_METHODS = {method: entry for entry in BREAKS for method in entry.methods}
+_KEYWORDS: dict[str, dict[str, Break]] = {}
+for _entry in BREAKS:
+    for _callee, _keyword in _entry.keywords:
+        _KEYWORDS.setdefault(_callee, {})[_keyword] = _entry
 
 
 def method_break(name: str) -> Break | None:
     """The change that removed the method `name` (called on anything)."""
-    return next((entry for entry in BREAKS if name in entry.methods), None)
+    return _METHODS.get(name)
 
 
 def keyword_break(callee: str, keywords: set[str]) -> tuple[Break, str] | None:
     """The change that took away a keyword `callee(...)` passes, and that keyword."""
-    for entry in BREAKS:
-        for name, keyword in entry.keywords:
-            if name == callee and keyword in keywords:
-                return entry, keyword
-    return None
+    refused = _KEYWORDS.get(callee)
+    if not refused or not keywords:
+        return None
+    keyword = next((word for word in sorted(keywords) if word in refused), None)
+    return None if keyword is None else (refused[keyword], keyword)
 
 
 def _passes_through(tb: TracebackType | None, base: str) -> bool:
