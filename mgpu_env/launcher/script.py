@@ -54,7 +54,7 @@ from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import with_role
 from mgpu_env.launcher.run_observer import observe
-from mgpu_env.launcher.source_scan import ScriptScan, scan_script, script_roots
+from mgpu_env.launcher.source_scan import ScriptScan, error_note, scan_script, script_roots
 from mgpu_env.launcher.strategy_watch import PlannedReplicas, planned_replicas, watch
 from mgpu_env.launcher.what_ran import ran_notes, unscaled_loop_warning
 from mgpu_env.runtime import Runtime
@@ -198,7 +198,7 @@ def summary(runtime: Runtime, target: Target, scan: ScriptScan | None = None) ->
         lines.append(f"  keras 2 code: {why}")
     lines.extend(f"  note: {note}" for note in runtime.notes)
     if scan is not None:
-        lines.extend(f"  note: {note}" for note in scan.notes())
+        lines.extend(f"  note: {note}" for note in scan.notes(runtime.keras.version))
         if (loop := scan.unscaled_custom_loop()) is not None and (
             runtime.precision.policy == MIXED_FLOAT16
         ):
@@ -327,8 +327,9 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
         return
     notes: list[str | None] = [*ran_notes(runtime, scan, failed=failed or err is not None)]
     if err is not None and target is not None:
-        notes.append(keras_note(err, sys.modules, runtime.keras, target,
-                                cluster=runtime.cluster is not None, scan=scan))
+        cluster = runtime.cluster is not None  # (a TensorFlow change: KERAS=2 won't help)
+        notes.append(error_note(err) or keras_note(err, sys.modules, runtime.keras, target,
+                                                   cluster=cluster, scan=scan))
     for note in notes:
         if note is not None:
             print(note, file=sys.stderr, flush=True)
@@ -432,7 +433,6 @@ def _print_user_traceback(err: BaseException) -> None:
     def is_ours(filename: str) -> bool:
         # runpy may be frozen into the interpreter: its frames are "<frozen runpy>".
         return filename == "<frozen runpy>" or os.path.abspath(filename) in ours
-
     while tb is not None and is_ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     # Python's excepthook prints the exception's own __traceback__, not the one passed.

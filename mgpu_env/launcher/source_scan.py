@@ -32,14 +32,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import mgpu_env.launcher.code_shapes as code_shapes
 import mgpu_env.launcher.keras_3_breaks as breaks
+import mgpu_env.launcher.tensorflow_breaks as tensorflow_breaks
+from mgpu_env.launcher.result_order import positional_reads
+from mgpu_env.launcher.tensorflow_breaks import error_note  # the run's side, for script.py
 
 TENSORFLOW_LINE = "2.21"
 # How many local modules the scan follows from the script, at most: a script's own helpers,
 # not a whole source tree.
 MAX_FILES = 64
 
-FindingKind = Literal["keras_2", "removed"]
+# "changed": a TensorFlow release's breaking change (launcher/tensorflow_breaks.py), its
+# text in `fix`; "order": a result read by position (launcher/result_order.py).
+FindingKind = Literal["keras_2", "removed", "changed", "order"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class ScriptScan:
     loss_scale_optimizer: bool = False  # LossScaleOptimizer is named somewhere
     sets_policy: Finding | None = None  # the script sets its own precision policy
     tf_keras_use: Finding | None = None  # the first `tf.keras` (or `tensorflow.keras`)
+    positional: tuple[Finding, ...] = ()  # results read by position (launcher/result_order)
     files: tuple[str, ...] = ()  # the files read
     unreadable: tuple[str, ...] = ()  # files that could not be parsed (a syntax error...)
     seconds: float = 0.0  # the time the scan took
@@ -92,12 +99,21 @@ class ScriptScan:
         first = self.keras_2[0]
         return f"{first.describe()}: {first.why}" if first.why else first.describe()
 
-    def notes(self) -> list[str]:
-        """One line each for the start summary: removed APIs, and Keras 2 code that imports
-        Keras 3 itself."""
-        lines = [f"{finding.describe()} is gone from TensorFlow {TENSORFLOW_LINE} (under "
-                 f"Keras 2 and 3 alike): "
-                 f"{finding.fix}" for finding in self.removed[:3]]
+    def notes(self, keras_version: str | None = None) -> list[str]:
+        """One line each for the start summary: removed APIs, Keras 2 code that imports
+        Keras 3 itself, and results read by position where `keras_version` ("2" or "3", the
+        Keras `tf.keras` is; None: either) orders them otherwise than the script's Keras."""
+        removed = [f for f in self.removed if f.kind != "changed" or keras_version in
+                   (*tensorflow_breaks.BY_KEY[f.why].fails_under, None)]
+        lines = [f"{finding.describe()}: {finding.fix} ({_under(finding)})"
+                 if finding.kind == "changed" else
+                 f"{finding.describe()} is gone from TensorFlow {TENSORFLOW_LINE} (under "
+                 f"Keras 2 and 3 alike): {finding.fix}" for finding in removed[:3]]
+        if len(removed) > 3:
+            lines.append(f"{len(removed) - 3} more such line(s): "
+                         + ", ".join(f.where for f in removed[3:8]))
+        if keras_version != "2" or self.keras_3_import is not None:
+            lines.extend(f"{finding.describe()} {finding.why}" for finding in self.positional)
         if self.keras_2 and self.keras_3_import is not None:
             lines.append(
                 f"{self.keras_2[0].describe()} is Keras 2 code, but "
@@ -110,6 +126,11 @@ class ScriptScan:
         """`apply_gradients` with no LossScaleOptimizer anywhere: a custom loop that would
         train float16 without loss scaling."""
         return None if self.loss_scale_optimizer else self.apply_gradients
+
+
+def _under(finding: Finding) -> str:
+    fails = tensorflow_breaks.BY_KEY[finding.why].fails_under
+    return "under Keras 2 and 3 alike" if len(fails) > 1 else f"under Keras {fails[0]}"
 
 
 # Attribute chains (dotted, matched at the end of what the source writes) that only Keras 2
@@ -139,15 +160,11 @@ KERAS_2_PACKAGES = ("tensorflow_hub",)
 # Keras 3 itself, and packages built on it: their objects do not mix with tf_keras'.
 KERAS_3_PACKAGES = ("keras", "keras_hub", "keras_nlp", "keras_cv")
 # Gone from Keras 2 as well (TensorFlow 2.x removed them): KERAS=2 would not help.
+# (TensorFlow's own removals, with their release, are launcher/tensorflow_breaks.py's.)
 REMOVED_CHAINS = {
-    "mixed_precision.experimental": "use tf.keras.mixed_precision.set_global_policy / Policy "
-                                    "/ LossScaleOptimizer",
     "wrappers.scikit_learn": "use the scikeras package (scikeras.wrappers.KerasClassifier)",
-    "utils.multi_gpu_model": "use tf.distribute.MirroredStrategy",
 }
 REMOVED_METHODS = {
-    "experimental_run_v2": "use strategy.run",
-    "predict_classes": "use np.argmax(model.predict(x), axis=-1)",
     "get_session": "use tf.compat.v1.keras.backend.get_session, or TF 2 code",
     "set_session": "use tf.compat.v1.keras.backend.set_session, or TF 2 code",
 }
@@ -188,6 +205,7 @@ class _Visitor(ast.NodeVisitor):
         self.sets_policy: Finding | None = None
         self.imports: list[tuple[str, int]] = []  # (module, level) for local modules
         self.tf_keras_use: Finding | None = None
+        self.positional: list[Finding] = []
         self.aliases: dict[str, str] = {}  # K -> tensorflow.keras.backend
         self.constants: dict[str, ast.AST] = {}  # names bound once: text_tail reads them
         self._seen: set[tuple[str, int]] = set()
@@ -201,6 +219,12 @@ class _Visitor(ast.NodeVisitor):
         self._seen.add((key or api, line))
         finding = Finding(kind, api, self.shown, line, fix, why)
         (self.keras_2 if kind == "keras_2" else self.removed).append(finding)
+
+    def _add_break(self, change: tensorflow_breaks.Break, api: str, node: ast.AST) -> None:
+        if change.keras_2_runs:
+            self._add("keras_2", api, node, key=change.key, why=change.says())
+        else:
+            self._add("changed", api, node, change.says(), key=change.key, why=change.key)
 
     def _expand(self, dotted: str) -> str:
         """`K.x` as `tensorflow.keras.backend.x` when the file imported K so."""
@@ -222,12 +246,16 @@ class _Visitor(ast.NodeVisitor):
             self._add("keras_2", found[0], node, why=found[1])
         elif (chain := _chain_match(dotted, REMOVED_CHAINS)) is not None:
             self._add("removed", dotted, node, REMOVED_CHAINS[chain], key=chain)
+        elif (change := tensorflow_breaks.chain_break(full)) is not None:
+            self._add_break(change, dotted, node)
         if dotted.split(".")[-1] == "LossScaleOptimizer":
             self.loss_scale_optimizer = True
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
-            if alias.asname and "keras" in alias.name.split("."):
+            # `import tensorflow.compat.v1 as tf`: its tf.Session is compat.v1's, not gone.
+            if alias.asname and ("keras" in alias.name.split(".") or
+                                 alias.name.startswith("tensorflow.compat")):
                 self.aliases[alias.asname] = alias.name
             self._module(alias.name, node)
             self.imports.append((alias.name, 0))
@@ -237,7 +265,8 @@ class _Visitor(ast.NodeVisitor):
         if node.level == 0:
             self._module(module, node)
             for alias in node.names:
-                if "keras" in f"{module}.{alias.name}".split("."):
+                if "keras" in f"{module}.{alias.name}".split(".") or \
+                        module.startswith("tensorflow.compat"):
                     self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
                 self._module(f"{module}.{alias.name}", node, names_only=True)
         for alias in node.names:
@@ -273,18 +302,39 @@ class _Visitor(ast.NodeVisitor):
         elif (found := breaks.call_rule(node, receiver)) is not None:
             self._add("keras_2", found[0], node, why=found[1])
         if isinstance(func, ast.Attribute):
-            if name in KERAS_2_METHODS:
+            if (change := tensorflow_breaks.method_break(name)) is not None:
+                self._add_break(change, f".{name}()", node)
+            elif name in KERAS_2_METHODS:
                 self._add("keras_2", f".{name}()", node, why=KERAS_2_METHODS[name])
             elif name in REMOVED_METHODS:
                 self._add("removed", f".{name}()", node, REMOVED_METHODS[name])
             elif name == "apply_gradients" and self.apply_gradients is None:
                 self.apply_gradients = Finding("keras_2", ".apply_gradients()", self.shown,
                                                node.lineno)
+        if (refused := tensorflow_breaks.keyword_break(
+                name, {k.arg for k in node.keywords if k.arg})) is not None:
+            self._add_break(refused[0], f"{name}({refused[1]}=...)", node)
+        if code_shapes.reduce_without_axis(node, receiver):
+            self._add_break(tensorflow_breaks.BY_KEY["reduce-axis"], _shown_call(node), node)
+        if code_shapes.trace_on_profiler(node):
+            self._add_break(tensorflow_breaks.BY_KEY["trace-profiler"], _shown_call(node), node)
         if name in ("set_global_policy", "set_policy") and self.sets_policy is None:
             self.sets_policy = Finding("keras_2", f"{name}()", self.shown, node.lineno)
         if name in OPTIMIZER_NAMES and any(k.arg == "lr" for k in node.keywords):
             self._add("keras_2", f"{name}(lr=...)", node,
                       why="Keras 3 optimizers take learning_rate=, not lr=")
+        self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if (found := code_shapes.schedule_int64_step(node)) is not None:
+            key = "schedule-int64-step" if found[1] == "op" else "schedule-int64-arithmetic"
+            self._add_break(tensorflow_breaks.BY_KEY[key], f"{node.name}.__call__",
+                            ast.Pass(lineno=found[0]))
+        self.generic_visit(node)
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        if code_shapes.tensor_type_compare(node):
+            self._add_break(tensorflow_breaks.BY_KEY["tensor-type"], ast.unparse(node), node)
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
@@ -358,6 +408,9 @@ def scan_script(path: Path, roots: tuple[Path, ...] = ()) -> ScriptScan:
         visitor = _Visitor(_shown(current))
         visitor.constants = _bound_once(tree)
         visitor.visit(tree)
+        visitor.positional = [
+            Finding("order", read.shown, visitor.shown, read.line, why=read.why())
+            for read in positional_reads(tree)]
         visitors.append(visitor)
         for module, level in visitor.imports:
             local = _local_module(module, level, current, roots)
@@ -371,6 +424,7 @@ def scan_script(path: Path, roots: tuple[Path, ...] = ()) -> ScriptScan:
         loss_scale_optimizer=any(v.loss_scale_optimizer for v in visitors),
         sets_policy=next((v.sets_policy for v in visitors if v.sets_policy), None),
         tf_keras_use=next((v.tf_keras_use for v in visitors if v.tf_keras_use), None),
+        positional=tuple(f for v in visitors for f in v.positional),
         files=tuple(v.shown for v in visitors),
         unreadable=tuple(unreadable),
         seconds=time.perf_counter() - started,
@@ -385,4 +439,4 @@ def script_roots(is_module: bool, path: Path) -> tuple[Path, ...]:
     return (path.resolve().parent,)
 
 
-__all__ = ["Finding", "ScriptScan", "scan_script", "script_roots"]
+__all__ = ["Finding", "ScriptScan", "error_note", "scan_script", "script_roots"]
