@@ -53,10 +53,10 @@ def plan_lines(plan: TrainPlan, data: DataPlan, memory: MemoryCheck,
         output = f"nothing here: {role.task_type} {role.task_id} writes to a temporary folder"
     else:
         resume = (
-            f"resumes at step {plan.resume_step} of epoch {plan.resume_epoch + 1} of "
-            f"{plan.settings.epochs}" if plan.resume_step
-            else f"resumes after epoch {plan.resume_epoch} of {plan.settings.epochs}"
-            if plan.resume_epoch
+            f"resumes at step {plan.resume.step} of epoch {plan.resume.epoch + 1} of "
+            f"{plan.settings.epochs}" if plan.resume.step
+            else f"resumes after epoch {plan.resume.epoch} of {plan.settings.epochs}"
+            if plan.resume.epoch
             else "fresh run"
         )
         output = str(plan.output_dir)

@@ -32,10 +32,11 @@ from mgpu_env.training.input.data import Data
 from mgpu_env.training.input.feed import Feed
 from mgpu_env.training.multiworker import WorkerSession
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.checkpoints import Checkpoints, Position, SaveCost, Schedule
+from mgpu_env.training.run.checkpoints import Checkpoints, SaveCost, Schedule
 from mgpu_env.training.run.plan import TRAIN_SETTINGS, DataPlan, TrainPlan
 from mgpu_env.training.run.progress import Progress
 from mgpu_env.training.run.signals import Interrupted, StopRequest
+from mgpu_env.training.shared.position import Position
 from mgpu_env.training.step.build import Trainer
 from mgpu_env.training.step.steps import StepFunctions
 
