@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 import typer
 
 from entrypoint.options import (
-    EXIT_BAD_CONFIG,
     TAG,
     GpusPerWorkerOption,
     SettingFlags,
@@ -26,6 +25,7 @@ from entrypoint.options import (
 )
 from mgpu_env import training
 from mgpu_env.api import start_process
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG
 from mgpu_env.training.run.resume import resolve_run_settings
 from mgpu_env.training.shared.messages import plural
 
