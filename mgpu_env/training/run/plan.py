@@ -234,11 +234,6 @@ class TrainPlan:
         }
 
 
-def is_chief(runtime: Runtime) -> bool:
-    """Only the chief writes the run folder; the other workers write to scratch folders."""
-    return runtime.strategy_plan.role.is_chief
-
-
 def output_dir_of(runtime: Runtime) -> Path:
     """The run folder, as decided when the command started (`rundir.decide_output_dir`)."""
     return rundir.run_folder(runtime.settings)
@@ -251,7 +246,7 @@ def check_output_dir(runtime: Runtime) -> None:
     where it will be created. `train` and `dry_run` call it before anything slow (the
     pre-flight, a loader, TensorFlow): it would otherwise fail at the first checkpoint, or
     at the first epoch's summary."""
-    if not is_chief(runtime):
+    if not runtime.strategy_plan.role.is_chief:
         return
     folder = output_dir_of(runtime)
     for path in (folder, folder / rundir.CHECKPOINT_DIR, folder / rundir.LOG_DIR):
@@ -286,7 +281,7 @@ def plan_training(
     notes.append(keep_limit.note())
     # Every file of the folder checked, and against the others, before any is believed.
     state = (check_run_state(start.output_dir)
-             if start.output_dir.is_dir() and is_chief(runtime) else None)
+             if start.output_dir.is_dir() and runtime.strategy_plan.role.is_chief else None)
     folder = rundir.inspect_run_folder(start.output_dir, start.values)
     # The other workers resume where the chief's checkpoint says (it shares its values).
     position = state.position if state is not None and not folder.fresh else Position(0)
