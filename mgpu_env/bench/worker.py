@@ -32,6 +32,7 @@ from mgpu_env.config.errors import ConfigError, MgpuError
 from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, EXIT_OK
 from mgpu_env.runtime import Execution
 from mgpu_env.training.input.data import Data, DatasetChoice
+from mgpu_env.training.shared.position import Position
 
 if TYPE_CHECKING:
     from mgpu_env.training.input.feed import Feed
@@ -234,7 +235,7 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
         total += feed.steps_per_chunk
     # As many epochs as the warm-up, the untimed round and the intervals take: they
     # follow one another as in training, each in its own order.
-    feed_steps = feed.runner(trainer.steps, 0, -(-total // feed.steps_per_epoch))
+    feed_steps = feed.runner(trainer.steps, Position(0), -(-total // feed.steps_per_epoch))
 
     def run_steps(n: int) -> int:
         feed_steps(n)

@@ -15,7 +15,8 @@ import pytest
 
 from mgpu_env.config.parsers import CheckpointInterval, SettingError, parse_checkpoint_every
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.checkpoints import Position, Schedule
+from mgpu_env.training.run.checkpoints import Schedule
+from mgpu_env.training.shared.position import Position
 from tests.support.feeds import rows_seen
 from tests.support.filedata import write_npy, write_tfrecords
 from tests.support.train_process import metrics, train_env

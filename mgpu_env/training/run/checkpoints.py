@@ -6,8 +6,8 @@ completed and the steps done in the next one, that epoch's running metrics as ea
 holds them (so the rest of the epoch adds to the same sums, to the bit), and the
 model's random state (Keras' seed generators: Dropout's draws, which the model's own
 checkpoint leaves out). The data's position needs nothing more: every feed's order is drawn
-from (SEED, epoch), so (epoch, step) is where each feed resumes (`Feed.runner`'s
-`first_step`): the kept rows' gather index, the streamed chunks cut from that step, the
+from (SEED, epoch), so the checkpoint's `Position` is where each feed resumes
+(`Feed.runner`'s `start`): the kept rows' gather index, the streamed chunks cut from that step, the
 loader's rows and the files' records skipped to it.
 
 Names: `Position.name` (`ckpt-<E>` at the end of epoch E, `ckpt-<E>-<S>` after S steps of

@@ -113,7 +113,7 @@ class EpochLoop:
         """One epoch from its step `first` (a checkpoint's), in the schedule's calls (at most
         STEPS_PER_CALL steps), then its record."""
         steps, per_epoch = self.trainer.steps, self.steps_per_epoch
-        run_steps = self.feed.runner(steps, epoch, first_step=first)
+        run_steps = self.feed.runner(steps, Position(epoch, first))
         if not first:  # else the checkpoint restored the epoch's running metrics
             steps.reset_train_metrics()
         for begin in self.before_epoch:

@@ -1,10 +1,11 @@
-"""Where a run stands: one type for the checkpoint's file name, the plan's resume and the loop.
+"""Where a run stands: one type from the checkpoint's file name to the feed's first row.
 
 `ckpt-<E>` at the end of epoch E, `ckpt-<E>-<S>` after S steps of epoch E + 1: `Position.name`
 writes it, `Position.parse` reads it back and refuses every other name (a leading zero, a
 `-0` step, a sign, a suffix), so the name a save writes and the name a resume reads cannot
 drift apart. Below the training folders (no TensorFlow): run/ saves, restores and plans at
-a position; the feeds take its (epoch, step) as `Feed.runner`'s start.
+a position, and every feed starts from one (`Feed.runner(steps, start)`: its order's rows
+from step `start.step` of epoch `start.epoch + 1`).
 """
 
 from __future__ import annotations
