@@ -188,6 +188,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
     from mgpu_env.training.input.feed import make_feed
     from mgpu_env.training.input.feedplan import plan_feed
     from mgpu_env.training.input.keep import FALLBACK, KeepLimit
+    from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model, build_optimizer
 
@@ -223,11 +224,12 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
         def runner(trainer: Any) -> Any:
             feed_plan = plan_feed(data, keep, batch)
             feed = make_feed(strategy, data, feed_plan, batch, SEED)
-            return feed.runner(trainer.steps, 0, -(-steps * rounds // feed_plan.steps_per_epoch))
+            epochs = -(-steps * rounds // feed_plan.steps_per_epoch)
+            return feed.runner(trainer.steps, Position(0), epochs)
         return runner
 
     same = SameBatchFeed.make(strategy, BATCH, (784,), 10, SEED)
-    step_feed("synthetic", (784,), lambda t: same.runner(t.steps, 0))
+    step_feed("synthetic", (784,), lambda t: same.runner(t.steps, Position(0)))
     stream = KeepLimit(0, "benchmark: stream")
     step_feed("kept", (784,), library_feed(flat, FALLBACK))
     step_feed("streamed", (784,), library_feed(flat, stream))

@@ -10,10 +10,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from entrypoint.options import EXIT_FAILED, SettingFlags, resolve, with_settings
+from entrypoint.options import SettingFlags, resolve, with_settings
 from mgpu_env.api import start_process
 from mgpu_env.bench.plot import plot_bench
 from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_results
+from mgpu_env.config.exitcodes import EXIT_FAILED
 
 PROFILE_DIR = "profile"  # BENCH_EXPLAIN's traces: tensorboard --logdir <OUTPUT_DIR>/profile
 ExplainOption = Annotated[bool, typer.Option(

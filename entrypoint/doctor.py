@@ -15,14 +15,8 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from entrypoint.options import (
-    EXIT_BAD_CONFIG,
-    EXIT_FAILED,
-    EXIT_OK,
-    SettingFlags,
-    resolve,
-    with_settings,
-)
+from entrypoint.options import SettingFlags, resolve, with_settings
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_OK
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import SettingsErrors
 from mgpu_env.doctor import Diagnosis, SkippedGroup, SmokeResult, diagnose, unusable_settings

@@ -20,16 +20,12 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from mgpu_env.config.errors import MgpuError
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, EXIT_FAILED
 from mgpu_env.config.resolve import ResolvedSettings, resolve_settings, strict_errors
 from mgpu_env.config.settings import DECLARATIONS, Declaration, SettingsErrors
 from mgpu_env.runtime import Runtime, build_runtime
 from mgpu_env.runtime.cluster import local
 from mgpu_env.runtime.keras import Command
-
-# Exit codes, documented in docs/outputs.md.
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_CONFIG = 2
 
 SettingFlags = dict[str, str | None]
 

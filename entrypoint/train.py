@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 import typer
 
 from entrypoint.options import (
-    EXIT_BAD_CONFIG,
     TAG,
     GpusPerWorkerOption,
     SettingFlags,
@@ -26,6 +25,7 @@ from entrypoint.options import (
 )
 from mgpu_env import training
 from mgpu_env.api import start_process
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG
 from mgpu_env.training.run.resume import resolve_run_settings
 from mgpu_env.training.shared.messages import plural
 
@@ -53,10 +53,10 @@ def plan_lines(plan: TrainPlan, data: DataPlan, memory: MemoryCheck,
         output = f"nothing here: {role.task_type} {role.task_id} writes to a temporary folder"
     else:
         resume = (
-            f"resumes at step {plan.resume_step} of epoch {plan.resume_epoch + 1} of "
-            f"{plan.settings.epochs}" if plan.resume_step
-            else f"resumes after epoch {plan.resume_epoch} of {plan.settings.epochs}"
-            if plan.resume_epoch
+            f"resumes at step {plan.resume.step} of epoch {plan.resume.epoch + 1} of "
+            f"{plan.settings.epochs}" if plan.resume.step
+            else f"resumes after epoch {plan.resume.epoch} of {plan.settings.epochs}"
+            if plan.resume.epoch
             else "fresh run"
         )
         output = str(plan.output_dir)

@@ -98,7 +98,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
         return
-    listing = nvml.list_gpus()
+    listing = nvml.snapshot().listing
     if listing.gpus:
         return
     skip = pytest.mark.skip(reason=f"requires a GPU: {listing.error or 'NVML lists none'}")

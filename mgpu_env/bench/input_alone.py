@@ -81,6 +81,7 @@ def measure_input_alone(
     The dataset covers as many epochs as the warm-up and the timing take, plus one; the
     count of samples comes from the elements' shapes."""
     from mgpu_env.training.input.feed import ResidentFeed, StreamFeed
+    from mgpu_env.training.shared.position import Position
 
     if isinstance(feed, ResidentFeed):
         return {"samples_per_s": None, "skipped": KEPT_REASON}
@@ -89,7 +90,7 @@ def measure_input_alone(
     element = feed.global_batch * (feed.steps_per_chunk if chunked else 1)
     wanted = warmup_samples + max(budget_samples, MIN_TIMED_ELEMENTS * element)
     epochs = -(-wanted // max(feed.steps_per_epoch * feed.global_batch, 1)) + 1
-    return time_dataset(feed.dataset(0, epochs), strategy, chunked, warmup_samples,
+    return time_dataset(feed.dataset(Position(0), epochs), strategy, chunked, warmup_samples,
                         budget_samples)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgpu_env.training.input.order import StepRunner, each_device
+from mgpu_env.training.shared.position import Position
 from mgpu_env.training.step.loops import LoopCache, iterator_loop
 from mgpu_env.training.step.steps import StepFunctions
 
@@ -66,8 +67,8 @@ class SameBatchFeed:
     def describe(self) -> str:
         return f"one synthetic batch on {each_device(self.strategy)}, reused every step"
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
-               first_step: int = 0) -> StepRunner:
+    def runner(self, steps: StepFunctions, start: Position, epochs: int = 1
+               ) -> StepRunner:
         """Run `count` steps per call, however many: every epoch (and every position in
         one) is the same batch."""
         import tensorflow as tf

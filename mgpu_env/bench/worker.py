@@ -29,8 +29,10 @@ from mgpu_env.bench.models import ModelShape
 from mgpu_env.bench.plan import RESULT_PREFIX, PointSpec
 from mgpu_env.bench.rounds import lead_in_steps, warmup_intervals
 from mgpu_env.config.errors import ConfigError, MgpuError
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, EXIT_OK
 from mgpu_env.runtime import Execution
 from mgpu_env.training.input.data import Data, DatasetChoice
+from mgpu_env.training.shared.position import Position
 
 if TYPE_CHECKING:
     from mgpu_env.training.input.feed import Feed
@@ -233,7 +235,7 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
         total += feed.steps_per_chunk
     # As many epochs as the warm-up, the untimed round and the intervals take: they
     # follow one another as in training, each in its own order.
-    feed_steps = feed.runner(trainer.steps, 0, -(-total // feed.steps_per_epoch))
+    feed_steps = feed.runner(trainer.steps, Position(0), -(-total // feed.steps_per_epoch))
 
     def run_steps(n: int) -> int:
         feed_steps(n)
@@ -315,7 +317,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m mgpu_env.bench.worker '<JSON list of PointSpec>'",
               file=sys.stderr)
-        return 2
+        return EXIT_BAD_CONFIG
     specs = [PointSpec(**fields) for fields in json.loads(argv[1])]
     try:
         if specs[0].runner == "seed":
@@ -326,7 +328,7 @@ def main(argv: list[str]) -> int:
         print(RESULT_PREFIX + json.dumps({"error": str(err)}), flush=True)
         return err.exit_code
     print(RESULT_PREFIX + json.dumps({"points": results}), flush=True)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -67,10 +67,6 @@ class ResolvedSettings:
         settings = dataclasses.replace(self.settings, **{BY_ENV[env].field_name: value})
         return dataclasses.replace(self, settings=settings, asked={**self.asked, env: text})
 
-    @property
-    def defaulted(self) -> list[str]:
-        return [env for env, source in self.sources.items() if source == "default"]
-
     def origin(self, env: str) -> str:
         """Where a setting's value came from, in one word: flag, env, the file, default."""
         source = self.sources.get(env, "default")

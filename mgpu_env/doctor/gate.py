@@ -17,6 +17,7 @@ from mgpu_env.doctor.checks import (
     check_request,
     run_checks,
 )
+from mgpu_env.doctor.checks.common import CheckId
 from mgpu_env.doctor.facts import ClusterFacts, Facts, HostFacts
 from mgpu_env.hardware import cudalibs, hostgpus, nvml
 from mgpu_env.hardware.cudalibs import CudaStack
@@ -24,6 +25,9 @@ from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
 from mgpu_env.tfprobes import tfprobe
 from mgpu_env.tfprobes.tfprobe import TfFacts
+
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+CLUSTER_PEERS = CheckId("cluster.peers")
 
 
 def preflight(
@@ -124,8 +128,8 @@ def _unresolved_peers(runtime: Runtime, wait_s: float) -> list[Check]:
         return []
     statuses = [peers.PeerStatus(a, "unresolved", f"{a.rpartition(':')[0]} does not resolve")
                 for a in cluster.workers if a.rpartition(":")[0] in missing]
-    return [Check(
-        "cluster.peers", "Cluster peers", "error",
+    return [CLUSTER_PEERS(
+        "Cluster peers", "error",
         f"{cluster.engine_name}: after {wait_s:g} s these peers still do not resolve: "
         f"{', '.join(s.address for s in statuses)}",
         "every peer's host name resolves",

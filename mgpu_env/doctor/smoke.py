@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import mgpu_env.doctor.links as links
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG
 from mgpu_env.doctor.checks.host import FIX_P2P, FIX_P2P_VM
 from mgpu_env.hardware import childprobe, signals
 from mgpu_env.hardware.hostfacts import P2pHost
@@ -364,7 +365,7 @@ def _result(
 def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m mgpu_env.doctor.smoke '<Execution JSON>'", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_CONFIG)
     print(JSON_MARKER + to_json(run_in_process(Execution.from_json(sys.argv[1]))), flush=True)
 
 

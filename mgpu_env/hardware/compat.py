@@ -149,14 +149,6 @@ def pinned() -> TfBuild:
     return COMPAT[PINNED_TENSORFLOW]
 
 
-def min_driver_for_cuda(cuda: str) -> str | None:
-    """The full-feature minimum Linux driver for a CUDA version ('12.5' or '12.5.1')."""
-    try:
-        return CUDA_MIN_DRIVER_LINUX.get(minor_of(cuda))
-    except ValueError:
-        return None
-
-
 def driver_at_least(driver: str, minimum: str) -> bool:
     """Compare NVIDIA driver versions numerically ('555.42.02' >= '525.60.13')."""
     return version_tuple(driver) >= version_tuple(minimum)

@@ -354,23 +354,6 @@ def _shutdown(nvml: Any) -> None:
         nvml.nvmlShutdown()
 
 
-def list_gpus() -> GpuListing:
-    """The GPUs NVML reports, in nvidia-smi order. Never raises."""
-    try:
-        nvml = load_library()
-    except Exception as err:
-        return GpuListing(error=f"nvidia-ml-py is not importable: {err}")
-    refused = _init(nvml)
-    if refused:
-        return refused
-    try:
-        return _listing(nvml, *_handles(nvml))
-    except Exception as err:
-        return _count_failed(err)
-    finally:
-        _shutdown(nvml)
-
-
 def _link(nvml: Any, a: int, b: int, handle_a: Any, handle_b: Any) -> GpuLink:
     def topology() -> str:
         level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(handle_a, handle_b))

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
 def gpu_count() -> int:
-    return len(nvml.list_gpus().gpus)
+    return len(nvml.snapshot().listing.gpus)
 
 
 def test_train_uses_every_gpu_and_learns(tmp_path: Path) -> None:

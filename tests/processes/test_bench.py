@@ -47,6 +47,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.nvml import GpuInfo, Probed
+from mgpu_env.training.shared.position import Position
 from tests.support.bench import fake_runner, settings
 from tests.support.runtimes import runtime_of
 
@@ -637,7 +638,7 @@ def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_
     assert (feed.steps_per_epoch, feed.steps_per_chunk) == (12, 5)
     # 2 epochs: 24 batches but 5 elements (chunks of 5, 5, 5, 5 and 4 steps per replica).
     # The first is the warm-up; the budget is never reached: the stream ends first.
-    timed = time_dataset(feed.dataset(0, 2), strategy, True, 1, 10**9)
+    timed = time_dataset(feed.dataset(Position(0), 2), strategy, True, 1, 10**9)
     assert (timed["elements"], timed["samples"]) == (4, (5 + 5 + 5 + 4) * 8)
     assert timed["samples_per_s"] > 0
     # Sized by measure_input_alone: enough epochs for the least elements it times.
@@ -645,7 +646,7 @@ def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_
     assert (alone["elements"], alone["samples"]) == (MIN_TIMED_ELEMENTS, 32 * 5 * 8)
     # One element of a stream with nothing after it: nothing to time, and no error.
     short = time_dataset(stream.StreamFeed(strategy, small_arrays(20), 8, 42,
-                                          steps_per_epoch=20 // 8).dataset(0, 1),
+                                          steps_per_epoch=20 // 8).dataset(Position(0), 1),
                          strategy, True, 1, 10**9)
     assert short["samples_per_s"] is None and "warm-up" in short["skipped"]
 

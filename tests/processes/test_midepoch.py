@@ -15,7 +15,8 @@ import pytest
 
 from mgpu_env.config.parsers import CheckpointInterval, SettingError, parse_checkpoint_every
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.checkpoints import Position, Schedule
+from mgpu_env.training.run.checkpoints import Schedule
+from mgpu_env.training.shared.position import Position
 from tests.support.feeds import rows_seen
 from tests.support.filedata import write_npy, write_tfrecords
 from tests.support.train_process import metrics, train_env
@@ -84,10 +85,10 @@ def test_calls_end_where_a_save_is_asked_and_nowhere_else() -> None:
 def test_a_checkpoints_name_says_where_the_run_stands(tmp_path: Path) -> None:
     directory = tmp_path / rundir.CHECKPOINT_DIR
     directory.mkdir()
-    for position, expected in ((Position(3), (3, 0)), (Position(2, 150), (2, 150))):
+    for position in (Position(3), Position(2, 150)):
         (directory / "checkpoint").write_text(f'model_checkpoint_path: "{position.name}"\n')
-        assert rundir.latest_checkpoint_position(tmp_path) == expected
-        assert rundir.latest_checkpoint_epoch(tmp_path) == expected[0]
+        assert rundir.latest_checkpoint_position(tmp_path) == position
+        assert rundir.latest_checkpoint_epoch(tmp_path) == position.epoch
     assert Position(2, 150).describe() == "step 150 of epoch 3"
     (directory / "checkpoint").write_text('model_checkpoint_path: "ckpt-2-x"\n')
     with pytest.raises(Exception, match="not a checkpoint mgpu wrote"):
@@ -217,7 +218,7 @@ def test_a_run_stopped_inside_epochs_resumes_to_the_uninterrupted_bits(
     term = _train(stopped, f"SIGTERM:1:{term_at}", **settings)
     assert term.returncode == 143, term.stderr
     assert f"the checkpoint at step {term_at} of epoch 2 is saved" in term.stderr
-    assert rundir.latest_checkpoint_position(stopped) == (1, term_at)
+    assert rundir.latest_checkpoint_position(stopped) == Position(1, term_at)
     # kill -9 between checkpoints in epoch 3 (before the save at its step): the one before
     # it, 10 steps earlier, is resumed.
     kill_at = saves(2)[1]
@@ -225,7 +226,7 @@ def test_a_run_stopped_inside_epochs_resumes_to_the_uninterrupted_bits(
     assert killed.returncode == -9, killed.stderr
     assert (f"Resuming from the checkpoint of epoch 1 and {term_at} steps (step {term_at} "
             "of epoch 2)") in killed.stdout
-    assert rundir.latest_checkpoint_position(stopped) == (2, kill_at - 10)
+    assert rundir.latest_checkpoint_position(stopped) == Position(2, kill_at - 10)
     resumed = _train(stopped, **settings)
     assert resumed.returncode == 0, resumed.stderr
     assert f"and {kill_at - 10} steps (step {kill_at - 10} of epoch 3)" in resumed.stdout
@@ -276,7 +277,7 @@ def test_two_workers_stopped_inside_an_epoch_resume_to_the_uninterrupted_bits(
     assert term.returncode == 143, term.stdout[-3000:] + term.stderr[-3000:]
     assert "[worker 0] SIGTERM received: training stopped during epoch 2 of 2; the " \
            "checkpoint at step 16 of epoch 2 is saved" in term.stderr
-    assert rundir.latest_checkpoint_position(stopped) == (1, 16)
+    assert rundir.latest_checkpoint_position(stopped) == Position(1, 16)
     resumed = workers(stopped)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     found, expected = metrics(stopped), metrics(straight)

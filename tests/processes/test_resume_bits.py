@@ -76,7 +76,8 @@ def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
 ) -> None:
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
-    from mgpu_env.training.run.checkpoints import Checkpoints, Position
+    from mgpu_env.training.run.checkpoints import Checkpoints
+    from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
 
@@ -87,12 +88,12 @@ def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
                             global_batch_size=GLOBAL_BATCH, jit_compile=False)
     steps, per_epoch = trainer.steps, feed.steps_per_epoch
     checkpoints = Checkpoints(trainer, tmp_path / "ckpt")
-    feed.runner(steps, 0)(per_epoch)  # epoch 1: the optimizer's moments are under way
+    feed.runner(steps, Position(0))(per_epoch)  # epoch 1: the optimizer's moments are under way
     # Epoch 2, one step a call, a checkpoint (a folder of its own) after a dozen or more of
     # its steps (44 steps of digits: every 3rd; 18 of the files: each).
     stops = list(range(1, per_epoch, max(per_epoch // 12, 1)))
     steps.reset_train_metrics()
-    run = feed.runner(steps, 1)
+    run = feed.runner(steps, Position(1))
     for done in range(1, per_epoch + 1):
         run(1)
         if done in stops:
@@ -106,7 +107,7 @@ def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
         checkpoints.directory = tmp_path / f"ckpt-{stop}"
         assert checkpoints.restore() == Position(1, stop)
         checkpoints.restore_metrics()
-        feed.runner(steps, 1, first_step=stop)(per_epoch - stop)
+        feed.runner(steps, Position(1, stop))(per_epoch - stop)
         found = _metrics(trainer)
         if found != expected or _state(trainer) != expected_state:
             differences.append((stop, abs(found[0] - expected[0]), abs(found[1] - expected[1]),
@@ -125,7 +126,8 @@ def test_a_checkpoint_of_another_replica_count_or_of_sums_alone_resumes_its_sums
 
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
-    from mgpu_env.training.run.checkpoints import Checkpoints, Position
+    from mgpu_env.training.run.checkpoints import Checkpoints
+    from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
 
@@ -139,7 +141,7 @@ def test_a_checkpoint_of_another_replica_count_or_of_sums_alone_resumes_its_sums
         return trainer, feed, Checkpoints(trainer, tmp_path / f"ckpt-{replicas}")
 
     saved, feed, checkpoints = started(2)
-    feed.runner(saved.steps, 0)(7)
+    feed.runner(saved.steps, Position(0))(7)
     checkpoints.save(Position(0, 7))
     # The form an mgpu before per-replica metrics wrote: their sums alone.
     tf.train.Checkpoint(model=saved.model, optimizer=saved.optimizer, epoch=checkpoints.epoch,

@@ -22,7 +22,8 @@ from mgpu_env.training.run.identity import identify
 from mgpu_env.training.run.plan import plan_training
 from mgpu_env.training.run.repair import resume_from_checkpoint
 from mgpu_env.training.run.resume import resolve_run_settings
-from mgpu_env.training.run.state import Checkpoint, DamagedRunFolder, position_of
+from mgpu_env.training.run.state import Checkpoint, DamagedRunFolder
+from mgpu_env.training.shared.position import Position
 from tests.support.runtimes import runtime_of
 from tests.support.train_process import metrics, run
 
@@ -74,7 +75,7 @@ def plan_of(folder: Path, epochs: str = "2") -> tuple[int, int]:
     env = {"GPUS": "none", "DATASET": "digits", "OUTPUT_DIR": str(folder), "EPOCHS": epochs,
            "CHECKPOINT_EVERY": "10"}
     plan = plan_training(runtime_of(resolve_run_settings({}, env)))
-    return plan.resume_epoch, plan.resume_step
+    return plan.resume.epoch, plan.resume.step
 
 
 def test_every_file_damaged_every_way_is_a_named_refusal_or_a_correct_resume(
@@ -125,7 +126,7 @@ def check_refusal(case: Path, file: str, how: str, refused: DamagedRunFolder) ->
     env = {"GPUS": "none", "DATASET": "digits", "OUTPUT_DIR": str(case), "EPOCHS": "2"}
     start = identify(runtime_of(resolve_run_settings({}, env)))
     resume_from_checkpoint(case, good.name, start.values)
-    position = position_of(good.name)
+    position = Position.parse(good.name)
     assert position is not None
     assert plan_of(case) == (position.epoch, position.step), (file, how)
 

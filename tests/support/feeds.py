@@ -17,6 +17,7 @@ def rows_seen(strategy: Any, feed_kind: str, size: int, global_batch: int,
 
     from mgpu_env.training.input.data import Arrays
     from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
+    from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.steps import StepFunctions
 
     x = np.stack([np.arange(size, dtype=np.float32)] * 4, axis=1)  # column 0: the row
@@ -45,6 +46,6 @@ def rows_seen(strategy: Any, feed_kind: str, size: int, global_batch: int,
     seen = []
     for first, count in spans:
         counts.assign(tf.zeros([size]))
-        feed.runner(steps, 1, first_step=first)(count)
+        feed.runner(steps, Position(1, first))(count)
         seen.append(counts.read_value().numpy())
     return seen

@@ -14,6 +14,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.parsers import SettingError, parse_dataset
 from mgpu_env.training.input.data import Arrays, FileData, check_finite, files
 from mgpu_env.training.input.data.files import load_files
+from mgpu_env.training.shared.position import Position
 from tests.support.filedata import (
     flip_record_byte,
     image_bytes,
@@ -196,14 +197,15 @@ def test_two_workers_read_every_training_record_once_per_epoch(
         for worker in (0, 1):
             context = tf.distribute.InputContext(num_input_pipelines=2,
                                                  input_pipeline_id=worker)
-            batches = list(stream.worker_dataset(context, epoch).as_numpy_iterator())
+            batches = list(stream.worker_dataset(context, Position(epoch)).as_numpy_iterator())
             assert len(batches) == 4 * 2 and all(len(y) == 8 for _, y in batches)
             seen += [int(label) for _, y in batches for label in y]
         assert sorted(seen) == list(range(128)), "each record exactly once"
         orders.append(seen)
     assert orders[0] != orders[1], "each epoch has its own order"
     again = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
-    replay = [int(v) for _, y in stream.worker_dataset(again, 1).as_numpy_iterator() for v in y]
+    replayed = stream.worker_dataset(again, Position(1)).as_numpy_iterator()
+    replay = [int(v) for _, y in replayed for v in y]
     assert replay == orders[1][:64], "an epoch's order depends on SEED and the epoch only"
 
 
@@ -356,7 +358,7 @@ def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
         feed = stream.StreamFeed(strategy, arrays, global_batch=16, seed=1,
                                  steps_per_epoch=arrays.train_size // 16)
         return [np.concatenate([v.numpy() for v in strategy.experimental_local_results(x)])
-                for x, _ in feed.dataset(0, epochs=2)]
+                for x, _ in feed.dataset(Position(0), epochs=2)]
 
     read, held = chunks(mapped), chunks(in_memory)
     assert len(read) == len(held) > 1

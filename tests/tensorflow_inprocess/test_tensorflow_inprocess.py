@@ -20,6 +20,7 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.hardware.devices import DeviceSplit, apply_split
 from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
 from mgpu_env.runtime.strategy import WorkerRole, make_strategy, plan_strategy
+from mgpu_env.training.shared.position import Position
 from tests.support.feeds import rows_seen
 from tests.support.runtimes import LOGICAL_CPUS, runtime_of
 
@@ -227,7 +228,7 @@ def _losses_per_call(
     )
     if steps_per_call is not None:
         assert feed.steps_per_call == steps_per_call
-    run = feed.runner(trainer.steps, first_epoch=1, epochs=2)  # calls cross the epochs
+    run = feed.runner(trainer.steps, Position(1), epochs=2)  # calls cross the epochs
     losses = []
     for _ in range(calls):
         trainer.steps.reset_train_metrics()
@@ -373,7 +374,7 @@ def test_a_new_feed_needs_only_the_replica_step(
         def describe(self) -> str:
             return "one global batch, cut on the host each step"
 
-        def runner(self, steps: Any, first_epoch: int, epochs: int = 1) -> Any:
+        def runner(self, steps: Any, start: Position, epochs: int = 1) -> Any:
             @tf.function
             def one_step(batch: Any) -> None:
                 self.strategy.run(steps.replica_step, args=batch)
@@ -384,7 +385,7 @@ def test_a_new_feed_needs_only_the_replica_step(
                     lambda context: (self.x[rows[context.replica_id_in_sync_group]],
                                      self.y[rows[context.replica_id_in_sync_group]]))
 
-            epoch = first_epoch
+            epoch = start.epoch
 
             def run(count: int) -> None:
                 nonlocal epoch
@@ -408,7 +409,7 @@ def test_a_new_feed_needs_only_the_replica_step(
         before = [w.numpy() for w in trainer.model.trainable_variables]
         feed = make_feed()
         assert isinstance(feed, Feed)
-        feed.runner(trainer.steps, 0, 6)(6)
+        feed.runner(trainer.steps, Position(0), 6)(6)
         assert int(trainer.optimizer.iterations.numpy()) == 6
         return before, [w.numpy() for w in trainer.model.trainable_variables]
 
@@ -462,13 +463,13 @@ def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, .
     feed = StreamFeed(mirrored(logical_cpus[:4]), arrays, global_batch=8, seed=1,
                       steps_per_epoch=100 // 8)
     order = epoch_order(1, 0, 100, 8).reshape(-1, 2)  # 48 replica batches, 12 steps
-    first, second = (feed.worker_batches(0, 1, workers=2, worker=w) for w in (0, 1))
+    first, second = (feed.worker_batches(Position(0), 1, workers=2, worker=w) for w in (0, 1))
     # Step s: replicas 0 and 1 (worker 0) take batches 4s and 4s+1, worker 1 4s+2 and 4s+3.
     np.testing.assert_array_equal(first, order.reshape(12, 4, 2)[:, :2].reshape(-1, 2))
     np.testing.assert_array_equal(second, order.reshape(12, 4, 2)[:, 2:].reshape(-1, 2))
-    np.testing.assert_array_equal(feed.worker_batches(0, 1, workers=1, worker=0), order)
+    np.testing.assert_array_equal(feed.worker_batches(Position(0), 1, workers=1, worker=0), order)
     # Each worker's chunks: its replicas' batches of the same steps, one replica after the other.
-    chunks = feed.worker_chunks(0, 1, workers=2, worker=1)
+    chunks = feed.worker_chunks(Position(0), 1, workers=2, worker=1)
     assert len(chunks) == 2 and all(c.shape == (12, 2) for c in chunks)
     np.testing.assert_array_equal(chunks[1], order.reshape(12, 4, 2)[:, 3])
 

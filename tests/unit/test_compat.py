@@ -52,8 +52,8 @@ def test_driver_comparison_is_numeric() -> None:
 
 
 def test_min_driver_for_cuda_and_nvml_encoding() -> None:
-    assert compat.min_driver_for_cuda("12.5.1") == "555.42.06"
-    assert compat.min_driver_for_cuda("12.7") is None
+    built = compat.for_tensorflow("2.18")  # CUDA 12.5: its full-feature driver
+    assert built is not None and built.min_driver_linux == "555.42.06"
     assert compat.cuda_from_nvml(12040) == "12.4"
     assert compat.cuda_from_nvml(13000) == "13.0"
 

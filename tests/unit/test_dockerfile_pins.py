@@ -81,7 +81,7 @@ def test_cuda_and_cudnn_pins_match_table() -> None:
         f"Dockerfile pins cuDNN {args['PINNED_CUDNN_VERSION']}; TensorFlow {build.tensorflow} "
         f"is built with cuDNN {build.cudnn} (mgpu_env/hardware/compat.py)"
     )
-    assert compat.min_driver_for_cuda(args["PINNED_CUDA_VERSION"]) is not None
+    assert compat.minor_of(args["PINNED_CUDA_VERSION"]) in compat.CUDA_MIN_DRIVER_LINUX
 
 
 def test_base_image_tag_matches_pins_and_python() -> None:

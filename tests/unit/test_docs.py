@@ -14,6 +14,7 @@ import pytest
 import yaml
 from markdown.extensions.toc import slugify
 
+from mgpu_env.config.exitcodes import DOCUMENTED
 from mgpu_env.config.settings import DECLARATIONS
 from tests.support.children import REPO
 
@@ -93,3 +94,13 @@ def test_each_fact_is_said_once(fact: str) -> None:
              for path in [REPO / "README.md", *pages()]}
     where = [name for name, text in texts.items() if fact in text]
     assert len(where) == 1 and texts[where[0]].count(fact) == 1, f"{fact!r} is in {where}"
+
+
+def test_the_exit_code_table_is_the_declared_codes() -> None:
+    text = (DOCS / "outputs.md").read_text()
+    table = text.split("## Exit codes", 1)[1].split("\n\n", 2)[1]
+    documented = {int(row.split("|")[1]) for row in table.splitlines()
+                  if re.match(r"\| \d+ \|", row)}
+    assert documented == set(DOCUMENTED), (
+        f"docs/outputs.md's table lists {sorted(documented)}; mgpu_env/config/exitcodes.py "
+        f"declares {sorted(DOCUMENTED)}")

@@ -29,7 +29,7 @@ def selection_for(count: int, text: str, environ: dict[str, str] | None = None):
     original = nvml.load_library
     nvml.load_library = load
     try:
-        listing = nvml.list_gpus()
+        listing = nvml.snapshot().listing
     finally:
         nvml.load_library = original
     return select_gpus(parse_gpus(text), listing, {} if environ is None else environ), fake

@@ -21,7 +21,6 @@ def test_no_library(monkeypatch: pytest.MonkeyPatch) -> None:
     snap = nvml.snapshot()
     assert not snap.listing.available
     assert "not importable" in (snap.listing.error or "")
-    assert not nvml.list_gpus().available
 
 
 def test_driver_not_loaded(use_fake_nvml: Install) -> None:

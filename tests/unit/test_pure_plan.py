@@ -59,7 +59,7 @@ print(json.dumps({
     "touched": touched,
     "loaded": sorted(m for m in set(sys.modules) - before
                      if m.split(".")[0] in ("tensorflow", "keras", "user_loader", "user_model")),
-    "resume_epoch": plan.resume_epoch, "sizes": plan.sizes, "workers":
+    "resume_epoch": plan.resume.epoch, "sizes": plan.sizes, "workers":
     plan.strategy.role.num_workers, "notes": list(plan.notes),
 }))
 """

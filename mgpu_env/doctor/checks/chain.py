@@ -8,8 +8,12 @@ from __future__ import annotations
 from mgpu_env.doctor.chain import Chain, build
 from mgpu_env.doctor.chainlower import NVML
 from mgpu_env.doctor.chainupper import CUDA, TF
-from mgpu_env.doctor.checks.common import Check, Status, check, no_gpu, wants_gpus
+from mgpu_env.doctor.checks.common import Check, CheckId, Status, check, no_gpu, wants_gpus
 from mgpu_env.doctor.facts import Facts
+
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+CHAIN = CheckId("chain")
+CHAIN_JOB = CheckId("chain.job")
 
 TITLE = "GPU chain"
 EXPECTED = "every GPU the job uses passes every layer, from the PCI bus to TensorFlow"
@@ -36,20 +40,20 @@ def _summary(chain: Chain) -> str:
     return text + (f"; not read here: {', '.join(unread)}" if unread else "")
 
 
-@check(5)
+@check(5, CHAIN)
 def check_chain(facts: Facts) -> list[Check]:
     """The chain's counts, and each fault in it as an error (a warning where GPUS=none)."""
     chain = build(facts)
     faults = chain.faults
     if not faults and all(layer.count == 0 for layer in chain.layers if layer.read):
-        return [Check("chain", TITLE, "skip", _summary(chain), EXPECTED,
+        return [CHAIN(TITLE, "skip", _summary(chain), EXPECTED,
                       skipped_for=no_gpu(facts))]
     status: Status = "error" if wants_gpus(facts) else "warn"
     own = [(layer, drop) for layer, drop in faults if layer.name not in REPORTED_ELSEWHERE]
     if faults and not own:
-        return [Check("chain", TITLE, "skip", _summary(chain) + " (counted on those lines)",
+        return [CHAIN(TITLE, "skip", _summary(chain) + " (counted on those lines)",
                       EXPECTED), *_warnings(chain)]
-    results = [Check("chain", TITLE, status if faults else "ok", _summary(chain), EXPECTED,
+    results = [CHAIN(TITLE, status if faults else "ok", _summary(chain), EXPECTED,
                      "each `GPUs lost at ...` line names the GPUs, the cause and the fix"
                      if faults else "")]
     seen: dict[str, int] = {}
@@ -58,11 +62,11 @@ def check_chain(facts: Facts) -> list[Check]:
         seen[where] = seen.get(where, 0) + 1
         where += f".{seen[where]}" if seen[where] > 1 else ""
         title = f"GPUs lost at {layer.name}"
-        results.append(Check(f"chain.{where}", title, status,
-                             f"{', '.join(drop.gpus)}: {drop.cause}", EXPECTED, drop.fix))
+        results.append(CHAIN.child(where)(title, status,
+                                   f"{', '.join(drop.gpus)}: {drop.cause}", EXPECTED, drop.fix))
     return results + _warnings(chain)
 
 
 def _warnings(chain: Chain) -> list[Check]:
-    return [Check("chain.job", "GPUs of this job", "warn", text, "the job's GPUs to itself")
+    return [CHAIN_JOB("GPUs of this job", "warn", text, "the job's GPUs to itself")
             for text in chain.warnings]

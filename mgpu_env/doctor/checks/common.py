@@ -43,10 +43,11 @@ SAME_CAUSE_AS_NVML = " (a consequence of the Driver (NVML) line)"
 
 @dataclass(frozen=True)
 class Registered:
-    """A check as `@check` registered it: where it stands in the report, and whether
-    `mgpu train`'s pre-flight runs it too."""
+    """A check as `@check` registered it: the id of its line, where it stands in the
+    report, and whether `mgpu train`'s pre-flight runs it too."""
 
     function: CheckFunction
+    id: CheckId
     order: int
     preflight: bool
 
@@ -57,15 +58,17 @@ REGISTRY: dict[str, Registered] = {}
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 
 
-def check(order: int, *, preflight: bool = False) -> Callable[[_Function], _Function]:
+def check(order: int, id: CheckId, *, preflight: bool = False
+          ) -> Callable[[_Function], _Function]:
     """Register a check: `order` is its place in the report (the numbers leave room
-    between them); `preflight` puts it in the checks `mgpu train` runs before it starts."""
+    between them), `id` its line's id (its module's `CheckId`, whose calls make the check's
+    results); `preflight` puts it in the checks `mgpu train` runs before it starts."""
 
     def register(function: _Function) -> _Function:
         known = REGISTRY.get(function.__name__)
         if known is not None and known.function.__module__ != function.__module__:
             raise ValueError(f"two checks named {function.__name__}")
-        REGISTRY[function.__name__] = Registered(function, order, preflight)
+        REGISTRY[function.__name__] = Registered(function, id, order, preflight)
         return function
 
     return register
@@ -94,6 +97,26 @@ class Check:
     fix: str = ""
     bad_setting: bool = False
     skipped_for: Skipped | None = None
+
+
+@dataclass(frozen=True)
+class CheckId:
+    """A check's id, declared once, as a constant of its module (`HOST_P2P =
+    CheckId("host.p2p")`) that its `@check` names: every result of it is made by calling it
+    (`HOST_P2P(title, "ok", found, expected)`), so no return retypes the id, and a mistyped
+    constant is a NameError where a mistyped string was a silently new id."""
+
+    value: str
+
+    def __call__(self, title: str, status: Status, found: str, expected: str = "",
+                 fix: str = "", bad_setting: bool = False,
+                 skipped_for: Skipped | None = None) -> Check:
+        return Check(self.value, title, status, found, expected, fix, bad_setting,
+                     skipped_for)
+
+    def child(self, part: object) -> CheckId:
+        """The id of one of the check's lines per thing (`gpu.health.0`, one per GPU)."""
+        return CheckId(f"{self.value}.{part}")
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,12 @@ CUDA images set `compute,utility` themselves.
 from __future__ import annotations
 
 from mgpu_env.config.text import is_digits, whole_number
-from mgpu_env.doctor.checks.common import Check, Skipped, Status, check, no_gpu, wants_gpus
+from mgpu_env.doctor.checks.common import Check, CheckId, Skipped, Status, check, no_gpu, wants_gpus
 from mgpu_env.doctor.checks.nvmlcause import gpus_on_machine
 from mgpu_env.doctor.facts import Facts
+
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+CONTAINER_GPUS = CheckId("container.gpus")
 
 TOOLKIT_DEFAULT = "utility,compute"
 CAPABILITIES = ("compute", "compat32", "graphics", "utility", "video", "display", "all")
@@ -65,14 +68,14 @@ def _visible_devices(facts: Facts, value: str) -> tuple[Status, str, str] | None
             "UUIDs), or use NVIDIA_VISIBLE_DEVICES=all and choose with GPUS=")
 
 
-@check(60)
+@check(60, CONTAINER_GPUS)
 def check_container_view(facts: Facts) -> Check:
     title = "Container GPUs"
     expected = ("NVIDIA_DRIVER_CAPABILITIES with compute (and utility), "
                 "NVIDIA_VISIBLE_DEVICES naming GPUs that are here")
     if not facts.host.in_container.value:
-        return Check("container.gpus", title, "skip", "not in a container", expected,
-                     skipped_for=NOT_IN_CONTAINER if facts.gpus else no_gpu(facts))
+        return CONTAINER_GPUS(title, "skip", "not in a container", expected,
+                              skipped_for=NOT_IN_CONTAINER if facts.gpus else no_gpu(facts))
     env = facts.environ
     raw = env.get("NVIDIA_DRIVER_CAPABILITIES")
     given, unknown = capabilities(raw)
@@ -80,28 +83,30 @@ def check_container_view(facts: Facts) -> Check:
     shown = (f"NVIDIA_DRIVER_CAPABILITIES={caps_text}, "
              f"NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES', 'unset')}")
     if not wants_gpus(facts):
-        return Check("container.gpus", title, "skip", shown, "not needed with GPUS=none",
-                     skipped_for=no_gpu(facts))
+        return CONTAINER_GPUS(title, "skip", shown, "not needed with GPUS=none",
+                              skipped_for=no_gpu(facts))
     if not facts.gpus and not gpus_on_machine(facts) and "NVIDIA_" not in " ".join(env):
         # A CPU machine's container that asks nothing of the toolkit: nothing to judge.
-        return Check("container.gpus", title, "skip", shown, expected,
-                     skipped_for=no_gpu(facts))
+        return CONTAINER_GPUS(title, "skip", shown, expected,
+                              skipped_for=no_gpu(facts))
     if "compute" not in given:
-        return Check("container.gpus", title, "error",
-                     f"{shown}: no `compute`, so no libcuda.so.1 (training needs it)",
-                     expected, FIX_COMPUTE)
+        return CONTAINER_GPUS(title, "error",
+                              f"{shown}: no `compute`, so no libcuda.so.1 (training needs it)",
+                              expected, FIX_COMPUTE)
     if unknown:
-        return Check("container.gpus", title, "warn",
-                     f"{shown}: {', '.join(unknown)} is not a capability the toolkit knows "
-                     f"(valid: {', '.join(CAPABILITIES)})", expected,
-                     "remove it from NVIDIA_DRIVER_CAPABILITIES")
+        return CONTAINER_GPUS(
+            title, "warn",
+            f"{shown}: {', '.join(unknown)} is not a capability the toolkit knows "
+            f"(valid: {', '.join(CAPABILITIES)})", expected,
+            "remove it from NVIDIA_DRIVER_CAPABILITIES")
     problem = _visible_devices(facts, env.get("NVIDIA_VISIBLE_DEVICES", "all"))
     if problem is not None:
         status, what, fix = problem
-        return Check("container.gpus", title, status, f"{shown}: {what}", expected, fix)
+        return CONTAINER_GPUS(title, status, f"{shown}: {what}", expected, fix)
     if "utility" not in given:
-        return Check("container.gpus", title, "warn",
-                     f"{shown}: no `utility`, so no NVML and no nvidia-smi (mgpu cannot list "
-                     "the GPUs)", expected,
-                     "add utility: NVIDIA_DRIVER_CAPABILITIES=compute,utility")
-    return Check("container.gpus", title, "ok", shown, expected)
+        return CONTAINER_GPUS(
+            title, "warn",
+            f"{shown}: no `utility`, so no NVML and no nvidia-smi (mgpu cannot list "
+            "the GPUs)", expected,
+            "add utility: NVIDIA_DRIVER_CAPABILITIES=compute,utility")
+    return CONTAINER_GPUS(title, "ok", shown, expected)

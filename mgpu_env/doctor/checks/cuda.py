@@ -9,6 +9,7 @@ from mgpu_env.doctor.checks.common import (
     TF_NOT_PROBED,
     TF_SKIPPED,
     Check,
+    CheckId,
     Skipped,
     Status,
     check,
@@ -22,6 +23,14 @@ from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
 from mgpu_env.hardware.cudalibs import LIBRARIES, CudaStack, LoadedLibrary
 
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+TENSORFLOW_BUILD = CheckId("tensorflow.build")
+TENSORFLOW_CUDNN = CheckId("tensorflow.cudnn")
+CUDA_LIBRARIES = CheckId("cuda.libraries")
+CUDA_NCCL = CheckId("cuda.nccl")
+CUDA_PTXAS = CheckId("cuda.ptxas")
+CUDA_LIBDEVICE = CheckId("cuda.libdevice")
+
 FIX_CUDA_LIBRARIES = (
     "install the CUDA libraries TensorFlow was built with: `make venv CUDA=1` (the CUDA "
     "lock) or the image (`make build`); by hand: `pip install 'tensorflow[and-cuda]=={tf}'`"
@@ -33,58 +42,58 @@ FIX_NVCC = (
 )
 
 
-@check(70, preflight=True)
+@check(70, TENSORFLOW_BUILD, preflight=True)
 def check_tf_build(facts: Facts) -> Check:
     title = "TensorFlow build"
     row = target_build(facts)
     expected = f"a CUDA build: CUDA {row.cuda}, cuDNN {row.cudnn} (TensorFlow {row.tensorflow})"
     tf = facts.tensorflow
     if tf is None:
-        return Check("tensorflow.build", title, "skip", TF_SKIPPED, expected,
-                     skipped_for=TF_NOT_PROBED)
+        return TENSORFLOW_BUILD(title, "skip", TF_SKIPPED, expected,
+                                skipped_for=TF_NOT_PROBED)
     if not tf.version.ok:
-        return Check(
-            "tensorflow.build", title, "error", tf.version.text(), expected,
+        return TENSORFLOW_BUILD(
+            title, "error", tf.version.text(), expected,
             "reinstall the pinned packages: `pip install -r requirements.lock` (or rebuild "
             "the image: `make build`)",
         )
     build = tf.build
     if not build.ok or build.value is None:
-        return Check("tensorflow.build", title, "warn", build.text(), expected)
+        return TENSORFLOW_BUILD(title, "warn", build.text(), expected)
     info = build.value
     if not info.is_cuda_build:
         found = f"TensorFlow {tf.version.value}: CPU-only build"
         if facts.gpus and wants_gpus(facts):
-            return Check(
-                "tensorflow.build", title, "error",
+            return TENSORFLOW_BUILD(
+                title, "error",
                 f"{found}, but NVML sees {len(facts.gpus)} GPU(s)", expected,
                 f"install the CUDA build: `pip install 'tensorflow[and-cuda]=="
                 f"{tf.version.value}'`, or use the project's image (`make build`)",
             )
-        return Check("tensorflow.build", title, "ok", found + " (no GPU to use)", expected)
+        return TENSORFLOW_BUILD(title, "ok", found + " (no GPU to use)", expected)
     capabilities = ", ".join(info.compute_capabilities) or "none listed"
     found = (
         f"TensorFlow {tf.version.value}: CUDA {info.cuda_version}, cuDNN "
         f"{info.cudnn_version}, compute capabilities {capabilities}"
     )
     if info.cuda_version and compat.minor_of(info.cuda_version) != row.cuda:
-        return Check(
-            "tensorflow.build", title, "warn", found, expected,
+        return TENSORFLOW_BUILD(
+            title, "warn", found, expected,
             "the compatibility table in mgpu_env/hardware/compat.py disagrees with this build: "
             "update the table (and the Dockerfile's pins) or install the pinned TensorFlow",
         )
-    return Check("tensorflow.build", title, "ok", found, expected)
+    return TENSORFLOW_BUILD(title, "ok", found, expected)
 
 
-@check(100, preflight=True)
+@check(100, TENSORFLOW_CUDNN, preflight=True)
 def check_cudnn(facts: Facts) -> Check:
     title = "cuDNN loaded"
     row = target_build(facts)
     expected = f"cuDNN {row.cudnn}.x or a later {row.cudnn.split('.')[0]}.x"
     tf = facts.tensorflow
     if tf is None:
-        return Check("tensorflow.cudnn", title, "skip", TF_SKIPPED, expected,
-                     skipped_for=TF_NOT_PROBED)
+        return TENSORFLOW_CUDNN(title, "skip", TF_SKIPPED, expected,
+                                skipped_for=TF_NOT_PROBED)
     found = (
         f"{tf.cudnn.value.version} ({tf.cudnn.value.path})"
         if tf.cudnn.ok and tf.cudnn.value is not None
@@ -99,7 +108,7 @@ def check_cudnn(facts: Facts) -> Check:
         "or use the image (`make build`)"
     )
     if not tf.cudnn.ok or tf.cudnn.value is None:
-        return Check("tensorflow.cudnn", title, "error", found, expected, fix)
+        return TENSORFLOW_CUDNN(title, "error", found, expected, fix)
     problem = _cudnn_problem(facts)
     if problem:
         wheel = facts.cuda.library("cudnn") if facts.cuda is not None else None
@@ -107,8 +116,8 @@ def check_cudnn(facts: Facts) -> Check:
         if wheel_path and os.path.realpath(wheel_path) != os.path.realpath(tf.cudnn.value.path):
             what, fix = origin_of(tf.cudnn.value.path, facts)
             problem += f", loaded from {what} instead of {wheel_path}"
-        return Check("tensorflow.cudnn", title, "error", found + problem, expected, fix)
-    return Check("tensorflow.cudnn", title, "ok", found, expected)
+        return TENSORFLOW_CUDNN(title, "error", found + problem, expected, fix)
+    return TENSORFLOW_CUDNN(title, "ok", found, expected)
 
 
 def _cudnn_problem(facts: Facts) -> str:
@@ -137,12 +146,12 @@ def _cudnn_unused(facts: Facts, found: str, expected: str) -> Check:
     else:
         reason = no_gpu(facts)
     if tf is None or not tf.cudnn.ok or tf.cudnn.value is None:
-        return Check("tensorflow.cudnn", "cuDNN loaded", "skip", found, expected,
-                     skipped_for=reason)
+        return TENSORFLOW_CUDNN("cuDNN loaded", "skip", found, expected,
+                                skipped_for=reason)
     problem = _cudnn_problem(facts)
     status: Status = "skip" if problem else "ok"
-    return Check("tensorflow.cudnn", "cuDNN loaded", status,
-                 f"{found}{problem}; unused here: {reason.why}", expected)
+    return TENSORFLOW_CUDNN("cuDNN loaded", status,
+                            f"{found}{problem}; unused here: {reason.why}", expected)
 
 
 # ----------------------------------------------------------------- the CUDA libraries
@@ -163,7 +172,7 @@ def _where(stack: CudaStack) -> str:
     )
 
 
-@check(80, preflight=True)
+@check(80, CUDA_LIBRARIES, preflight=True)
 def check_cuda_libraries(facts: Facts) -> Check:
     """Every library TensorFlow opens for the GPU loads, from where TensorFlow looks."""
     title = "CUDA libraries"
@@ -172,8 +181,8 @@ def check_cuda_libraries(facts: Facts) -> Check:
     expected = f"all load for CUDA {row.cuda}: {names}"
     stack = facts.cuda
     if stack is None:
-        return Check("cuda.libraries", title, "skip", TF_SKIPPED, expected,
-                     skipped_for=TF_NOT_PROBED)
+        return CUDA_LIBRARIES(title, "skip", TF_SKIPPED, expected,
+                              skipped_for=TF_NOT_PROBED)
     fix = FIX_CUDA_LIBRARIES.format(tf=_tf_release(facts))
     # NCCL is judged on its own line: only an all-reduce between GPUs needs it.
     missing = [name for name in stack.missing if name != "nccl"]
@@ -182,9 +191,9 @@ def check_cuda_libraries(facts: Facts) -> Check:
         for spec in LIBRARIES if stack.library(spec.name).ok
     ]
     if not missing:
-        return Check("cuda.libraries", title, "ok",
-                     f"{len(loaded)} of {len(LIBRARIES)} load from {_where(stack)}: "
-                     + ", ".join(loaded), expected)
+        return CUDA_LIBRARIES(title, "ok",
+                              f"{len(loaded)} of {len(LIBRARIES)} load from {_where(stack)}: "
+                              + ", ".join(loaded), expected)
     if not loaded:
         found = (
             f"none installed (no NVIDIA CUDA wheels in {stack.wheel_root}, none on the "
@@ -195,16 +204,16 @@ def check_cuda_libraries(facts: Facts) -> Check:
             f"{name}: {stack.library(name).error}" for name in missing
         ) + (f"; loaded: {', '.join(loaded)}" if loaded else "")
     if not facts.selected:
-        return Check("cuda.libraries", title, "skip",
-                     f"{found}; only GPUs need them; to add them: {fix}", expected,
-                     skipped_for=no_gpu(facts))
+        return CUDA_LIBRARIES(title, "skip",
+                              f"{found}; only GPUs need them; to add them: {fix}", expected,
+                              skipped_for=no_gpu(facts))
     shadows = shadowed_libraries(facts)
     if shadows and any("undefined symbol" in (stack.library(n).error or "") for n in missing):
         # Not a missing install: an older copy found first lacks its partner's symbols.
         found += "; loaded first: " + ", ".join(f"{s.name} from {s.what}" for s in shadows)
         fix = "; ".join(dict.fromkeys(s.fix for s in shadows))
-    return Check("cuda.libraries", title, "error",
-                 f"{found}: TensorFlow will not use the GPUs", expected, fix)
+    return CUDA_LIBRARIES(title, "error",
+                          f"{found}: TensorFlow will not use the GPUs", expected, fix)
 
 
 def _tf_release(facts: Facts) -> str:
@@ -215,7 +224,7 @@ def _tf_release(facts: Facts) -> str:
             else compat.PINNED_TENSORFLOW + ".*")
 
 
-@check(110, preflight=True)
+@check(110, CUDA_NCCL, preflight=True)
 def check_nccl(facts: Facts) -> Check:
     """NCCL loads (ncclGetVersion) when an all-reduce between GPUs will need it."""
     title = "NCCL"
@@ -226,8 +235,8 @@ def check_nccl(facts: Facts) -> Check:
     ) + " when 2 or more GPUs all-reduce"
     stack = facts.cuda
     if stack is None:
-        return Check("cuda.nccl", title, "skip", TF_SKIPPED, expected,
-                     skipped_for=TF_NOT_PROBED)
+        return CUDA_NCCL(title, "skip", TF_SKIPPED, expected,
+                         skipped_for=TF_NOT_PROBED)
     nccl = stack.library("nccl")
     if nccl.ok and nccl.value is not None:
         found = f"NCCL {nccl.value.version or 'version unknown'} ({nccl.value.path})"
@@ -236,26 +245,26 @@ def check_nccl(facts: Facts) -> Check:
             and compat.version_tuple(nccl.value.version) < compat.version_tuple(row.nccl_min)
         ):
             status: Status = "warn" if len(facts.selected) >= 2 else "ok"
-            return Check("cuda.nccl", title, status, found + ": older than the build asks",
-                         expected, f"`pip install 'nvidia-nccl-cu12>={row.nccl_min}'` "
-                         "(or `make venv CUDA=1`, the image)")
-        return Check("cuda.nccl", title, "ok", found, expected)
+            return CUDA_NCCL(title, status, found + ": older than the build asks",
+                             expected, f"`pip install 'nvidia-nccl-cu12>={row.nccl_min}'` "
+                             "(or `make venv CUDA=1`, the image)")
+        return CUDA_NCCL(title, "ok", found, expected)
     found = nccl.text()
     if len(facts.selected) < 2:
-        return Check("cuda.nccl", title, "skip", found,
-                     expected + f" ({len(facts.selected)} GPU(s) used: nothing to all-reduce)",
-                     skipped_for=fewer_than_two_gpus(facts))
+        return CUDA_NCCL(title, "skip", found,
+                         expected + f" ({len(facts.selected)} GPU(s) used: nothing to all-reduce)",
+                         skipped_for=fewer_than_two_gpus(facts))
     fix = (
         f"`pip install 'nvidia-nccl-cu12>={row.nccl_min or '2'}'` (or `make venv CUDA=1`, "
         "the image); or CROSS_DEVICE_OPS=hierarchical_copy"
     )
     if facts.cross_device_ops == "nccl":
-        return Check("cuda.nccl", title, "error",
-                     found + ": CROSS_DEVICE_OPS=nccl fails at the first all-reduce",
-                     expected, fix)
-    return Check("cuda.nccl", title, "warn",
-                 found + f": CROSS_DEVICE_OPS={facts.cross_device_ops} cannot use NCCL and "
-                 "all-reduces through host memory instead (slower)", expected, fix)
+        return CUDA_NCCL(title, "error",
+                         found + ": CROSS_DEVICE_OPS=nccl fails at the first all-reduce",
+                         expected, fix)
+    return CUDA_NCCL(title, "warn",
+                     found + f": CROSS_DEVICE_OPS={facts.cross_device_ops} cannot use NCCL and "
+                     "all-reduces through host memory instead (slower)", expected, fix)
 
 
 XLA_OFF = Skipped("XLA", "XLA=0 with Keras 3: only XLA=1, tf_keras (KERAS=2, a multi-worker "
@@ -280,7 +289,7 @@ def _xla_matters(facts: Facts) -> tuple[bool, str, Skipped | None]:
     return False, "only XLA=1 (and `mgpu doctor --smoke`) needs it", XLA_OFF
 
 
-@check(130)
+@check(130, CUDA_PTXAS)
 def check_ptxas(facts: Facts) -> Check:
     """The ptxas XLA would run, and its version against the build's CUDA."""
     title = "ptxas (XLA)"
@@ -288,38 +297,38 @@ def check_ptxas(facts: Facts) -> Check:
     expected = f"ptxas {row.cuda} (CUDA of the build) in XLA's search path"
     stack = facts.cuda
     if stack is None:
-        return Check("cuda.ptxas", title, "skip", TF_SKIPPED, expected,
-                     skipped_for=TF_NOT_PROBED)
+        return CUDA_PTXAS(title, "skip", TF_SKIPPED, expected,
+                          skipped_for=TF_NOT_PROBED)
     matters, why, reason = _xla_matters(facts)
     fix = FIX_NVCC.format(cuda=row.cuda)
     if not stack.ptxas.ok or stack.ptxas.value is None:
         found = stack.ptxas.text()
         if not matters:
-            return Check("cuda.ptxas", title, "skip", f"{found}; {why}", expected,
-                         skipped_for=reason)
-        return Check("cuda.ptxas", title, "warn", f"{found}; {why}", expected, fix)
+            return CUDA_PTXAS(title, "skip", f"{found}; {why}", expected,
+                              skipped_for=reason)
+        return CUDA_PTXAS(title, "warn", f"{found}; {why}", expected, fix)
     tool = stack.ptxas.value
     found = f"{tool.version} ({tool.path})"
     if compat.minor_of(tool.version) != row.cuda:
-        return Check("cuda.ptxas", title, "warn" if matters else "ok",
-                     found + f": not CUDA {row.cuda}", expected, fix)
-    return Check("cuda.ptxas", title, "ok", found, expected)
+        return CUDA_PTXAS(title, "warn" if matters else "ok",
+                          found + f": not CUDA {row.cuda}", expected, fix)
+    return CUDA_PTXAS(title, "ok", found, expected)
 
 
-@check(140)
+@check(140, CUDA_LIBDEVICE)
 def check_libdevice(facts: Facts) -> Check:
     """libdevice.10.bc where XLA looks for it (the first <root>/nvvm/libdevice)."""
     title = "libdevice (XLA)"
     expected = "nvvm/libdevice/libdevice.10.bc in the first CUDA root XLA finds"
     stack = facts.cuda
     if stack is None:
-        return Check("cuda.libdevice", title, "skip", TF_SKIPPED, expected,
-                     skipped_for=TF_NOT_PROBED)
+        return CUDA_LIBDEVICE(title, "skip", TF_SKIPPED, expected,
+                              skipped_for=TF_NOT_PROBED)
     if stack.libdevice.ok and stack.libdevice.value:
-        return Check("cuda.libdevice", title, "ok", stack.libdevice.value, expected)
+        return CUDA_LIBDEVICE(title, "ok", stack.libdevice.value, expected)
     matters, why, reason = _xla_matters(facts)
     found = f"{stack.libdevice.text()}; {why}"
     if not matters:
-        return Check("cuda.libdevice", title, "skip", found, expected, skipped_for=reason)
-    return Check("cuda.libdevice", title, "warn", found, expected,
-                 FIX_NVCC.format(cuda=target_build(facts).cuda))
+        return CUDA_LIBDEVICE(title, "skip", found, expected, skipped_for=reason)
+    return CUDA_LIBDEVICE(title, "warn", found, expected,
+                          FIX_NVCC.format(cuda=target_build(facts).cuda))

@@ -23,8 +23,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from mgpu_env.doctor.checks.common import Check, Status, check
+from mgpu_env.doctor.checks.common import Check, CheckId, Status, check
 from mgpu_env.doctor.facts import Facts
+
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+HOST_DOCKER = CheckId("host.docker")
+HOST_TOOLKIT = CheckId("host.toolkit")
+HOST_CDI = CheckId("host.cdi")
 
 if TYPE_CHECKING:  # imported where Docker is asked (facts.probe_docker)
     from mgpu_env.hardware.dockerhost import DockerHost
@@ -62,7 +67,7 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
-@check(310)
+@check(310, HOST_DOCKER)
 def check_docker(facts: Facts) -> list[Check]:
     """Nothing unless the GPU compose file is selected on a host (not in a container)."""
     host = facts.docker
@@ -80,11 +85,12 @@ def _gpu_path(host: DockerHost) -> Check:
                 "(/etc/cdi, /var/run/cdi), or nvidia-container-runtime-hook")
     if not host.info.ok or host.info.value is None:
         denied = "permission denied" in (host.info.error or "").lower()
-        return Check("host.docker", TITLE, "warn", host.info.text(), expected,
-                     "this user may not use Docker's socket: `sudo usermod -aG docker $USER`, "
-                     "then log in again" if denied else
-                     "check that `docker info` answers (the daemon runs, this user may use "
-                     "it); COMPOSE_FILE selects docker-compose.gpu.yml")
+        return HOST_DOCKER(
+            TITLE, "warn", host.info.text(), expected,
+            "this user may not use Docker's socket: `sudo usermod -aG docker $USER`, "
+            "then log in again" if denied else
+            "check that `docker info` answers (the daemon runs, this user may use "
+            "it); COMPOSE_FILE selects docker-compose.gpu.yml")
     info = host.info.value
     specs = ", ".join(s.path for s in host.cdi_specs if s.error is None) or "none"
     found = (f"Docker {info.server_version or '?'} ({'rootless' if info.rootless else 'rootful'}"
@@ -96,20 +102,21 @@ def _gpu_path(host: DockerHost) -> Check:
     refused = ("" if host.ready else " (docker-compose.gpu.yml is selected: Docker will refuse "
                'it: could not select device driver "" with capabilities: [[gpu]])')
     if snap:
-        return Check("host.docker", TITLE, "error", found + refused, expected, FIX_SNAP_DOCKER)
+        return HOST_DOCKER(TITLE, "error", found + refused, expected, FIX_SNAP_DOCKER)
     if info.server_version and _version(info.server_version) < (19, 3):
-        return Check("host.docker", TITLE, "error", found + " (before 19.03: no --gpus)",
-                     expected, "upgrade Docker (19.03 or later; 25 or later for CDI)")
+        return HOST_DOCKER(TITLE, "error", found + " (before 19.03: no --gpus)",
+                           expected, "upgrade Docker (19.03 or later; 25 or later for CDI)")
     configured = host.daemon_json.value or {}
     if "nvidia" in (configured.get("runtimes") or {}) and "nvidia" not in info.runtimes:
-        return Check("host.docker", TITLE, "error",
-                     f"{found} ({host.daemon_json_path} names the nvidia runtime, the running "
-                     "daemon does not: it was not restarted)", expected,
-                     "restart the daemon: `sudo systemctl restart docker` (rootless: "
-                     "`systemctl --user restart docker`)")
+        return HOST_DOCKER(
+            TITLE, "error",
+            f"{found} ({host.daemon_json_path} names the nvidia runtime, the running "
+            "daemon does not: it was not restarted)", expected,
+            "restart the daemon: `sudo systemctl restart docker` (rootless: "
+            "`systemctl --user restart docker`)")
     if host.ready:
-        return Check("host.docker", TITLE, "ok", found, expected)
-    return Check("host.docker", TITLE, "error", found + refused, expected, FIX_CONTAINER_TOOLKIT)
+        return HOST_DOCKER(TITLE, "ok", found, expected)
+    return HOST_DOCKER(TITLE, "error", found + refused, expected, FIX_CONTAINER_TOOLKIT)
 
 
 def _legacy(host: DockerHost) -> bool:
@@ -127,11 +134,11 @@ def _combinations(host: DockerHost) -> list[Check]:
         return []
     expected = "a daemon and toolkit settings that give containers GPUs (and keep them)"
     if not host.toolkit.ok:
-        return [Check("host.toolkit", "NVIDIA toolkit setup", "warn",
-                      f"/etc/nvidia-container-runtime/config.toml: {host.toolkit.text()}",
-                      expected, "fix the file's TOML, or regenerate it: `sudo nvidia-ctk "
-                                "config default --output=/etc/nvidia-container-runtime/"
-                                "config.toml`")]
+        return [HOST_TOOLKIT("NVIDIA toolkit setup", "warn",
+                             f"/etc/nvidia-container-runtime/config.toml: {host.toolkit.text()}",
+                             expected, "fix the file's TOML, or regenerate it: `sudo nvidia-ctk "
+                                       "config default --output=/etc/nvidia-container-runtime/"
+                                       "config.toml`")]
     toolkit = host.toolkit.value
     found = (f"{'rootless' if info.rootless else 'rootful'} daemon, {info.cgroup_driver or '?'} "
              f"cgroup driver, cgroup v{info.cgroup_version or '?'}; toolkit: "
@@ -144,8 +151,8 @@ def _combinations(host: DockerHost) -> list[Check]:
                 "do)" if toolkit and not toolkit.accept_envvar_unprivileged else ""))
     problems = _problems(host)
     if not problems:
-        return [Check("host.toolkit", "NVIDIA toolkit setup", "ok", found, expected)]
-    return [Check("host.toolkit", "NVIDIA toolkit setup", status, f"{found}: {why}", expected, fix)
+        return [HOST_TOOLKIT("NVIDIA toolkit setup", "ok", found, expected)]
+    return [HOST_TOOLKIT("NVIDIA toolkit setup", status, f"{found}: {why}", expected, fix)
             for status, why, fix in problems]
 
 
@@ -211,10 +218,10 @@ def _cdi(host: DockerHost) -> list[Check]:
     checks: list[Check] = []
     for spec in host.cdi_specs:
         if spec.error is not None:
-            checks.append(Check("host.cdi", "CDI spec", "warn", f"{spec.path}: {spec.error}",
-                                expected, "a rootless daemon reads its specs as its user: "
-                                "generate them where it can read them and list that folder in "
-                                "daemon.json's cdi-spec-dirs (moby#47676)"))
+            checks.append(HOST_CDI("CDI spec", "warn", f"{spec.path}: {spec.error}",
+                                   expected, "a rootless daemon reads its specs as its user: "
+                                   "generate them where it can read them and list that folder in "
+                                   "daemon.json's cdi-spec-dirs (moby#47676)"))
             continue
         gpus = [d for d in spec.devices if d.isdigit()]
         missing = spec.missing
@@ -226,6 +233,6 @@ def _cdi(host: DockerHost) -> list[Check]:
                     "libcuda" in p or "libnvidia-ml" in p for p in missing) else "")
         elif len(gpus) < len(host.host_gpus):
             status, found = "warn", found + ": the GPUs beyond it cannot be given"
-        checks.append(Check("host.cdi", "CDI spec", status, found, expected,
-                            FIX_REGENERATE_CDI if status != "ok" else ""))
+        checks.append(HOST_CDI("CDI spec", status, found, expected,
+                               FIX_REGENERATE_CDI if status != "ok" else ""))
     return checks

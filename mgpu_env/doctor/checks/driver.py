@@ -5,6 +5,7 @@ from __future__ import annotations
 from mgpu_env.doctor.checks.common import (
     FIX_DRIVER_IN_CONTAINER,
     Check,
+    CheckId,
     Status,
     check,
     expected_tf_gpus,
@@ -25,6 +26,12 @@ from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat, cudaerrors, hostgpus
 from mgpu_env.hardware.cudadriver import DriverApi
 
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+DRIVER_NVML = CheckId("driver.nvml")
+DRIVER_VERSION = CheckId("driver.version")
+DRIVER_CUDA = CheckId("driver.cuda")
+DRIVER_CUDA_INIT = CheckId("driver.cuda_init")
+
 FIX_NVML_LOST = (
     "recreate the container (`docker compose up -d --force-recreate`, or stop and start it); "
     "to keep it from recurring, on the host: `sudo nvidia-ctk system create-dev-char-symlinks "
@@ -33,7 +40,7 @@ FIX_NVML_LOST = (
 )
 
 
-@check(10, preflight=True)
+@check(10, DRIVER_NVML, preflight=True)
 def check_nvml(facts: Facts) -> Check:
     snapshot = facts.nvml
     listing = snapshot.listing
@@ -47,8 +54,8 @@ def check_nvml(facts: Facts) -> Check:
         # The CPU compose file on a GPU host: an error, so `docker compose run train` stops
         # before it trains on the CPU by mistake (GPUS=none is how to mean the CPU).
         message, fix = left_out.split(" Fix: ", 1)
-        return Check("driver.nvml", title, "error", message, "the host's GPUs in the container",
-                     fix)
+        return DRIVER_NVML(title, "error", message, "the host's GPUs in the container",
+                           fix)
     if listing.available:
         version = snapshot.driver_version.text()
         found = (
@@ -57,22 +64,22 @@ def check_nvml(facts: Facts) -> Check:
         if listing.failed and wants_gpus(facts):
             return _failed_devices(facts, found)
         if intended and not listing.gpus:
-            return Check("driver.nvml", title, "warn", found + compose,
-                         "NVML loads and lists the GPUs", nvml_fix(facts))
+            return DRIVER_NVML(title, "warn", found + compose,
+                               "NVML loads and lists the GPUs", nvml_fix(facts))
         machine = gpus_on_machine(facts)
         if not listing.gpus and machine and wants_gpus(facts):
             # NVML starts and lists none of the machine's GPUs: never "ok, 0 GPU(s)".
-            return Check("driver.nvml", title, "error",
-                         f"{found}, but the kernel shows {len(machine)} NVIDIA GPU(s) "
-                         f"({', '.join(machine[:8])}): none reaches NVML",
-                         "NVML lists the machine's GPUs",
-                         "the GPU chain's `GPUs lost at ...` lines name where each one drops "
-                         "and why")
-        return Check("driver.nvml", title, "ok", found, "NVML loads")
+            return DRIVER_NVML(title, "error",
+                               f"{found}, but the kernel shows {len(machine)} NVIDIA GPU(s) "
+                               f"({', '.join(machine[:8])}): none reaches NVML",
+                               "NVML lists the machine's GPUs",
+                               "the GPU chain's `GPUs lost at ...` lines name where each one drops "
+                               "and why")
+        return DRIVER_NVML(title, "ok", found, "NVML loads")
     found = f"could not collect ({listing.error}){compose}"
     if not wants_gpus(facts):
-        return Check("driver.nvml", title, "skip", found, "not needed with GPUS=none",
-                     skipped_for=no_gpu(facts))
+        return DRIVER_NVML(title, "skip", found, "not needed with GPUS=none",
+                           skipped_for=no_gpu(facts))
     return _nvml_failed(facts, found)
 
 
@@ -81,8 +88,8 @@ def _failed_devices(facts: Facts, found: str) -> Check:
     GPUS already keeps to the healthy ones."""
     failing, fix = failed_devices(facts)
     status: Status = "error" if facts.request.kind == "all" else "warn"
-    return Check("driver.nvml", "Driver (NVML)", status, f"{found}; {failing}",
-                 "every GPU answers NVML", fix)
+    return DRIVER_NVML("Driver (NVML)", status, f"{found}; {failing}",
+                       "every GPU answers NVML", fix)
 
 
 def _nvml_failed(facts: Facts, found: str) -> Check:
@@ -108,13 +115,13 @@ def _nvml_failed(facts: Facts, found: str) -> Check:
         shown = ", ".join(gpus[:8]) + (", ..." if len(gpus) > 8 else "")
         found += (f"\n{len(gpus)} NVIDIA GPU(s) on this machine ({shown}) and none usable: "
                   "not a CPU machine (GPUS=none trains on the CPU on purpose)")
-        return Check("driver.nvml", title, "error", found, "NVML loads", fix)
+        return DRIVER_NVML(title, "error", found, "NVML loads", fix)
     status: Status = "warn" if facts.request.kind == "all" else "error"
     consequence = " (GPUS=all: training will use the CPU)" if status == "warn" else ""
-    return Check("driver.nvml", title, status, found + consequence, "NVML loads", fix)
+    return DRIVER_NVML(title, status, found + consequence, "NVML loads", fix)
 
 
-@check(20, preflight=True)
+@check(20, DRIVER_VERSION, preflight=True)
 def check_driver_version(facts: Facts) -> Check:
     title = "Driver version"
     row = target_build(facts)
@@ -127,46 +134,46 @@ def check_driver_version(facts: Facts) -> Check:
     )
     if not facts.nvml.listing.available or not facts.gpus:
         found = "no GPU" if facts.nvml.listing.available else "no driver"
-        return Check("driver.version", title, "skip", found, expected,
-                     skipped_for=no_gpu(facts))
+        return DRIVER_VERSION(title, "skip", found, expected,
+                              skipped_for=no_gpu(facts))
     driver = facts.nvml.driver_version
     if not driver.ok or not driver.value:
-        return Check(
-            "driver.version", title, "warn", driver.text(), expected,
+        return DRIVER_VERSION(
+            title, "warn", driver.text(), expected,
             "run `nvidia-smi` to see the driver version",
         )
     fix = f"upgrade the host's NVIDIA driver to {full} or newer (a container uses the host's)"
     try:
         if compat.driver_at_least(driver.value, full):
-            return Check("driver.version", title, "ok", driver.value, expected)
+            return DRIVER_VERSION(title, "ok", driver.value, expected)
         if compat.driver_at_least(driver.value, oldest):
-            return Check(
-                "driver.version", title, "warn",
+            return DRIVER_VERSION(
+                title, "warn",
                 f"{driver.value}: runs CUDA {row.cuda} only with minor-version compatibility "
                 "(no PTX JIT for GPUs the build has no machine code for)",
                 expected, fix,
             )
     except ValueError:
-        return Check("driver.version", title, "warn", f"unreadable: {driver.value!r}", expected)
-    return Check(
-        "driver.version", title, "error",
+        return DRIVER_VERSION(title, "warn", f"unreadable: {driver.value!r}", expected)
+    return DRIVER_VERSION(
+        title, "error",
         f"{driver.value}: too old for CUDA {row.cuda}", expected, fix,
     )
 
 
-@check(30, preflight=True)
+@check(30, DRIVER_CUDA, preflight=True)
 def check_driver_cuda(facts: Facts) -> Check:
     title = "Driver CUDA"
     row = target_build(facts)
     expected = f">= {row.cuda} (the CUDA TensorFlow {row.tensorflow} is built with)"
     if not facts.nvml.listing.available or not facts.gpus:
         found = "no GPU" if facts.nvml.listing.available else "no driver"
-        return Check("driver.cuda", title, "skip", found, expected,
-                     skipped_for=no_gpu(facts))
+        return DRIVER_CUDA(title, "skip", found, expected,
+                           skipped_for=no_gpu(facts))
     encoded = facts.nvml.cuda_driver_version
     if not encoded.ok or encoded.value is None:
-        return Check("driver.cuda", title, "warn", encoded.text(), expected,
-                     "run `nvidia-smi`: its header shows 'CUDA Version'")
+        return DRIVER_CUDA(title, "warn", encoded.text(), expected,
+                           "run `nvidia-smi`: its header shows 'CUDA Version'")
     supported = compat.cuda_from_nvml(encoded.value)
     have, want = compat.version_tuple(supported), compat.version_tuple(row.cuda)
     fix = (
@@ -174,14 +181,14 @@ def check_driver_cuda(facts: Facts) -> Check:
         f"(it then supports CUDA {row.cuda})"
     )
     if have >= want:
-        return Check("driver.cuda", title, "ok", supported, expected)
+        return DRIVER_CUDA(title, "ok", supported, expected)
     if have[0] == want[0]:
         # Judged once, by driver.version (a warning there); not a second warning here.
-        return Check("driver.cuda", title, "ok",
-                     f"{supported}: CUDA {row.cuda} runs with minor-version compatibility",
-                     expected)
-    return Check("driver.cuda", title, "error",
-                 f"{supported}: CUDA {row.cuda} cannot run", expected, fix)
+        return DRIVER_CUDA(title, "ok",
+                           f"{supported}: CUDA {row.cuda} runs with minor-version compatibility",
+                           expected)
+    return DRIVER_CUDA(title, "error",
+                       f"{supported}: CUDA {row.cuda} cannot run", expected, fix)
 
 
 # ------------------------------------------------------------- CUDA's own initialisation
@@ -254,7 +261,7 @@ def _summary(api: DriverApi | None) -> str:
     return "cuInit ok"
 
 
-@check(40)
+@check(40, DRIVER_CUDA_INIT)
 def check_cuda_driver(facts: Facts) -> Check:
     """cuInit in a process with the run's environment: which libcuda.so.1, its result code,
     and as many GPUs as NVML (and GPUS) say."""
@@ -262,19 +269,20 @@ def check_cuda_driver(facts: Facts) -> Check:
     expected = "libcuda.so.1 of the driver loads, cuInit(0) = CUDA_SUCCESS, every GPU asked for"
     probed = facts.cuda_driver
     if probed is None:
-        return Check("driver.cuda_init", title, "skip", "not probed",
-                     expected, skipped_for=no_gpu(facts))
+        return DRIVER_CUDA_INIT(title, "skip", "not probed",
+                                expected, skipped_for=no_gpu(facts))
     api = probed.value
     if not facts.gpus and not facts.nvml.listing.failed and not gpus_on_machine(facts) and not (
             api is not None and api.initialised and api.device_count):
         # A machine with no NVIDIA GPU: CUDA has nothing to find, which is no fault.
         said = probed.text() if not probed.ok else _summary(api)
-        return Check("driver.cuda_init", title, "skip",
-                     f"{said} (no NVIDIA GPU on this machine)", expected,
-                     skipped_for=no_gpu(facts))
+        return DRIVER_CUDA_INIT(title, "skip",
+                                f"{said} (no NVIDIA GPU on this machine)", expected,
+                                skipped_for=no_gpu(facts))
     if not probed.ok or probed.value is None:
-        return Check("driver.cuda_init", title, "warn", probed.text(), expected,
-                     "run `nvidia-smi` and `dmesg | grep -i nvrm` to see what the driver says")
+        return DRIVER_CUDA_INIT(
+            title, "warn", probed.text(), expected,
+            "run `nvidia-smi` and `dmesg | grep -i nvrm` to see what the driver says")
     api = probed.value
     if api.library is None and api.init_code is None:
         found = f"libcuda.so.1 does not load: {api.load_error}"
@@ -288,24 +296,24 @@ def check_cuda_driver(facts: Facts) -> Check:
             found += (f"\ncause: NVML works in this container but the toolkit mounted no "
                       f"libcuda.so.1 (NVIDIA_DRIVER_CAPABILITIES={caps})")
             fix = FIX_COMPUTE
-        return Check("driver.cuda_init", title, "error", found, expected, fix)
+        return DRIVER_CUDA_INIT(title, "error", found, expected, fix)
     where = api.library or "libcuda.so.1 (file not found in /proc/self/maps)"
     version = f"CUDA {api.cuda_version}" if api.cuda_version else "version unknown"
     if api.init_code is None:
-        return Check("driver.cuda_init", title, "error", f"{where}: {api.load_error}",
-                     expected, cudaerrors.FIX_STUB if "stubs" in where else
-                     "reinstall the NVIDIA driver")
+        return DRIVER_CUDA_INIT(title, "error", f"{where}: {api.load_error}",
+                                expected, cudaerrors.FIX_STUB if "stubs" in where else
+                                "reinstall the NVIDIA driver")
     if api.init_code != 0:
         cause, fix = driver_failure(facts, api.init_code, api.library)
         found = (f"cuInit(0) = {api.init_code} {cudaerrors.name(api.init_code)} ({where}, "
                  f"{version})\ncause: {cause}")
-        return Check("driver.cuda_init", title, "error", found, expected, fix)
+        return DRIVER_CUDA_INIT(title, "error", found, expected, fix)
     found = f"cuInit ok, {api.device_count} GPU(s) ({where}, {version})"
     wanted = expected_tf_gpus(facts)
     if api.device_count is not None and wanted is not None and api.device_count < wanted[0]:
-        return Check(
-            "driver.cuda_init", title, "error",
+        return DRIVER_CUDA_INIT(
+            title, "error",
             found + f"; {wanted[1]} asks for {wanted[0]} (NVML lists {len(facts.gpus)})",
             expected, "CUDA sees fewer GPUs than NVML: unset CUDA_VISIBLE_DEVICES (GPUS "
             "chooses the GPUs); `nvidia-smi -q -d COMPUTE` shows GPUs in a mode CUDA skips")
-    return Check("driver.cuda_init", title, "ok", found, expected)
+    return DRIVER_CUDA_INIT(title, "ok", found, expected)

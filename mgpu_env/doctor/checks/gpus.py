@@ -11,6 +11,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.doctor.checks.common import (
     NCCL_HINTS,
     Check,
+    CheckId,
     Status,
     cc_text,
     check,
@@ -23,6 +24,12 @@ from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
 from mgpu_env.hardware.nvml import GpuInfo, GpuLink
 from mgpu_env.runtime.precision import FLOAT32, MIXED_FLOAT16, choose_precision
+
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+GPU = CheckId("gpu")
+GPU_MIXED_PRECISION = CheckId("gpu.mixed_precision")
+GPU_UNIFORM = CheckId("gpu.uniform")
+GPU_TOPOLOGY = CheckId("gpu.topology")
 
 
 def has_fp16_tensor_cores(capability: tuple[int, int] | None) -> bool:
@@ -128,12 +135,12 @@ def check_gpu(facts: Facts, gpu: GpuInfo) -> Check:
     )
     problems = _gpu_problems(gpu, capabilities)
     if not problems:
-        return Check(f"gpu.{gpu.index}", title, "ok", found, expected)
+        return GPU.child(gpu.index)(title, "ok", found, expected)
     status: Status = "error" if any(s == "error" for s, _ in problems) else "warn"
     if not selected:
         status = "ok"  # a GPU this run does not use cannot stop it
-    return Check(f"gpu.{gpu.index}", title, status, found, expected,
-                 "; ".join(text for _, text in problems))
+    return GPU.child(gpu.index)(title, status, found, expected,
+                     "; ".join(text for _, text in problems))
 
 
 def _describe_gpu(gpu: GpuInfo) -> str:
@@ -228,7 +235,7 @@ def _compute_mode_problems(gpu: GpuInfo) -> list[tuple[Status, str]]:
     return []
 
 
-@check(190)
+@check(190, GPU_MIXED_PRECISION)
 def check_mixed_precision(facts: Facts) -> Check:
     """MIXED_PRECISION judged by training's own rule, `choose_precision`: what it refuses is
     an error here too; a request it turns into float32, or fp16 where MIXED_PRECISION=1
@@ -250,62 +257,67 @@ def check_mixed_precision(facts: Facts) -> Check:
         choice = choose_precision(mode, device_type, capabilities)
     except ConfigError as err:
         # A precision these GPUs cannot run is a bad setting: exit 2, as `mgpu train` exits.
-        return Check("gpu.mixed_precision", title, "error", found + f" -> {err}", expected,
-                     str(err).split("Fix: ", 1)[-1].strip(), bad_setting=True)
+        return GPU_MIXED_PRECISION(title, "error", found + f" -> {err}", expected,
+                                   str(err).split("Fix: ", 1)[-1].strip(), bad_setting=True)
     found += f" -> {choice.policy}: {choice.reason}"
     if mode != "0" and choice.policy == FLOAT32:
-        return Check("gpu.mixed_precision", title, "warn", found, expected,
-                     "mgpu train will use float32 here: set MIXED_PRECISION=0 to say so")
+        return GPU_MIXED_PRECISION(
+            title, "warn", found, expected,
+            "mgpu train will use float32 here: set MIXED_PRECISION=0 to say so")
     boards = [g for g in facts.selected
               if has_fp16_tensor_cores(g.compute_capability.value) and not has_tensor_cores(g)]
     if choice.policy == MIXED_FLOAT16 and boards:
         names = ", ".join(f"GPU {g.index} ({g.name})" for g in boards)
-        return Check("gpu.mixed_precision", title, "warn",
-                     found + f"; {names} has no tensor cores", expected,
-                     f"{names}: a GeForce GTX 16xx/MX board has no tensor cores, and fp16 is "
-                     "slower than float32 there (tensorflow#44191): set MIXED_PRECISION=0")
+        return GPU_MIXED_PRECISION(
+            title, "warn",
+            found + f"; {names} has no tensor cores", expected,
+            f"{names}: a GeForce GTX 16xx/MX board has no tensor cores, and fp16 is "
+            "slower than float32 there (tensorflow#44191): set MIXED_PRECISION=0")
     if choice.policy == MIXED_FLOAT16:
         best = _best_policies(device_type, capabilities)
         if not facts.selected and best[0] != MIXED_FLOAT16:
-            return Check("gpu.mixed_precision", title, "warn", found, expected,
-                         f"fp16 on the CPU is slower than float32: MIXED_PRECISION=1 picks "
-                         f"{best[0]} there (or 0)")
+            return GPU_MIXED_PRECISION(
+                title, "warn", found, expected,
+                f"fp16 on the CPU is slower than float32: MIXED_PRECISION=1 picks "
+                f"{best[0]} there (or 0)")
         slow = [g.index for g, policy in zip(facts.selected, best, strict=False)
                 if policy != MIXED_FLOAT16]
         if slow:
-            return Check("gpu.mixed_precision", title, "warn", found, expected,
-                         f"{indices_text(slow)}: no FP16 tensor cores (MIXED_PRECISION=1 "
-                         "picks float32 there): fp16 will not be faster; MIXED_PRECISION=0")
+            return GPU_MIXED_PRECISION(
+                title, "warn", found, expected,
+                f"{indices_text(slow)}: no FP16 tensor cores (MIXED_PRECISION=1 "
+                "picks float32 there): fp16 will not be faster; MIXED_PRECISION=0")
     if mode == "0" and facts.selected and not boards and all(
         p == MIXED_FLOAT16 for p in _best_policies(device_type, capabilities)
     ):
-        return Check("gpu.mixed_precision", title, "ok", found, expected,
-                     "MIXED_PRECISION=1 would use the tensor cores (the tutorial's FP16 tip)")
-    return Check("gpu.mixed_precision", title, "ok", found, expected)
+        return GPU_MIXED_PRECISION(
+            title, "ok", found, expected,
+            "MIXED_PRECISION=1 would use the tensor cores (the tutorial's FP16 tip)")
+    return GPU_MIXED_PRECISION(title, "ok", found, expected)
 
 
-@check(200)
+@check(200, GPU_UNIFORM)
 def check_uniform(facts: Facts) -> Check:
     title = "Same GPU model"
     expected = "every GPU used has the same model (MirroredStrategy waits for the slowest)"
     if len(facts.selected) < 2:
-        return Check("gpu.uniform", title, "skip", f"{len(facts.selected)} GPU(s) used", expected,
-                     skipped_for=fewer_than_two_gpus(facts))
+        return GPU_UNIFORM(title, "skip", f"{len(facts.selected)} GPU(s) used", expected,
+                           skipped_for=fewer_than_two_gpus(facts))
     kinds = {(g.name, g.compute_capability.value) for g in facts.selected}
     found = gpu_names(facts.selected)
     memory = {g.memory_total_mib.value for g in facts.selected if g.memory_total_mib.ok}
     if len(kinds) == 1 and len(memory) <= 1:
-        return Check("gpu.uniform", title, "ok", found, expected)
+        return GPU_UNIFORM(title, "ok", found, expected)
     if len(kinds) == 1:
         # Same model, different memory (40 and 80 GB boards of one name, a MIG slice):
         # every replica's batch must fit the smallest.
         sizes = ", ".join(f"GPU {g.index}: {g.memory_total_mib.value} MiB"
                           for g in facts.selected if g.memory_total_mib.ok)
-        return Check("gpu.uniform", title, "warn", f"{found}; memory {sizes}", expected,
-                     "every replica's batch must fit the smallest GPU: choose GPUs of one "
-                     "memory size with GPUS=...")
-    return Check("gpu.uniform", title, "warn", found, expected,
-                 "every step waits for the slowest GPU: choose identical GPUs with GPUS=...")
+        return GPU_UNIFORM(title, "warn", f"{found}; memory {sizes}", expected,
+                           "every replica's batch must fit the smallest GPU: choose GPUs of one "
+                           "memory size with GPUS=...")
+    return GPU_UNIFORM(title, "warn", found, expected,
+                       "every step waits for the slowest GPU: choose identical GPUs with GPUS=...")
 
 
 def _link_text(link: GpuLink) -> str:
@@ -319,14 +331,14 @@ def _link_text(link: GpuLink) -> str:
     return f"{link.a}-{link.b}: {topology}, {via}"
 
 
-@check(210)
+@check(210, GPU_TOPOLOGY)
 def check_topology(facts: Facts) -> Check:
     title = "GPU links"
     expected = "NVLink, or P2P through one PCIe switch or host bridge"
     chosen = {g.index for g in facts.selected}
     if len(chosen) < 2:
-        return Check("gpu.topology", title, "skip", f"{len(chosen)} GPU(s) used", expected,
-                     skipped_for=fewer_than_two_gpus(facts))
+        return GPU_TOPOLOGY(title, "skip", f"{len(chosen)} GPU(s) used", expected,
+                            skipped_for=fewer_than_two_gpus(facts))
     links = [lk for lk in facts.nvml.links if lk.a in chosen and lk.b in chosen]
     found = "; ".join(_link_text(lk) for lk in links) or "no link information"
     slow, unknown = [], []
@@ -341,15 +353,16 @@ def check_topology(facts: Facts) -> Check:
             slow.append(link)
     if slow:
         pairs = ", ".join(f"{lk.a}-{lk.b}" for lk in slow)
-        return Check("gpu.topology", title, "warn", found, expected,
-                     f"all-reduce between {pairs} goes through host memory and will be slow. "
-                     + NCCL_HINTS)
+        return GPU_TOPOLOGY(
+            title, "warn", found, expected,
+            f"all-reduce between {pairs} goes through host memory and will be slow. "
+            + NCCL_HINTS)
     if unknown or not links:
-        return Check("gpu.topology", title, "warn", found, expected,
-                     "run `nvidia-smi topo -m` to see the links")
-    return Check("gpu.topology", title, "ok", found, expected)
+        return GPU_TOPOLOGY(title, "warn", found, expected,
+                            "run `nvidia-smi topo -m` to see the links")
+    return GPU_TOPOLOGY(title, "ok", found, expected)
 
 
-@check(170, preflight=True)
+@check(170, GPU, preflight=True)
 def gpu_checks(facts: Facts) -> list[Check]:
     return [check_gpu(facts, gpu) for gpu in facts.gpus]

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mgpu_env.doctor.checks.common import Check, Status, check, no_gpu
+from mgpu_env.doctor.checks.common import Check, CheckId, Status, check, no_gpu
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.nvml import GpuHealth, GpuInfo, Probed
+
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+GPU_HEALTH = CheckId("gpu.health")
 
 FIX_RESET = ("reset the GPU while nothing runs on it (`sudo nvidia-smi -r -i {index}`) or "
              "reboot, so that the driver retires the pages / remaps the rows")
@@ -82,13 +85,13 @@ def _unknown(h: GpuHealth) -> list[str]:
     return unknown
 
 
-@check(180, preflight=True)
+@check(180, GPU_HEALTH, preflight=True)
 def check_health(facts: Facts) -> Check | list[Check]:
     expected = "no uncorrectable ECC error, nothing pending a reset, full clocks and link"
     gpus = facts.selected
     if not gpus:
-        return Check("gpu.health", "GPU health", "skip", "no GPU used", expected,
-                     skipped_for=no_gpu(facts))
+        return GPU_HEALTH("GPU health", "skip", "no GPU used", expected,
+                          skipped_for=no_gpu(facts))
     checks = []
     for gpu in gpus:
         title = f"GPU {gpu.index} health"
@@ -96,10 +99,10 @@ def check_health(facts: Facts) -> Check | list[Check]:
         unknown = _unknown(gpu.health)
         if not found:
             text = "healthy" + (f" ({'; '.join(unknown)})" if unknown else "")
-            checks.append(Check(f"gpu.health.{gpu.index}", title, "ok", text, expected))
+            checks.append(GPU_HEALTH.child(gpu.index)(title, "ok", text, expected))
             continue
         status: Status = "error" if any(s == "error" for s, _, _ in found) else "warn"
-        checks.append(Check(f"gpu.health.{gpu.index}", title, status,
-                            "; ".join(words for _, words, _ in found), expected,
-                            "; ".join(fix for _, _, fix in found)))
+        checks.append(GPU_HEALTH.child(gpu.index)(title, status,
+                                       "; ".join(words for _, words, _ in found), expected,
+                                       "; ".join(fix for _, _, fix in found)))
     return checks

@@ -13,12 +13,16 @@ from mgpu_env.doctor.checks.common import (
     TF_NOT_PROBED,
     TF_SKIPPED,
     Check,
+    CheckId,
     Status,
     check,
     no_gpu,
 )
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.cudalibs import LIBRARIES, TF_FRAMEWORK, CudaStack, soname_prefix
+
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+CUDA_LOADED = CheckId("cuda.loaded")
 
 
 def _folders(value: str) -> list[str]:
@@ -162,7 +166,7 @@ def search_path_cause(facts: Facts) -> tuple[str, str] | None:
     return None
 
 
-@check(90)
+@check(90, CUDA_LOADED)
 def check_tf_libraries(facts: Facts) -> Check:
     """The CUDA library files TensorFlow really loaded, against the NVIDIA wheels its
     RUNPATH points to; names what shadowed them and how to remove it."""
@@ -170,19 +174,19 @@ def check_tf_libraries(facts: Facts) -> Check:
     stack, tf = facts.cuda, facts.tensorflow
     expected = "the NVIDIA wheels' files in site-packages/nvidia (TensorFlow's RUNPATH)"
     if stack is None or tf is None:
-        return Check("cuda.loaded", title, "skip", TF_SKIPPED, expected,
-                     skipped_for=TF_NOT_PROBED)
+        return CUDA_LOADED(title, "skip", TF_SKIPPED, expected,
+                           skipped_for=TF_NOT_PROBED)
     if not facts.selected:
-        return Check("cuda.loaded", title, "skip", "no GPU used", expected,
-                     skipped_for=no_gpu(facts))
+        return CUDA_LOADED(title, "skip", "no GPU used", expected,
+                           skipped_for=no_gpu(facts))
     shadows = shadowed_libraries(facts)
     listed = tf.num_gpus
     short = listed is not None and listed < len(facts.selected)
     undefined = [name for name in stack.missing
                  if "undefined symbol" in (stack.library(name).error or "")]
     if _runpath_misses_wheels(facts) and short and not shadows:
-        return Check(
-            "cuda.loaded", title, "error",
+        return CUDA_LOADED(
+            title, "error",
             f"TensorFlow's {TF_FRAMEWORK} has RUNPATH {stack.tensorflow_runpath.value!r}, "
             f"without the NVIDIA wheels in {stack.wheel_root}: its dlopen does not find "
             "them, although they load (tensorflow#63362)",
@@ -191,13 +195,13 @@ def check_tf_libraries(facts: Facts) -> Check:
     mapped = tf.loaded.value if tf.loaded.ok and tf.loaded.value else ()
     if not shadows:
         if undefined:
-            return Check("cuda.loaded", title, "error",
-                         "; ".join(f"{n}: {stack.library(n).error}" for n in undefined),
-                         expected, "see the CUDA libraries line")
+            return CUDA_LOADED(title, "error",
+                               "; ".join(f"{n}: {stack.library(n).error}" for n in undefined),
+                               expected, "see the CUDA libraries line")
         where = f"{len(mapped)} CUDA libraries mapped" if mapped else "no CUDA library mapped"
-        return Check("cuda.loaded", title, "ok",
-                     f"{where} in TensorFlow's process, none shadowing the wheels in "
-                     f"{stack.wheel_root}", expected)
+        return CUDA_LOADED(title, "ok",
+                           f"{where} in TensorFlow's process, none shadowing the wheels in "
+                           f"{stack.wheel_root}", expected)
     found = "; ".join(
         f"{s.name}: {s.path} ({s.what}) instead of {s.wheel}"
         + ("" if s.in_tensorflow else " (where the loader goes)") for s in shadows)
@@ -205,4 +209,4 @@ def check_tf_libraries(facts: Facts) -> Check:
         found += "; " + "; ".join(f"{n}: {stack.library(n).error}" for n in undefined)
     fix = "; ".join(dict.fromkeys(s.fix for s in shadows))
     status: Status = "error" if short or undefined else "warn"
-    return Check("cuda.loaded", title, status, found, expected, fix)
+    return CUDA_LOADED(title, status, found, expected, fix)

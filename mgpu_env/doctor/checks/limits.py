@@ -6,7 +6,7 @@ stack (`gpulimits`).
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import Check, check
+from mgpu_env.doctor.checks.common import Check, CheckId, check
 from mgpu_env.doctor.checks.gpulimits import check_memlock, check_shm, check_stack
 from mgpu_env.doctor.checks.processlimits import (
     check_address_space,
@@ -18,11 +18,14 @@ from mgpu_env.doctor.checks.processlimits import (
 from mgpu_env.doctor.demand import size_text
 from mgpu_env.doctor.facts import Facts
 
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+LIMITS = CheckId("limits")
+
 JUDGES = (check_threads, check_memory, check_address_space, check_open_files, check_shm,
           check_memlock, check_stack)
 
 
-@check(255)
+@check(255, LIMITS)
 def check_limits(facts: Facts) -> list[Check]:
     """The limits, one line when all hold; otherwise each on its own line."""
     checks = [judge(facts) for judge in JUDGES]
@@ -31,10 +34,10 @@ def check_limits(facts: Facts) -> list[Check]:
         return checks
     demand = demand_of(facts, limits)
     shm = limits.shm.value[0] if limits.shm.value else 0
-    return [Check("limits", "Limits", "ok",
-                  f"room for TensorFlow's {demand.threads} threads, "
-                  f"{size_text(demand.memory)}, {demand.open_files} files; /dev/shm "
-                  f"{size_text(shm)}",
-                  "room for what TensorFlow asks here: threads, memory, address space, open "
-                  "files, /dev/shm, memlock, stack (each on its own line where one does not "
-                  "hold; --json's facts.host.limits has every value read)")]
+    return [LIMITS("Limits", "ok",
+                   f"room for TensorFlow's {demand.threads} threads, "
+                   f"{size_text(demand.memory)}, {demand.open_files} files; /dev/shm "
+                   f"{size_text(shm)}",
+                   "room for what TensorFlow asks here: threads, memory, address space, open "
+                   "files, /dev/shm, memlock, stack (each on its own line where one does not "
+                   "hold; --json's facts.host.limits has every value read)")]

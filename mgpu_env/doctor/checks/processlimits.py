@@ -15,10 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mgpu_env.doctor.checks.common import Check, Skipped, Status
+from mgpu_env.doctor.checks.common import Check, CheckId, Skipped, Status
 from mgpu_env.doctor.demand import Demand, estimate, size_text
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.limits import MachineLimits, Rlimit
+
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+LIMITS_THREADS = CheckId("limits.threads")
+LIMITS_MEMORY = CheckId("limits.memory")
+LIMITS_ADDRESS_SPACE = CheckId("limits.address_space")
+LIMITS_OPEN_FILES = CheckId("limits.open_files")
 
 NOT_PROBED = Skipped("limits", "the machine's limits were not read")
 THREAD_FAILURE = (
@@ -67,12 +73,12 @@ def _pools(environ: dict[str, str]) -> tuple[int, int] | None:
 
 
 def _judge(
-    check_id: str, title: str, facts: Facts,
+    check_id: CheckId, title: str, facts: Facts,
     judge: Callable[[MachineLimits, Demand], Check],
 ) -> Check:
     limits = facts.host.limits
     if limits is None:
-        return Check(check_id, title, "skip", "not read", skipped_for=NOT_PROBED)
+        return check_id(title, "skip", "not read", skipped_for=NOT_PROBED)
     return judge(limits, demand_of(facts, limits))
 
 
@@ -154,9 +160,9 @@ def check_threads(facts: Facts) -> Check:
         if status == "error":
             found += f": {THREAD_FAILURE}"
             fix += f"; {FIX_POOLS}"
-        return Check("limits.threads", title, status, found, expected, fix)
+        return LIMITS_THREADS(title, status, found, expected, fix)
 
-    return _judge("limits.threads", title, facts, judge)
+    return _judge(LIMITS_THREADS, title, facts, judge)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -194,13 +200,14 @@ def check_memory(facts: Facts) -> Check:
         status, found, fix = _bound(rooms, unreadable, demand.memory)
         if status == "ok" and cgroup is not None and cgroup.memory_high is not None \
                 and cgroup.memory_high < demand.memory:
-            return Check("limits.memory", title, "warn",
-                         f"{found}; memory.high {size_text(cgroup.memory_high)}", expected,
-                         "above memory.high the kernel throttles and reclaims: training slows "
-                         "to a crawl; raise it (systemd MemoryHigh=, the pod's limits)")
-        return Check("limits.memory", title, status, found, expected, fix)
+            return LIMITS_MEMORY(
+                title, "warn",
+                f"{found}; memory.high {size_text(cgroup.memory_high)}", expected,
+                "above memory.high the kernel throttles and reclaims: training slows "
+                "to a crawl; raise it (systemd MemoryHigh=, the pod's limits)")
+        return LIMITS_MEMORY(title, status, found, expected, fix)
 
-    return _judge("limits.memory", title, facts, judge)
+    return _judge(LIMITS_MEMORY, title, facts, judge)
 
 
 def check_address_space(facts: Facts) -> Check:
@@ -214,11 +221,11 @@ def check_address_space(facts: Facts) -> Check:
                        else ")"))
         rlimit = rlimit_of(limits, "as")
         if rlimit is None:
-            return Check("limits.address_space", title, "warn", limits.rlimits.text(), expected,
-                         FIX_UNREADABLE)
+            return LIMITS_ADDRESS_SPACE(title, "warn", limits.rlimits.text(), expected,
+                                        FIX_UNREADABLE)
         found = f"RLIMIT_AS soft {size_text(rlimit.soft)}, hard {size_text(rlimit.hard)}"
         if rlimit.soft is None:
-            return Check("limits.address_space", title, "ok", found, expected)
+            return LIMITS_ADDRESS_SPACE(title, "ok", found, expected)
         fix = ("`ulimit -v unlimited` before mgpu (limits.conf `as`); docker run --ulimit as=-1; "
                "under Slurm the job's limit comes from VSizeFactor in slurm.conf (ask for it "
                "off) or from the submitting shell (PropagateResourceLimits)")
@@ -226,15 +233,16 @@ def check_address_space(facts: Facts) -> Check:
                        + ("; CUDA cannot reserve its address space: `failed call to cuInit: "
                           "CUDA_ERROR_OUT_OF_MEMORY`" if demand.gpus else ""))
         if rlimit.soft < demand.address_space:
-            return Check("limits.address_space", title, "error", found + consequence, expected,
-                         fix)
+            return LIMITS_ADDRESS_SPACE(title, "error", found + consequence, expected,
+                                        fix)
         if demand.gpus:
-            return Check("limits.address_space", title, "warn",
-                         found + " (above the estimate, but CUDA's reservation grows with the "
-                         "GPUs' and the host's memory: only unlimited is certain)", expected, fix)
-        return Check("limits.address_space", title, "ok", found, expected)
+            return LIMITS_ADDRESS_SPACE(
+                title, "warn",
+                found + " (above the estimate, but CUDA's reservation grows with the "
+                "GPUs' and the host's memory: only unlimited is certain)", expected, fix)
+        return LIMITS_ADDRESS_SPACE(title, "ok", found, expected)
 
-    return _judge("limits.address_space", title, facts, judge)
+    return _judge(LIMITS_ADDRESS_SPACE, title, facts, judge)
 
 
 def check_open_files(facts: Facts) -> Check:
@@ -245,23 +253,24 @@ def check_open_files(facts: Facts) -> Check:
                     f"{demand.cpus} tf.data reader(s))")
         rlimit = rlimit_of(limits, "nofile")
         if rlimit is None:
-            return Check("limits.open_files", title, "warn", limits.rlimits.text(), expected,
-                         FIX_UNREADABLE)
+            return LIMITS_OPEN_FILES(title, "warn", limits.rlimits.text(), expected,
+                                     FIX_UNREADABLE)
         found = (f"RLIMIT_NOFILE soft {size_or_count(rlimit.soft)}, "
                  f"hard {size_or_count(rlimit.hard)}")
         if rlimit.soft is None or rlimit.soft >= demand.open_files:
-            return Check("limits.open_files", title, "ok", found, expected)
+            return LIMITS_OPEN_FILES(title, "ok", found, expected)
         raise_to = rlimit.hard if rlimit.hard is None or rlimit.hard >= demand.open_files \
             else None
         fix = (f"`ulimit -n {raise_to or 'unlimited'}` before mgpu (up to the hard limit needs "
                "no root)" if raise_to or rlimit.hard is None else
                "raise the hard limit: docker run --ulimit nofile=1048576:1048576, compose "
                "`ulimits: {nofile: 1048576}`, limits.conf `nofile`")
-        return Check("limits.open_files", title, "error",
-                     found + ": opening a file, a socket or a GPU fails with `Too many open "
-                     "files` (EMFILE)", expected, fix)
+        return LIMITS_OPEN_FILES(
+            title, "error",
+            found + ": opening a file, a socket or a GPU fails with `Too many open "
+            "files` (EMFILE)", expected, fix)
 
-    return _judge("limits.open_files", title, facts, judge)
+    return _judge(LIMITS_OPEN_FILES, title, facts, judge)
 
 
 def size_or_count(value: int | None) -> str:

@@ -3,13 +3,17 @@ which Keras `tf.keras` will be (KERAS)."""
 
 from __future__ import annotations
 
-from mgpu_env.doctor.checks.common import Check, Status, check, target_build
+from mgpu_env.doctor.checks.common import Check, CheckId, Status, check, target_build
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
 from mgpu_env.hardware.nvml import Probed
 
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+VERSIONS = CheckId("versions")
+KERAS = CheckId("keras")
 
-@check(150)
+
+@check(150, VERSIONS)
 def check_versions(facts: Facts) -> Check:
     title = "Versions"
     row = target_build(facts)
@@ -40,12 +44,12 @@ def check_versions(facts: Facts) -> Check:
         problems.append(("warn", f"Keras {keras.value} is not Keras 3: "
                                  "`pip install -r requirements.lock`"))
     if not problems:
-        return Check("versions", title, "ok", found, expected)
+        return VERSIONS(title, "ok", found, expected)
     status: Status = "error" if any(s == "error" for s, _ in problems) else "warn"
-    return Check("versions", title, status, found, expected, "; ".join(t for _, t in problems))
+    return VERSIONS(title, status, found, expected, "; ".join(t for _, t in problems))
 
 
-@check(160)
+@check(160, KERAS)
 def check_keras(facts: Facts) -> Check:
     """Which Keras a script under `mgpu run` and `mgpu train`'s loop get (KERAS), and why."""
     title = "Keras (tf.keras)"
@@ -54,14 +58,14 @@ def check_keras(facts: Facts) -> Check:
     keras = facts.keras
     if keras.error is not None:
         found, _, fix = keras.error.partition("\n")
-        return Check("keras", title, "error", found, expected,
+        return KERAS(title, "error", found, expected,
                      fix.strip().removeprefix("Valid: KERAS=auto, 3 or 2 (2 needs tf_keras). "),
                      bad_setting=True)
     if keras.run is None or keras.train is None:
-        return Check("keras", title, "skip", "not decided", expected)
+        return KERAS(title, "skip", "not decided", expected)
     found = f"mgpu run: {keras.run.label} ({keras.run.reason})"
     if keras.train.version != keras.run.version:
         found += f"; mgpu train: {keras.train.label}"
     if keras.run.notes:
-        return Check("keras", title, "warn", found, expected, "; ".join(keras.run.notes))
-    return Check("keras", title, "ok", found, expected)
+        return KERAS(title, "warn", found, expected, "; ".join(keras.run.notes))
+    return KERAS(title, "ok", found, expected)

@@ -8,6 +8,7 @@ from mgpu_env.doctor.checks.common import (
     TF_NOT_PROBED,
     TF_SKIPPED,
     Check,
+    CheckId,
     check,
     expected_tf_gpus,
     gpu_names,
@@ -21,8 +22,13 @@ from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.devices import visible_gpus
 from mgpu_env.tfprobes import tflog
 
+# This module's check ids, each declared once (`CheckId`): its Checks are made by them.
+VISIBLE_REQUEST = CheckId("visible.request")
+VISIBLE_ENVIRONMENT = CheckId("visible.environment")
+VISIBLE_TENSORFLOW = CheckId("visible.tensorflow")
 
-@check(230, preflight=True)
+
+@check(230, VISIBLE_REQUEST, preflight=True)
 def check_request(facts: Facts) -> Check:
     title = "GPUS request"
     count = len(facts.gpus)
@@ -31,23 +37,23 @@ def check_request(facts: Facts) -> Check:
         else "all or none (no GPU here)"
     )
     if facts.selection_error is not None or facts.selection is None:
-        return Check(
-            "visible.request", title, "error",
+        return VISIBLE_REQUEST(
+            title, "error",
             f"GPUS={facts.request}: {facts.selection_error}", expected,
             "set GPUS=all, GPUS=none, or indices/UUIDs that `nvidia-smi -L` lists",
             bad_setting=True,
         )
     selection = facts.selection
     if facts.request.kind == "none":
-        return Check("visible.request", title, "ok", "GPUS=none: training uses the CPU", expected)
+        return VISIBLE_REQUEST(title, "ok", "GPUS=none: training uses the CPU", expected)
     if selection.uses_cpu and not facts.nvml.listing.available:
         # The driver line is the cause and already says training will use the CPU.
-        return Check("visible.request", title, "skip",
-                     f"GPUS={facts.request}: no GPU, training will use the CPU"
-                     + SAME_CAUSE_AS_NVML, expected, skipped_for=no_gpu(facts))
+        return VISIBLE_REQUEST(title, "skip",
+                               f"GPUS={facts.request}: no GPU, training will use the CPU"
+                               + SAME_CAUSE_AS_NVML, expected, skipped_for=no_gpu(facts))
     if selection.uses_cpu:
-        return Check(
-            "visible.request", title, "warn",
+        return VISIBLE_REQUEST(
+            title, "warn",
             f"GPUS={facts.request}: no GPU, training will use the CPU", expected,
             nvml_fix(facts) if not facts.nvml.listing.available else
             "check the driver lines above; GPUS=none silences this",
@@ -55,10 +61,10 @@ def check_request(facts: Facts) -> Check:
     found = f"GPUS={facts.request} -> {gpu_names(selection.gpus)}"
     if selection.note:
         found += f" ({selection.note})"
-    return Check("visible.request", title, "ok", found, expected)
+    return VISIBLE_REQUEST(title, "ok", found, expected)
 
 
-@check(240)
+@check(240, VISIBLE_ENVIRONMENT)
 def check_visibility_env(facts: Facts) -> Check:
     title = "Visible devices"
     env = facts.environ
@@ -76,14 +82,16 @@ def check_visibility_env(facts: Facts) -> Check:
         facts.request.kind == "all" and preset is not None and facts.gpus
         and len(visible_gpus(preset, facts.gpus)) == 0
     ):
-        return Check("visible.environment", title, "warn", found, expected,
-                     f"CUDA_VISIBLE_DEVICES={preset!r} hides every GPU although NVML sees "
-                     f"{len(facts.gpus)}: unset it (GPUS chooses the GPUs)")
+        return VISIBLE_ENVIRONMENT(
+            title, "warn", found, expected,
+            f"CUDA_VISIBLE_DEVICES={preset!r} hides every GPU although NVML sees "
+            f"{len(facts.gpus)}: unset it (GPUS chooses the GPUs)")
     nvidia = env.get("NVIDIA_VISIBLE_DEVICES", "").strip().lower()
     if nvidia in ("void", "none") and wants_gpus(facts) and not facts.gpus:
-        return Check("visible.environment", title, "warn", found, expected,
-                     "NVIDIA_VISIBLE_DEVICES hides the GPUs from the container: set it to all")
-    return Check("visible.environment", title, "ok", found, expected)
+        return VISIBLE_ENVIRONMENT(
+            title, "warn", found, expected,
+            "NVIDIA_VISIBLE_DEVICES hides the GPUs from the container: set it to all")
+    return VISIBLE_ENVIRONMENT(title, "ok", found, expected)
 
 
 def _root_cause(facts: Facts) -> tuple[str, str] | None:
@@ -99,24 +107,24 @@ def _root_cause(facts: Facts) -> tuple[str, str] | None:
     return library_cause(facts) or search_path_cause(facts) or ignored
 
 
-@check(250, preflight=True)
+@check(250, VISIBLE_TENSORFLOW, preflight=True)
 def check_tf_devices(facts: Facts) -> Check:
     title = "TensorFlow GPUs"
     tf = facts.tensorflow
     wanted = expected_tf_gpus(facts)
     expected = f"{wanted[0]} ({wanted[1]})" if wanted else "GPUS fits the machine"
     if tf is None:
-        return Check("visible.tensorflow", title, "skip", TF_SKIPPED, expected,
-                     skipped_for=TF_NOT_PROBED)
+        return VISIBLE_TENSORFLOW(title, "skip", TF_SKIPPED, expected,
+                                  skipped_for=TF_NOT_PROBED)
     if not tf.gpus.ok or tf.gpus.value is None:
-        return Check("visible.tensorflow", title, "error", tf.gpus.text(), expected,
-                     "see the TensorFlow build line above")
+        return VISIBLE_TENSORFLOW(title, "error", tf.gpus.text(), expected,
+                                  "see the TensorFlow build line above")
     names = ", ".join(tf.gpus.value) or "none"
     found = f"Num GPUs Available: {len(tf.gpus.value)} ({names})"
     if wanted is None:
-        return Check("visible.tensorflow", title, "skip", found, expected)
+        return VISIBLE_TENSORFLOW(title, "skip", found, expected)
     if len(tf.gpus.value) == wanted[0]:
-        return Check("visible.tensorflow", title, "ok", found, expected)
+        return VISIBLE_TENSORFLOW(title, "ok", found, expected)
     info = tf.build.value if tf.build.ok else None
     reason = _root_cause(facts)
     if info is not None and not info.is_cuda_build:
@@ -135,4 +143,4 @@ def check_tf_devices(facts: Facts) -> Check:
             found += "\nTensorFlow says: " + "\n  ".join(tf.log)
         if reason:
             found += f"\ncause: {reason[0]}"
-    return Check("visible.tensorflow", title, "error", found, expected, fix)
+    return VISIBLE_TENSORFLOW(title, "error", found, expected, fix)

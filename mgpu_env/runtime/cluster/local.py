@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, exit_for_signal
 from mgpu_env.runtime.cluster.model import line_tag
 from mgpu_env.runtime.cluster.scratch import OwnedFolder, owned_folder, sweep_abandoned
 
@@ -51,8 +52,6 @@ STOP_GRACE_S = 60.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 MAX_WORKERS = 64
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-# A worker's exit that a restart would only repeat: mgpu's code for bad settings or input.
-EXIT_BAD_INPUT = 2
 
 
 @dataclass(frozen=True)
@@ -169,7 +168,7 @@ def plan_local_workers(
 
 def exit_code_of(returncode: int) -> int:
     """A child's exit as a shell reports it: killed by signal N is 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
+    return exit_for_signal(-returncode) if returncode < 0 else returncode
 
 
 def describe_exit(returncode: int) -> str:
@@ -393,7 +392,7 @@ class _Workers:
             return False
         index, code = self.failed[0]
         cause = f"worker {index} {describe_exit(code)}"
-        if code == EXIT_BAD_INPUT:
+        if code == EXIT_BAD_CONFIG:  # a restart would only repeat it
             if max_restarts:
                 self.say(f"{cause} (bad settings or input): a restart would fail the same "
                          "way; not restarting")

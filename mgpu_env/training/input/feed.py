@@ -52,6 +52,7 @@ from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
 from mgpu_env.training.input.keep import KeepLimit
 from mgpu_env.training.input.order import StepRunner, call_steps, each_device, epoch_order
 from mgpu_env.training.input.stream import FileStreamFeed, RowStreamFeed, StreamFeed
+from mgpu_env.training.shared.position import Position
 from mgpu_env.training.step.loops import LoopCache, run_chunk
 from mgpu_env.training.step.steps import StepFunctions
 
@@ -117,15 +118,15 @@ class ResidentFeed:
     def describe(self) -> str:
         return f"rows kept on {each_device(self.strategy)}, gathered by index"
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
-               first_step: int = 0) -> StepRunner:
-        """Run the steps of `epochs` epochs from step `first_step` of `first_epoch` (a
-        checkpoint's position), `count` steps per call."""
+    def runner(self, steps: StepFunctions, start: Position, epochs: int = 1
+               ) -> StepRunner:
+        """Run the steps of `epochs` epochs from `start` (a checkpoint's position: its
+        step of the epoch after its epochs), `count` steps per call."""
         import tensorflow as tf
 
         train_indexed = self.loops.get(steps, self.gather_loop)
-        order = self.order(first_epoch, epochs)
-        position = first_step  # the data's position: the next step of the order
+        order = self.order(start.epoch, epochs)
+        position = start.step  # the data's position: the next step of the order
 
         def run(count: int) -> None:
             nonlocal position
@@ -189,7 +190,7 @@ def _on_each_device(strategy: Any, host_values: Callable[[], Any]) -> Any:
 class Feed(Protocol):
     """What the loop and bench take from any feed: the steps of an epoch (the plan's,
     `feedplan.FeedPlan.steps_per_epoch`, given to it by `make_feed`), a runner that runs
-    them `count` at a time from any step of an epoch (`first_step`: where a checkpoint left
+    them `count` at a time from any step of an epoch (`start`: where a checkpoint left
     the data; the steps before it are not trained, the ones after it are the order's next),
     and what the feed is, in words. Each feed wraps the replica step
     (`StepFunctions.replica_step`) in a compiled loop of its own (`training.step.loops`), as
@@ -203,8 +204,8 @@ class Feed(Protocol):
 
     def describe(self) -> str: ...
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
-               first_step: int = 0) -> StepRunner: ...
+    def runner(self, steps: StepFunctions, start: Position, epochs: int = 1
+               ) -> StepRunner: ...
 
 
 def make_feed(

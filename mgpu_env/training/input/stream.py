@@ -25,6 +25,7 @@ from mgpu_env.training.input.order import (
     epoch_order,
 )
 from mgpu_env.training.shared.messages import FILE_KIND_NOUNS
+from mgpu_env.training.shared.position import Position
 from mgpu_env.training.step.loops import LoopCache, iterator_loop, run_chunk
 from mgpu_env.training.step.steps import ReplicaStep, StepFunctions
 
@@ -109,24 +110,24 @@ class StreamFeed:
         total, per_chunk = self.steps_per_epoch * epochs - first_step, self.steps_per_chunk
         return [min(per_chunk, total - first) for first in range(0, total, per_chunk)]
 
-    def worker_batches(self, first_epoch: int, epochs: int, workers: int, worker: int,
-                       first_step: int = 0) -> Any:
+    def worker_batches(self, start: Position, epochs: int, workers: int, worker: int
+                       ) -> Any:
         """The row indices of this worker's per-replica batches, in the order its replicas
-        take them, from step `first_step` of `first_epoch`: (batches, G/R). Per-replica batch
+        take them, from `start`: (batches, G/R). Per-replica batch
         k of the run belongs to replica k % R."""
         replicas = self.strategy.num_replicas_in_sync
         order = np.concatenate([
             epoch_order(self.seed, epoch, self.size, self.global_batch)
-            for epoch in range(first_epoch, first_epoch + epochs)
-        ])[first_step * self.global_batch :].reshape(-1, self.global_batch // replicas)
+            for epoch in range(start.epoch, start.epoch + epochs)
+        ])[start.step * self.global_batch :].reshape(-1, self.global_batch // replicas)
         owner = (np.arange(len(order)) % replicas) // (replicas // workers)
         return order[owner == worker]
 
-    def worker_chunks(self, first_epoch: int, epochs: int, workers: int, worker: int,
-                      first_step: int = 0) -> list[np.ndarray]:
+    def worker_chunks(self, start: Position, epochs: int, workers: int, worker: int
+                      ) -> list[np.ndarray]:
         """This worker's chunks of row indices, (steps, G/R) each, in the order the stream
         hands them out: chunk c of each local replica in turn, then chunk c + 1."""
-        batches = self.worker_batches(first_epoch, epochs, workers, worker, first_step)
+        batches = self.worker_batches(start, epochs, workers, worker)
         local = self.strategy.num_replicas_in_sync // workers
         steps = batches.reshape(-1, local, batches.shape[-1])  # (step, local replica, row)
         per_chunk = self.steps_per_chunk
@@ -135,8 +136,8 @@ class StreamFeed:
             for first in range(0, len(steps), per_chunk) for replica in range(local)
         ]
 
-    def dataset(self, first_epoch: int, epochs: int = 1, first_step: int = 0) -> Any:
-        """`epochs` epochs from step `first_step` of `first_epoch`, one after the other,
+    def dataset(self, start: Position, epochs: int = 1) -> Any:
+        """`epochs` epochs from `start`, one after the other,
         distributed: each replica's chunks prefetched to its device."""
         import tensorflow as tf
 
@@ -144,9 +145,7 @@ class StreamFeed:
 
         def per_worker(context: Any) -> Any:
             chunks = self.worker_chunks(
-                first_epoch, epochs, context.num_input_pipelines, context.input_pipeline_id,
-                first_step,
-            )
+                start, epochs, context.num_input_pipelines, context.input_pipeline_id)
 
             def gather(index: Any) -> tuple[Any, Any]:
                 # NumPy indexing of the caller's arrays: a tensor made of them, or captured
@@ -172,9 +171,9 @@ class StreamFeed:
 
         return _distribute(self.strategy, per_worker)
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
-               first_step: int = 0) -> StepRunner:
-        """Run the steps of `epochs` epochs from step `first_step` of `first_epoch`, `count`
+    def runner(self, steps: StepFunctions, start: Position, epochs: int = 1
+               ) -> StepRunner:
+        """Run the steps of `epochs` epochs from `start` (a checkpoint's position), `count`
         steps per call: the chunks are cut from that step on.
 
         Whole chunks run in one call that takes them from the stream itself
@@ -186,8 +185,8 @@ class StreamFeed:
 
         strategy = self.strategy
         loops = self.loops.get(steps, lambda s: chunk_loops(strategy, s.replica_step))
-        iterator = iter(self.dataset(first_epoch, epochs, first_step))
-        lengths = self.chunk_lengths(epochs, first_step)
+        iterator = iter(self.dataset(start, epochs))
+        lengths = self.chunk_lengths(epochs, start.step)
         taken = 0  # chunks taken from the stream
         held: Any = None  # a chunk begun by an earlier count
         held_done = held_left = 0
@@ -276,8 +275,8 @@ class RowStreamFeed:
         return (f"a loader's rows, streamed from its pipeline to {each_device(self.strategy)} "
                 f"by tf.data, shuffled among {STREAM_SHUFFLE_BUFFER:,}")
 
-    def dataset(self, first_epoch: int, epochs: int = 1, first_step: int = 0) -> Any:
-        """`epochs` epochs from step `first_step` of `first_epoch`, one after the other,
+    def dataset(self, start: Position, epochs: int = 1) -> Any:
+        """`epochs` epochs from `start`, one after the other,
         distributed."""
         import tensorflow as tf
 
@@ -302,22 +301,22 @@ class RowStreamFeed:
                     ).map(lambda _, batch: batch)
                 return data
 
-            epochs_data = tf.data.Dataset.range(first_epoch, first_epoch + epochs)
-            # The data's position: the steps before `first_step` pass through the shuffle
+            epochs_data = tf.data.Dataset.range(start.epoch, start.epoch + epochs)
+            # The data's position: the steps before `start.step` pass through the shuffle
             # buffer untrained, so the ones after are the order's (when it is deterministic).
-            data = epochs_data.flat_map(one_epoch).skip(first_step * local)
+            data = epochs_data.flat_map(one_epoch).skip(start.step * local)
             return data.prefetch(tf.data.AUTOTUNE).with_options(
                 stream_options(self.deterministic)
             )
 
         return _distribute(self.strategy, per_worker)
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
-               first_step: int = 0) -> StepRunner:
-        """Run the steps of `epochs` epochs from step `first_step` of `first_epoch`, `count`
+    def runner(self, steps: StepFunctions, start: Position, epochs: int = 1
+               ) -> StepRunner:
+        """Run the steps of `epochs` epochs from `start` (a checkpoint's position), `count`
         steps per call."""
         loop = self.loops.get(steps, lambda s: iterator_loop(self.strategy, s.replica_step))
-        return iterator_runner(loop, self.dataset(first_epoch, epochs, first_step))
+        return iterator_runner(loop, self.dataset(start, epochs))
 
 
 @dataclass
@@ -339,10 +338,9 @@ class FileStreamFeed:
         return (f"{FILE_KIND_NOUNS[self.data.kind]} in {self.data.folder}, streamed to "
                 f"{each_device(self.strategy)} by tf.data, each worker its share")
 
-    def worker_dataset(self, context: Any, first_epoch: int, epochs: int = 1,
-                       first_step: int = 0) -> Any:
+    def worker_dataset(self, context: Any, start: Position, epochs: int = 1) -> Any:
         """The per-replica batches of the worker `context` (a tf.distribute.InputContext)
-        names, for `epochs` epochs from step `first_step` of `first_epoch`: every worker the
+        names, for `epochs` epochs from `start`: every worker the
         same whole steps."""
         import tensorflow as tf
 
@@ -355,27 +353,27 @@ class FileStreamFeed:
             worker_rows(self.data, self.seed, epoch, workers, worker)
             .batch(self.global_batch // replicas, drop_remainder=True)
             .take(steps * (replicas // workers))
-            for epoch in range(first_epoch, first_epoch + epochs)
+            for epoch in range(start.epoch, start.epoch + epochs)
         ]
         data = per_epoch[0]
         for more in per_epoch[1:]:
             data = data.concatenate(more)
-        # The data's position: the files' records before `first_step` are read, not trained.
-        data = data.skip(first_step * (replicas // workers))
+        # The data's position: the files' records before `start.step` are read, not trained.
+        data = data.skip(start.step * (replicas // workers))
         return data.prefetch(tf.data.AUTOTUNE).with_options(stream_options(self.deterministic))
 
-    def dataset(self, first_epoch: int, epochs: int = 1, first_step: int = 0) -> Any:
-        """`epochs` epochs from step `first_step` of `first_epoch`, one after the other,
+    def dataset(self, start: Position, epochs: int = 1) -> Any:
+        """`epochs` epochs from `start`, one after the other,
         distributed."""
         return _distribute(self.strategy, lambda context: self.worker_dataset(
-            context, first_epoch, epochs, first_step))
+            context, start, epochs))
 
-    def runner(self, steps: StepFunctions, first_epoch: int, epochs: int = 1,
-               first_step: int = 0) -> StepRunner:
-        """Run the steps of `epochs` epochs from step `first_step` of `first_epoch`, `count`
+    def runner(self, steps: StepFunctions, start: Position, epochs: int = 1
+               ) -> StepRunner:
+        """Run the steps of `epochs` epochs from `start` (a checkpoint's position), `count`
         steps per call."""
         loop = self.loops.get(steps, lambda s: iterator_loop(self.strategy, s.replica_step))
-        return iterator_runner(loop, self.dataset(first_epoch, epochs, first_step))
+        return iterator_runner(loop, self.dataset(start, epochs))
 
 
 def aligned_chunk(most: int, steps_per_call: int) -> int:

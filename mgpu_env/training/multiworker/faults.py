@@ -12,10 +12,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from mgpu_env.config.exitcodes import EXIT_FAILED
 from mgpu_env.training.multiworker.backstop import Backstop
 
 # What a worker that hits the watchdog exits with (RunFailed's code).
-EXIT_WORKER_LOST = 1
+EXIT_WORKER_LOST = EXIT_FAILED
 # How long after the watchdog's deadline the GIL-free backstop ends a process that the
 # watchdog's own thread could not (see Watchdog).
 BACKSTOP_GRACE_S = 5.0

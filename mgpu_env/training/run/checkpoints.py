@@ -6,15 +6,16 @@ completed and the steps done in the next one, that epoch's running metrics as ea
 holds them (so the rest of the epoch adds to the same sums, to the bit), and the
 model's random state (Keras' seed generators: Dropout's draws, which the model's own
 checkpoint leaves out). The data's position needs nothing more: every feed's order is drawn
-from (SEED, epoch), so (epoch, step) is where each feed resumes (`Feed.runner`'s
-`first_step`): the kept rows' gather index, the streamed chunks cut from that step, the
+from (SEED, epoch), so the checkpoint's `Position` is where each feed resumes
+(`Feed.runner`'s `start`): the kept rows' gather index, the streamed chunks cut from that step, the
 loader's rows and the files' records skipped to it.
 
-Names: `ckpt-<E>` at the end of epoch E (as before), `ckpt-<E>-<S>` after S steps of epoch
-E + 1. tf.train.CheckpointManager writes the data files first and the `checkpoint` index
-file last, by rename, so a kill -9 mid-save leaves the previous checkpoint the one
-referenced; the index lists the kept ones (`CHECKPOINTS_KEPT`, oldest deleted first), so a
-manager made for each save (its prefix names the epoch) takes over the list as it is.
+Names: `Position.name` (`ckpt-<E>` at the end of epoch E, `ckpt-<E>-<S>` after S steps of
+epoch E + 1; `Position.parse` reads them back). tf.train.CheckpointManager writes the data
+files first and the `checkpoint` index file last, by rename, so a kill -9 mid-save leaves the
+previous checkpoint the one referenced; the index lists the kept ones (`CHECKPOINTS_KEPT`,
+oldest deleted first), so a manager made for each save (`Position.manager_name`) takes over
+the list as it is.
 """
 
 from __future__ import annotations
@@ -26,26 +27,9 @@ from typing import Any
 
 from mgpu_env.config.parsers import CheckpointInterval
 from mgpu_env.training.input.order import STEPS_PER_CALL
+from mgpu_env.training.shared.position import Position
 
 CHECKPOINTS_KEPT = 3
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where a run stands: `epoch` epochs completed and `step` steps done of the next."""
-
-    epoch: int
-    step: int = 0
-
-    @property
-    def name(self) -> str:
-        """The checkpoint's file prefix (`rundir.latest_checkpoint_position` reads it back)."""
-        return f"ckpt-{self.epoch}" if not self.step else f"ckpt-{self.epoch}-{self.step}"
-
-    def describe(self) -> str:
-        if not self.step:
-            return f"epoch {self.epoch}" if self.epoch else "the start"
-        return f"step {self.step} of epoch {self.epoch + 1}"
 
 
 @dataclass(frozen=True)
@@ -123,10 +107,9 @@ class Checkpoints:
         """A CheckpointManager whose next save is `position`'s name."""
         import tensorflow as tf
 
-        prefix = "ckpt" if not position.step else f"ckpt-{position.epoch}"
         return tf.train.CheckpointManager(
             self.checkpoint, str(self.directory), max_to_keep=CHECKPOINTS_KEPT,
-            checkpoint_name=prefix,
+            checkpoint_name=position.manager_name[0],
         )
 
     def save(self, position: Position) -> SaveCost:
@@ -139,9 +122,7 @@ class Checkpoints:
         # Collective under multi-worker: every worker saves, at the same step.
         self.replica_metrics.assign(self._gather())
         self.metrics_copy.assign(tf.reduce_sum(self.replica_metrics, axis=0))
-        path = self.manager(position).save(
-            checkpoint_number=position.step if position.step else position.epoch
-        )
+        path = self.manager(position).save(checkpoint_number=position.manager_name[1])
         cost = SaveCost(time.perf_counter() - started, _size(Path(path)))
         self.costs.append(cost)
         return cost

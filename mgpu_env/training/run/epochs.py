@@ -32,10 +32,11 @@ from mgpu_env.training.input.data import Data
 from mgpu_env.training.input.feed import Feed
 from mgpu_env.training.multiworker import WorkerSession
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.checkpoints import Checkpoints, Position, SaveCost, Schedule
+from mgpu_env.training.run.checkpoints import Checkpoints, SaveCost, Schedule
 from mgpu_env.training.run.plan import TRAIN_SETTINGS, DataPlan, TrainPlan
 from mgpu_env.training.run.progress import Progress
 from mgpu_env.training.run.signals import Interrupted, StopRequest
+from mgpu_env.training.shared.position import Position
 from mgpu_env.training.step.build import Trainer
 from mgpu_env.training.step.steps import StepFunctions
 
@@ -112,7 +113,7 @@ class EpochLoop:
         """One epoch from its step `first` (a checkpoint's), in the schedule's calls (at most
         STEPS_PER_CALL steps), then its record."""
         steps, per_epoch = self.trainer.steps, self.steps_per_epoch
-        run_steps = self.feed.runner(steps, epoch, first_step=first)
+        run_steps = self.feed.runner(steps, Position(epoch, first))
         if not first:  # else the checkpoint restored the epoch's running metrics
             steps.reset_train_metrics()
         for begin in self.before_epoch:

@@ -37,7 +37,6 @@ from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.checkpoints import (
     Checkpoints,
-    Position,
     Schedule,
     checkpoint_plan_line,
 )
@@ -60,8 +59,8 @@ from mgpu_env.training.run.state import (
     DamagedRunFolder,
     checkpoints_on_disk,
     newest_good,
-    position_of,
 )
+from mgpu_env.training.shared.position import Position
 from mgpu_env.training.step.build import Trainer, build_trainer
 
 
@@ -361,7 +360,7 @@ def _restore(checkpoints: Checkpoints) -> None:
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         name = Path(str(latest)).name
-        failed = position_of(name)
+        failed = Position.parse(name)
         good = newest_good(checkpoints_on_disk(checkpoints.directory), failed)
         raise DamagedRunFolder(
             checkpoints.directory.parent, f"{checkpoints.directory.name}/{name}",

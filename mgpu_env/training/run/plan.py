@@ -31,12 +31,12 @@ from mgpu_env.training.input import keep
 from mgpu_env.training.input.data import Data, DatasetChoice, DataSizes
 from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
 from mgpu_env.training.run import rundir
-from mgpu_env.training.run.checkpoints import Position
 from mgpu_env.training.run.finished import FinishedRun, finished_in
 from mgpu_env.training.run.identity import RunIdentity, identify
 from mgpu_env.training.run.resume import resume_note
 from mgpu_env.training.run.state import check_run_state
 from mgpu_env.training.shared.messages import plural, unwritable_folder
+from mgpu_env.training.shared.position import Position
 
 # The layout of `mgpu train --dry-run --json`; raised when a key is removed or changes meaning.
 SCHEMA_VERSION = 1
@@ -85,6 +85,9 @@ class DataPlan:
         return self.sizes.num_classes
 
 
+_START = Position(0)  # a fresh run's resume
+
+
 @dataclass(frozen=True)
 class TrainPlan:
     """Everything a run will do that is known before its data is read: the runtime's
@@ -93,7 +96,6 @@ class TrainPlan:
     runtime: Runtime
     start: RunIdentity  # the folder, the data set, the global batch, run.json's identity
     folder: rundir.RunFolder
-    resume_epoch: int  # epochs already completed in output_dir (0 for a fresh run)
     # metrics.json of this run when its folder holds it finished with EPOCHS epochs
     # (`finished.finished_in`): nothing to train; a cluster's workers still meet, and keep it.
     finished: FinishedRun | None
@@ -102,8 +104,8 @@ class TrainPlan:
     sizes: DataSizes | None
     notes: tuple[str, ...] = ()
     keep: keep.KeepLimit = keep.FALLBACK  # the most training data kept on each device
-    # Steps done of epoch resume_epoch + 1 at the latest checkpoint (CHECKPOINT_EVERY).
-    resume_step: int = 0
+    # Where output_dir's latest checkpoint stands (the start for a fresh run).
+    resume: Position = _START
 
     @property
     def dataset(self) -> DatasetChoice:
@@ -225,16 +227,11 @@ class TrainPlan:
             "steps_per_epoch": data.steps_per_epoch,
             "feed": data.feed.describe(),
             "epochs": self.settings.epochs,
-            "resume_from_epoch": self.resume_epoch,
-            "resume_from_step": self.resume_step,
+            "resume_from_epoch": self.resume.epoch,
+            "resume_from_step": self.resume.step,
             "checkpoint_every": str(self.settings.checkpoint_every),
             "output_dir": str(self.output_dir),
         }
-
-
-def is_chief(runtime: Runtime) -> bool:
-    """Only the chief writes the run folder; the other workers write to scratch folders."""
-    return runtime.strategy_plan.role.is_chief
 
 
 def output_dir_of(runtime: Runtime) -> Path:
@@ -249,7 +246,7 @@ def check_output_dir(runtime: Runtime) -> None:
     where it will be created. `train` and `dry_run` call it before anything slow (the
     pre-flight, a loader, TensorFlow): it would otherwise fail at the first checkpoint, or
     at the first epoch's summary."""
-    if not is_chief(runtime):
+    if not runtime.strategy_plan.role.is_chief:
         return
     folder = output_dir_of(runtime)
     for path in (folder, folder / rundir.CHECKPOINT_DIR, folder / rundir.LOG_DIR):
@@ -284,20 +281,19 @@ def plan_training(
     notes.append(keep_limit.note())
     # Every file of the folder checked, and against the others, before any is believed.
     state = (check_run_state(start.output_dir)
-             if start.output_dir.is_dir() and is_chief(runtime) else None)
+             if start.output_dir.is_dir() and runtime.strategy_plan.role.is_chief else None)
     folder = rundir.inspect_run_folder(start.output_dir, start.values)
     # The other workers resume where the chief's checkpoint says (it shares its values).
     position = state.position if state is not None and not folder.fresh else Position(0)
-    resume_epoch, resume_step = position.epoch, position.step
-    if (resume_epoch, resume_step) > (settings.epochs, 0):
+    if position > Position(settings.epochs):
         raise ConfigError(beyond_epochs(start.output_dir, position, settings.epochs))
     return TrainPlan(
-        runtime=runtime, start=start, folder=folder, resume_epoch=resume_epoch,
+        runtime=runtime, start=start, folder=folder,
         finished=finished,
         # A loader's or a folder's sizes are known only by calling or counting it: `prepare`.
         sizes=None if start.dataset.origin in ("hook", "files") else KNOWN_SIZES[
             start.dataset.name],
-        notes=tuple(notes), keep=keep_limit, resume_step=resume_step,
+        notes=tuple(notes), keep=keep_limit, resume=position,
     )
 
 

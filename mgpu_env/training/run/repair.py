@@ -34,8 +34,8 @@ from mgpu_env.training.run.state import (
     check_run_state,
     checkpoints_on_disk,
     newest_good,
-    position_of,
 )
+from mgpu_env.training.shared.position import Position
 
 SET_ASIDE_DIR = "set-aside"
 DONE_FILE = "resume-from.json"  # in its set-aside folder: what a --resume-from did
@@ -50,10 +50,10 @@ def resume_from_checkpoint(folder: Path, name: str, identity: Mapping[str, Any])
         return [f"--resume-from {name}: done before ({done}); the run folder resumes as it is"]
     on_disk = checkpoints_on_disk(directory)
     chosen = next((c for c in on_disk if c.name == name), None)
-    if position_of(name) is None or chosen is None or chosen.problem is not None:
+    if Position.parse(name) is None or chosen is None or chosen.problem is not None:
         good = newest_good(on_disk)
         why = ("is not a checkpoint's name (ckpt-E, or ckpt-E-S inside an epoch)"
-               if position_of(name) is None else
+               if Position.parse(name) is None else
                f"is not in {directory}" if chosen is None else f"cannot be used: {chosen.problem}")
         best = f" The newest complete one: {good.name}." if good is not None else (
             " No complete checkpoint is left there.")
@@ -63,7 +63,7 @@ def resume_from_checkpoint(folder: Path, name: str, identity: Mapping[str, Any])
     moved: list[str] = []
     run_id = _records_aside(folder, aside, chosen, identity, moved)
     later = [c for c in on_disk if c.problem is not None or
-             (c.position.epoch, c.position.step) > (chosen.position.epoch, chosen.position.step)]
+             c.position > chosen.position]
     for checkpoint in later:
         for path in directory.glob(checkpoint.name + ".*"):
             _move(path, aside / rundir.CHECKPOINT_DIR, moved, folder)

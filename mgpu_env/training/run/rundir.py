@@ -45,6 +45,7 @@ from mgpu_env.training.shared.atomic import (  # noqa: F401
     temp_beside,
 )
 from mgpu_env.training.shared.messages import checkpoint_kept  # noqa: F401
+from mgpu_env.training.shared.position import Position
 
 # The layout of the run folder's JSON files (run.json, history.json, settings.json,
 # metrics.json), in each as `schema_version`; raised when a key is removed or changes meaning.
@@ -58,8 +59,6 @@ CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "logs"
 # The `checkpoint` index file's line naming the latest checkpoint (`ckpt-<epoch>` here).
 _LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.MULTILINE)
-# A checkpoint's name: ckpt-<epochs completed>, and -<steps done of the next> inside one.
-_NAME_RE = re.compile(r"ckpt-(\d+)(?:-(\d+))?")
 # Files whose presence marks a folder as an mgpu run (or something we must not overwrite).
 _RUN_MARKERS = (RUN_FILE, METRICS_FILE, MODEL_FILE, CHECKPOINT_DIR)
 
@@ -275,11 +274,10 @@ def run_id_of(folder: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def latest_checkpoint_position(output_dir: Path) -> tuple[int, int] | None:
-    """Where the latest checkpoint in `output_dir` stands, (epochs completed, steps done of
-    the next), read from the `checkpoint` index file tf.train.CheckpointManager keeps (a
-    text-format CheckpointState whose `model_checkpoint_path` names the latest: `ckpt-<E>`
-    at an epoch's end, `ckpt-<E>-<S>` inside one, `training.run.checkpoints.Position`),
+def latest_checkpoint_position(output_dir: Path) -> Position | None:
+    """Where the latest checkpoint in `output_dir` stands, read from the `checkpoint` index
+    file tf.train.CheckpointManager keeps (a text-format CheckpointState whose
+    `model_checkpoint_path` names the latest, `Position.name`),
     without TensorFlow: the one reader of it (the plan's resume position, the "nothing to
     do" answer; the loop's CheckpointManager then restores that checkpoint). None when there
     is no index or it cannot be read. ConfigError for a name mgpu does not write."""
@@ -293,16 +291,16 @@ def latest_checkpoint_position(output_dir: Path) -> tuple[int, int] | None:
         return None
     latest = Path(found.group(1))
     latest = latest if latest.is_absolute() else directory / latest
-    named = _NAME_RE.fullmatch(latest.name)
-    if named is None:
+    position = Position.parse(latest.name)
+    if position is None:
         raise ConfigError(
             f"{latest} is not a checkpoint mgpu wrote. Fix: choose another OUTPUT_DIR."
         ) from None
-    return int(named.group(1)), int(named.group(2) or 0)
+    return position
 
 
 def latest_checkpoint_epoch(output_dir: Path) -> int | None:
     """The epochs completed at the latest checkpoint in `output_dir` (a checkpoint inside
     an epoch counts the epochs before it); None when there is none."""
     position = latest_checkpoint_position(output_dir)
-    return None if position is None else position[0]
+    return None if position is None else position.epoch

@@ -34,7 +34,6 @@ from mgpu_env.training.run.plan import (
     DataPlan,
     TrainPlan,
     check_output_dir,
-    is_chief,
     output_dir_of,
     plan_training,
 )
@@ -72,7 +71,7 @@ def train(
         return TrainResult.nothing_to_do(finished)
     with hold_for(runtime) as hold:
         notes = list(hold.notes)
-        if resume_from is not None and is_chief(runtime):
+        if resume_from is not None and runtime.strategy_plan.role.is_chief:
             notes += resume_from_checkpoint(output_dir_of(runtime), resume_from,
                                             identify(runtime).values)
         plan = plan_training(runtime, looked_up=notes)  # pure: no TensorFlow, no data read
@@ -96,7 +95,7 @@ def hold_for(runtime: Runtime) -> FolderHold:
     writes is checked writable first."""
     check_output_dir(runtime)
     folder = output_dir_of(runtime)
-    if not is_chief(runtime):
+    if not runtime.strategy_plan.role.is_chief:
         return FolderHold(folder, None)
     return hold_run_folder(folder)
 

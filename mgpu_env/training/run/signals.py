@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 from mgpu_env.config.errors import RunFailed
+from mgpu_env.config.exitcodes import exit_for_signal
 
 
 class Interrupted(RunFailed):
@@ -28,7 +29,7 @@ class Interrupted(RunFailed):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
-        self.exit_code = 128 + signum
+        self.exit_code = exit_for_signal(signum)
 
     def user_message(self) -> str:
         """The message alone: a stop that was asked for is not an error (`SIGTERM received:

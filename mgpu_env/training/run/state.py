@@ -27,14 +27,13 @@ from typing import Any
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.bundle import check_bundle
-from mgpu_env.training.run.checkpoints import Position
+from mgpu_env.training.shared.position import Position
 
 INDEX_FILE = "checkpoint"
 _PATH_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths):\s*"(.*)"\s*$')
 _OTHER_LINE = re.compile(
     r"^(all_model_checkpoint_timestamps|last_preserved_timestamp):\s*[-+0-9.eE]+\s*$")
-_NAME = re.compile(r"ckpt-(\d+)(?:-(\d+))?")
-_BUNDLE_FILE = re.compile(r"(ckpt-\d+(?:-\d+)?)\.(?:index|data-\d{5}-of-\d{5})")
+_BUNDLE_FILE = re.compile(r"(ckpt-[^.]+)\.(?:index|data-\d{5}-of-\d{5})")
 
 
 @dataclass(frozen=True)
@@ -69,26 +68,17 @@ def damage_message(folder: Path, file: str, what: str, good: Checkpoint | None) 
     )
 
 
-def position_of(name: str) -> Position | None:
-    found = _NAME.fullmatch(name)
-    if found is None:
-        return None
-    return Position(int(found.group(1)), int(found.group(2) or 0))
-
-
 def checkpoints_on_disk(directory: Path) -> list[Checkpoint]:
     """Every checkpoint whose files are in `directory`, oldest first, each checked."""
-    names = set()
+    names: dict[str, Position] = {}
     if directory.is_dir():
         for path in directory.iterdir():
-            if (found := _BUNDLE_FILE.fullmatch(path.name)) is not None:
-                names.add(found.group(1))
-    found_all = []
-    for name in names:
-        position = position_of(name)
-        assert position is not None  # the pattern above
-        found_all.append(Checkpoint(name, position, check_bundle(directory / name)))
-    return sorted(found_all, key=lambda c: (c.position.epoch, c.position.step))
+            found = _BUNDLE_FILE.fullmatch(path.name)
+            if found is not None and (position := Position.parse(found.group(1))) is not None:
+                names[found.group(1)] = position
+    found_all = [Checkpoint(name, position, check_bundle(directory / name))
+                 for name, position in names.items()]
+    return sorted(found_all, key=lambda c: c.position)
 
 
 def newest_good(checkpoints: list[Checkpoint], before: Position | None = None
@@ -98,7 +88,7 @@ def newest_good(checkpoints: list[Checkpoint], before: Position | None = None
         p = checkpoint.position
         if checkpoint.problem is not None:
             continue
-        if before is not None and (p.epoch, p.step) >= (before.epoch, before.step):
+        if before is not None and p >= before:
             continue
         return checkpoint
     return None
@@ -130,7 +120,7 @@ def read_index(directory: Path) -> tuple[str | None, str | None]:
     named = Path(latest)
     if named.is_absolute() and named.parent != directory:
         return None, f"names a checkpoint in another folder ({latest})"
-    if position_of(named.name) is None:
+    if Position.parse(named.name) is None:
         return None, f"names {latest}, not a checkpoint mgpu writes"
     return named.name, None
 
@@ -172,7 +162,7 @@ def check_run_state(folder: Path) -> RunState:
                                    newest_good(on_disk))
         return RunState(Position(0), run_id)
     named = next((c for c in on_disk if c.name == latest), None)
-    position = position_of(latest)
+    position = Position.parse(latest)
     assert position is not None  # read_index checked the name
     if named is None or named.problem is not None:
         what = (f"names {latest}, whose files are not there" if named is None

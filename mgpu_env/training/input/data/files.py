@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG
 from mgpu_env.training.input.data.sets import (
     Arrays,
     Data,
@@ -238,7 +239,7 @@ def _count_in_child(name: str) -> None:
         [sys.executable, "-m", "mgpu_env.training.input.data.count", name],
         capture_output=True, text=True, check=False,
     )
-    if result.returncode == 2:
+    if result.returncode == EXIT_BAD_CONFIG:
         raise ConfigError(result.stderr.strip().removeprefix("error: "))
     if result.returncode != 0:
         raise ConfigError(f"DATASET={name}: counting its records failed:\n{result.stderr}")
