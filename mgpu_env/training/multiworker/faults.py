@@ -117,7 +117,8 @@ class Watchdog:
     thread's stack, written with no GIL) goes to stderr.
 
     `progress(phase, bound_s)` may give a phase its own bound (the stall watch's phases);
-    `explain(phase, bound_s)` writes the message on expiry (default: a lost worker's).
+    `explain(phase, bound_s)` writes the message on expiry (default: a lost worker's);
+    `dump_fd`: where the backstop's dump goes without peers (default: stderr).
     """
 
     def __init__(
@@ -131,10 +132,12 @@ class Watchdog:
         peers: Mapping[str, str] | None = None,
         tag: str = "",
         explain: Callable[[str, float], str] | None = None,
+        dump_fd: int | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self._bound_s = timeout_s
         self._explain = explain or self._lost_worker
+        self._dump_fd = dump_fd
         self.who = who
         self._on_expire = on_expire
         self._clock = clock
@@ -167,7 +170,9 @@ class Watchdog:
             helper = self._backstop_helper() if self._peers else None
             faulthandler.dump_traceback_later(
                 self._bound_s + BACKSTOP_GRACE_S, repeat=False,
-                file=helper.dump_fd if helper is not None else sys.stderr, exit=True,
+                file=helper.dump_fd if helper is not None else (
+                    sys.stderr if self._dump_fd is None else self._dump_fd),
+                exit=True,
             )
             if helper is not None:
                 helper.progress(self._phase)

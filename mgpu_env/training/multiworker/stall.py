@@ -17,6 +17,7 @@ other output (settings.json, history.json, metrics.json) written whole or not at
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import statistics
@@ -45,7 +46,9 @@ EXIT_STALLED = 3
 # and a data load, a GPU's set-up, the first step's trace and compile (XLA's can take
 # minutes on a large model), a save to a slow disk. Steps: STEP_FACTOR times the median
 # time of a call of steps once MEASURED_CALLS were timed, never under STEP_FLOOR_S (a
-# retrace at an epoch's last, partial batch compiles again).
+# retrace at an epoch's last, partial batch compiles again). A set STALL_TIMEOUT bounds every
+# phase but the start-up, which keeps auto's: TensorFlow's import and a data load take what
+# the machine's load makes them (over 120 s measured on a busy 2-core machine), not a hang.
 AUTO_BOUNDS_S = {STARTING: 1800.0, STRATEGY: 600.0, MODEL: 900.0, FIRST_STEP: 1200.0,
                  SAVING: 1200.0}
 AUTO_DEFAULT_S = 1200.0
@@ -82,21 +85,26 @@ def stacks(skip: int | None = None) -> str:
     return "\n".join(parts)
 
 
-def stop_stalled(report: str) -> None:
-    """Print the report to stderr and end the process now with EXIT_STALLED (`os._exit`:
-    the main thread is blocked where no exception reaches)."""
-    sys.stderr.write(f"error: {report}\n")
-    sys.stderr.flush()
+def stop_stalled(report: str, fd: int = 2) -> None:
+    """Write the report to `fd` (stderr) and end the process now with EXIT_STALLED
+    (`os._exit`: the main thread is blocked where no exception reaches)."""
+    data = f"error: {report}\n".encode(errors="replace")
+    while data:
+        data = data[os.write(fd, data):]
     os._exit(EXIT_STALLED)
 
 
 class StallWatch:
     """The phases of one run, each bounded; `phase(name)` starts one, `call_done()` marks a
     call of steps completed (the first one ends the first step), `stop()` disarms. With
-    STALL_TIMEOUT=0 every method does nothing."""
+    STALL_TIMEOUT=0 every method does nothing.
+
+    Made before TensorFlow's quiet import: that sends fd 2 elsewhere while it runs, so the
+    report and the backstop's dump go to a copy of stderr taken here.
+    """
 
     def __init__(self, timeout: StallTimeout, devices: Devices, resume: str,
-                 on_stall: Callable[[str], None] = stop_stalled,
+                 on_stall: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout = timeout
         self.devices = devices
@@ -108,15 +116,18 @@ class StallWatch:
         self._log = _Recent()
         self._dog: Watchdog | None = None
         self._started = False
+        self._stderr: int | None = None
         if not timeout.off:
+            self._stderr = os.dup(2)
             first = self.bound(STARTING)
-            self._dog = Watchdog(first, "this run", on_stall, clock=clock,
-                                 poll_s=min(1.0, (timeout.seconds or first) / 10),
-                                 explain=self._report)
+            self._dog = Watchdog(
+                first, "this run", on_stall or functools.partial(stop_stalled, fd=self._stderr),
+                clock=clock, poll_s=min(1.0, (timeout.seconds or first) / 10),
+                explain=self._report, dump_fd=self._stderr)
 
     def bound(self, phase: str) -> float:
         """How long `phase` may go without progress."""
-        if self.timeout.seconds is not None:
+        if self.timeout.seconds is not None and phase != STARTING:
             return self.timeout.seconds
         extra = PER_REPLICA_S * (self.devices.replicas - 1)
         if phase == STEPS and len(self._calls) >= MEASURED_CALLS:
@@ -150,6 +161,9 @@ class StallWatch:
             self._dog.stop()
             logging.getLogger("tensorflow").removeHandler(self._log)
             self._dog = None
+        if self._stderr is not None:
+            os.close(self._stderr)
+            self._stderr = None
 
     def _report(self, phase: str, bound_s: float) -> str:
         meaning, fix = hint(phase, self.devices)
