@@ -43,8 +43,8 @@ class WorkerSession:
     """The multi-worker steps of one training run, in the order the trainer takes them.
 
     For a single-process run (`role` None) every method does nothing but move `stall` (its
-    stall watch, if any) from phase to phase, so the training loop has one path. Order: `join` (before the strategy exists), `after_strategy` (right after),
-    `checkpoint_dir`, `share_restored` (after the chief restored), `progress` (after every
+    stall watch, if any) from phase to phase, so the training loop has one path. Order:
+    `join` (before the strategy exists), `after_strategy` (right after), `checkpoint_dir`, `share_restored` (after the chief restored), `progress` (after every
     completed unit of work), `close`.
     """
 
