@@ -44,8 +44,9 @@ class WorkerSession:
 
     For a single-process run (`role` None) every method does nothing but move `stall` (its
     stall watch, if any) from phase to phase, so the training loop has one path. Order:
-    `join` (before the strategy exists), `after_strategy` (right after), `checkpoint_dir`, `share_restored` (after the chief restored), `progress` (after every
-    completed unit of work), `close`.
+    `join` (before the strategy exists), `after_strategy` (right after), `checkpoint_dir`,
+    `share_restored` (after the chief restored), `progress` (after every completed unit of
+    work), `close`.
     """
 
     def __init__(
