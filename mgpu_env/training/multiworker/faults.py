@@ -118,7 +118,9 @@ class Watchdog:
 
     `progress(phase, bound_s)` may give a phase its own bound (the stall watch's phases);
     `explain(phase, bound_s)` writes the message on expiry (default: a lost worker's);
-    `dump_fd`: where the backstop's dump goes without peers (default: stderr).
+    `dump_fd`: where the backstop's dump goes without peers (default: stderr). Re-arming
+    faulthandler's timer starts a C thread (about 0.2 ms); `rearm_s` re-arms it only that
+    often in one phase, and so sets it that much later.
     """
 
     def __init__(
@@ -133,11 +135,14 @@ class Watchdog:
         tag: str = "",
         explain: Callable[[str, float], str] | None = None,
         dump_fd: int | None = None,
+        rearm_s: float = 0.0,
     ) -> None:
         self.timeout_s = timeout_s
         self._bound_s = timeout_s
         self._explain = explain or self._lost_worker
         self._dump_fd = dump_fd
+        self._rearm_s = rearm_s
+        self._armed: tuple[float, float] | None = None  # (when, bound) of the backstop's timer
         self.who = who
         self._on_expire = on_expire
         self._clock = clock
@@ -166,10 +171,15 @@ class Watchdog:
             if bound_s is not None:
                 self._bound_s = bound_s
             self._deadline = self._clock() + self._bound_s
-        if self._backstop and not self._stop.is_set():
+            now = time.monotonic()
+            due = (self._armed is None or self._armed[1] != self._bound_s
+                   or now - self._armed[0] >= self._rearm_s)
+            if due:
+                self._armed = (now, self._bound_s)
+        if self._backstop and not self._stop.is_set() and due:
             helper = self._backstop_helper() if self._peers else None
             faulthandler.dump_traceback_later(
-                self._bound_s + BACKSTOP_GRACE_S, repeat=False,
+                self._bound_s + BACKSTOP_GRACE_S + self._rearm_s, repeat=False,
                 file=helper.dump_fd if helper is not None else (
                     sys.stderr if self._dump_fd is None else self._dump_fd),
                 exit=True,
@@ -190,6 +200,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._armed = None
         if self._backstop:
             faulthandler.cancel_dump_traceback_later()
             if self._helper is not None:
