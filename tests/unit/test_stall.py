@@ -103,7 +103,7 @@ def test_the_hints_name_nccls_fixes_for_a_stall_of_several_gpus() -> None:
     assert "NCCL" in meaning and "tensorflow#60363" in meaning
     assert "CROSS_DEVICE_OPS=hierarchical_copy" in fix and "NCCL_P2P_DISABLE=1" in fix
     meaning, _ = hint(STEPS, Devices(4, "GPU", "nccl", {"NCCL_P2P_DISABLE": "1"}))
-    assert "NCCL_P2P_DISABLE=1 was already set" in meaning
+    assert "NCCL_P2P_DISABLE='1' was already set" in meaning
     meaning, _ = hint(STEPS, ONE_CPU)
     assert "no collective" in meaning
     meaning, fix = hint(FIRST_STEP, Devices(2, "CPU", "reduction_to_one", {}))

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mgpu_env.config.text import shown
+
 # The phases of a run, in order, as the watch names them.
 STARTING = "starting (TensorFlow's import, the data's load)"
 STRATEGY = "building the strategy (the devices' set-up)"
@@ -53,7 +55,7 @@ def _collective_hint(devices: Devices) -> tuple[str, str]:
             f"NCCL's all-reduce across {devices.replicas} GPUs never completed: most often "
             "peer-to-peer copies between the GPUs that the machine blocks (an IOMMU, or PCIe "
             f"ACS on the bridges between them; {NCCL_THREADS})"
-            + (f"; NCCL_P2P_DISABLE={p2p} was already set" if p2p else "")
+            + (f"; NCCL_P2P_DISABLE={shown(p2p)} was already set" if p2p else "")
         )
         fix = ("CROSS_DEVICE_OPS=hierarchical_copy (no NCCL), or NCCL_P2P_DISABLE=1; run "
                "`mgpu doctor` for the links and IOMMU, and NCCL_DEBUG=INFO to see where NCCL "
