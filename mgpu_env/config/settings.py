@@ -43,6 +43,7 @@ from mgpu_env.config.parsers import (  # re-exported: the settings' vocabulary
     parse_tf_config,
     parse_worker_hosts,
 )
+from mgpu_env.config.stalltime import StallTimeout, parse_stall_timeout
 
 __all__ = ["BY_ENV", "DECLARATIONS", "ROLES", "Declaration", "GpuRequest", "Role", "SettingError",
            "Settings", "SettingsErrors", "setting", "with_role"]
@@ -302,6 +303,16 @@ class Settings:
         parse_positive_float(86_400.0), "a number of seconds above 0, at most 86400",
         metavar="SECONDS", scope=TRAIN,
         roles=("recorded", "script"),
+    )
+    stall_timeout: StallTimeout = setting(
+        "STALL_TIMEOUT", "auto",
+        "A run (one process) that makes no progress in a phase for this long stops as "
+        "stalled (exit 3), saying where it hung and what to try: auto bounds each phase from "
+        "this machine (start-up, compile, the measured step time); a time bounds every "
+        "phase; 0 turns the watchdog off.",
+        parse_stall_timeout, "auto, 0 (off), or a time from 1s to 168h: seconds (600) or "
+        "ending in s, m or h (90s, 10m, 1h)",
+        metavar="TIME", scope=TRAIN, roles=("recorded",),
     )
     checkpoint_every: CheckpointInterval = setting(
         "CHECKPOINT_EVERY", "10m",

@@ -112,9 +112,16 @@ class Watchdog:
     it (measured with TF 2.21: the thread never ran; so does SIGTERM's handler, and the
     coordination service's `cluster_register_timeout` did not end the wait either). So
     `backstop` also arms `faulthandler.dump_traceback_later`, whose C thread needs no GIL:
-    BACKSTOP_GRACE_S after the deadline it exits 1. Its "Timeout" dump and stacks go to a
-    helper process (`backstop.Backstop`), which prints instead which of `peers` (name ->
-    address) do not answer, each line after `tag`.
+    BACKSTOP_GRACE_S after the deadline it exits 1. With `peers`, its "Timeout" dump and
+    stacks go to a helper process (`backstop.Backstop`), which prints instead which of them
+    (name -> address) do not answer, each line after `tag`; without, the dump itself (every
+    thread's stack, written with no GIL) goes to stderr.
+
+    `progress(phase, bound_s)` may give a phase its own bound (the stall watch's phases);
+    `explain(phase, bound_s)` writes the message on expiry (default: a lost worker's);
+    `dump_fd`: where the backstop's dump goes without peers (default: stderr). Re-arming
+    faulthandler's timer starts a C thread (about 0.2 ms); `rearm_s` re-arms it only that
+    often in one phase, and so sets it that much later.
     """
 
     def __init__(
@@ -127,8 +134,16 @@ class Watchdog:
         backstop: bool = True,
         peers: Mapping[str, str] | None = None,
         tag: str = "",
+        explain: Callable[[str, float], str] | None = None,
+        dump_fd: int | None = None,
+        rearm_s: float = 0.0,
     ) -> None:
         self.timeout_s = timeout_s
+        self._bound_s = timeout_s
+        self._explain = explain or self._lost_worker
+        self._dump_fd = dump_fd
+        self._rearm_s = rearm_s
+        self._armed: tuple[float, float] | None = None  # (when, bound) of the backstop's timer
         self.who = who
         self._on_expire = on_expire
         self._clock = clock
@@ -150,16 +165,25 @@ class Watchdog:
             self._thread = threading.Thread(target=self._watch, name="mgpu-watchdog", daemon=True)
             self._thread.start()
 
-    def progress(self, phase: str | None = None) -> None:
+    def progress(self, phase: str | None = None, bound_s: float | None = None) -> None:
         with self._lock:
             if phase is not None:
                 self._phase = phase
-            self._deadline = self._clock() + self.timeout_s
-        if self._backstop and not self._stop.is_set():
-            helper = self._backstop_helper()
+            if bound_s is not None:
+                self._bound_s = bound_s
+            self._deadline = self._clock() + self._bound_s
+            now = time.monotonic()
+            due = (self._armed is None or self._armed[1] != self._bound_s
+                   or now - self._armed[0] >= self._rearm_s)
+            if due:
+                self._armed = (now, self._bound_s)
+        if self._backstop and not self._stop.is_set() and due:
+            helper = self._backstop_helper() if self._peers else None
             faulthandler.dump_traceback_later(
-                self.timeout_s + BACKSTOP_GRACE_S, repeat=False,
-                file=helper.dump_fd if helper is not None else sys.stderr, exit=True,
+                self._bound_s + BACKSTOP_GRACE_S + self._rearm_s, repeat=False,
+                file=helper.dump_fd if helper is not None else (
+                    sys.stderr if self._dump_fd is None else self._dump_fd),
+                exit=True,
             )
             if helper is not None:
                 helper.progress(self._phase)
@@ -177,6 +201,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._armed = None
         if self._backstop:
             faulthandler.cancel_dump_traceback_later()
             if self._helper is not None:
@@ -193,13 +218,16 @@ class Watchdog:
                 phase = self._phase
             if late:
                 self.expired = True
-                self._on_expire(
-                    f"{self.who}: no progress for {self.timeout_s:g} s while {phase}; another "
-                    "worker is probably down, stuck or unreachable.\n  Check every worker's "
-                    "log; start them all again to resume from the last completed epoch "
-                    "(WORKER_TIMEOUT sets this limit)."
-                )
+                self._on_expire(self._explain(phase, self._bound_s))
                 return
+
+    def _lost_worker(self, phase: str, bound_s: float) -> str:
+        return (
+            f"{self.who}: no progress for {bound_s:g} s while {phase}; another "
+            "worker is probably down, stuck or unreachable.\n  Check every worker's "
+            "log; start them all again to resume from the last completed epoch "
+            "(WORKER_TIMEOUT sets this limit)."
+        )
 
     def __enter__(self) -> Watchdog:
         return self

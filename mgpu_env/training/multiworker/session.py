@@ -23,6 +23,18 @@ from mgpu_env.training.multiworker.faults import (
     reclaim_signal_handlers,
 )
 from mgpu_env.training.multiworker.scratch import remove_scratch_dir, scratch_dir
+from mgpu_env.training.multiworker.stall import StallWatch
+from mgpu_env.training.multiworker.stallhints import (
+    EVALUATING,
+    FIRST_STEP,
+    MODEL,
+    SAVING,
+    STEPS,
+    STRATEGY,
+)
+
+# The session's progress words -> the stall watch's phases.
+_STALL_PHASES = {"saving the checkpoint": SAVING, "training": STEPS, "evaluating": EVALUATING}
 
 # ------------------------------------------------------------------------------ session
 
@@ -30,10 +42,11 @@ from mgpu_env.training.multiworker.scratch import remove_scratch_dir, scratch_di
 class WorkerSession:
     """The multi-worker steps of one training run, in the order the trainer takes them.
 
-    For a single-process run (`role` None) every method does nothing, so the training loop
-    has one path. Order: `join` (before the strategy exists), `after_strategy` (right after),
-    `checkpoint_dir`, `share_restored` (after the chief restored), `progress` (after every
-    completed unit of work), `close`.
+    For a single-process run (`role` None) every method does nothing but move `stall` (its
+    stall watch, if any) from phase to phase, so the training loop has one path. Order:
+    `join` (before the strategy exists), `after_strategy` (right after), `checkpoint_dir`,
+    `share_restored` (after the chief restored), `progress` (after every completed unit of
+    work), `close`.
     """
 
     def __init__(
@@ -41,7 +54,9 @@ class WorkerSession:
         cluster: Cluster | None,
         timeout_s: float,
         on_expire: Callable[[str], None] = abort_process,
+        stall: StallWatch | None = None,
     ) -> None:
+        self.stall = stall
         self.role = cluster.role if cluster is not None else None
         self._scratch: OwnedFolder | None = None
         self._agree: Callable[[tuple[bool, ...]], tuple[bool, ...]] | None = None
@@ -71,6 +86,8 @@ class WorkerSession:
 
     def join(self) -> None:
         """Bound the wait for the other workers (the strategy's start)."""
+        if self.stall is not None:
+            self.stall.phase(STRATEGY)
         if self._cluster is None:
             return
         others = ", ".join(f"{name} ({address})" for name, address in self._peers().items())
@@ -88,6 +105,8 @@ class WorkerSession:
         its preemption notice) over ours, which then never runs: `docker stop` would wait
         for SIGKILL. Measured with TF 2.21: SIGTERM to both workers changed nothing.
         """
+        if self.stall is not None:
+            self.stall.phase(MODEL)
         if self.multi:
             assert self.role is not None
             reclaim_signal_handlers()
@@ -103,6 +122,8 @@ class WorkerSession:
         return self._scratch.path
 
     def share_restored(self, strategy: Any, variables: Sequence[Any]) -> None:
+        if self.stall is not None:
+            self.stall.phase(FIRST_STEP)
         if self.multi:
             assert self.role is not None
             self.watchdog.progress("receiving the chief's checkpoint")
@@ -118,6 +139,11 @@ class WorkerSession:
         return self._agree(flags)
 
     def progress(self, phase: str | None = None) -> None:
+        if self.stall is not None:
+            if phase is None:
+                self.stall.call_done()
+            else:
+                self.stall.phase(_STALL_PHASES.get(phase, phase))
         if self.multi:
             self.watchdog.progress(phase)
 
@@ -139,5 +165,7 @@ class WorkerSession:
         if self._scratch is not None:
             remove_scratch_dir(self._scratch)
             self._scratch = None
+        if self.stall is not None:
+            self.stall.stop()
         if succeeded:
             self.watchdog.stop()

@@ -34,6 +34,8 @@ from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
 from mgpu_env.training.input.feed import Feed, make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
+from mgpu_env.training.multiworker.stall import StallWatch
+from mgpu_env.training.multiworker.stallhints import STARTING, Devices
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.checkpoints import (
     Checkpoints,
@@ -117,7 +119,9 @@ def run_training(
     stop = StopRequest()
     multi_worker = plan.strategy.kind == "multi_worker"
     session = WorkerSession(
-        plan.runtime.cluster if multi_worker else None, plan.settings.worker_timeout
+        plan.runtime.cluster if multi_worker else None, plan.settings.worker_timeout,
+        # One process: the stall watch; several are bounded by WORKER_TIMEOUT's watchdog.
+        stall=None if multi_worker else stall_watch(plan),
     )
     with stop_on_signals(stop):
         try:
@@ -149,6 +153,19 @@ def run_training(
             raise
         finally:
             session.close(succeeded=False)
+
+
+def stall_watch(plan: TrainPlan) -> StallWatch:
+    """This run's stall watch (STALL_TIMEOUT), in its first phase."""
+    import os
+
+    strategy = plan.strategy
+    watch = StallWatch(plan.settings.stall_timeout, Devices(
+        strategy.local_replicas, strategy.device_type, strategy.cross_device_ops,
+        {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+    ), plan.resume_command)
+    watch.phase(STARTING)
+    return watch
 
 
 def _start(prepared: PreparedRun, session: WorkerSession) -> Trainer:

@@ -1,0 +1,191 @@
+"""The stall watch of a single-process run: each phase has a bound, a phase that overruns it
+is a stall, and a stall is reported (the phase, each thread's Python stack, TensorFlow's
+last log lines, what it most likely means here and what to try) and ends the process with
+EXIT_STALLED.
+
+It is `faults.Watchdog` (the between-workers watchdog) given a bound per phase and this
+report: the same Python thread, and the same GIL-free backstop (faulthandler's C thread) for
+a process stuck where Python cannot run, which BACKSTOP_GRACE_S later prints every thread's
+stack with no GIL and exits 1.
+
+Ending there saves nothing: the process ends as a kill -9 would, which leaves a checkpoint
+being written unreferenced (the `checkpoint` index is replaced last, by rename) and every
+other output (settings.json, history.json, metrics.json) written whole or not at all
+(`rundir.atomic_write_json`).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+from mgpu_env.config.stalltime import StallTimeout
+from mgpu_env.training.multiworker.faults import Watchdog
+from mgpu_env.training.multiworker.stallhints import (
+    FIRST_STEP,
+    MODEL,
+    SAVING,
+    STARTING,
+    STEPS,
+    STRATEGY,
+    Devices,
+    hint,
+)
+
+# What a process that stalled exits with (1 is a failure, 2 a bad setting).
+EXIT_STALLED = 3
+# STALL_TIMEOUT=auto's bounds. Floors where nothing was measured yet: TensorFlow's import
+# and a data load, a GPU's set-up, the first step's trace and compile (XLA's can take
+# minutes on a large model), a save to a slow disk. Steps: STEP_FACTOR times the median
+# time of a call of steps once MEASURED_CALLS were timed, never under STEP_FLOOR_S (a
+# retrace at an epoch's last, partial batch compiles again). A set STALL_TIMEOUT bounds every
+# phase but the start-up, which keeps auto's: TensorFlow's import and a data load take what
+# the machine's load makes them (over 120 s measured on a busy 2-core machine), not a hang.
+AUTO_BOUNDS_S = {STARTING: 1800.0, STRATEGY: 600.0, MODEL: 900.0, FIRST_STEP: 1200.0,
+                 SAVING: 1200.0}
+AUTO_DEFAULT_S = 1200.0
+PER_REPLICA_S = 60.0  # each replica past the first: more to set up and compile
+STEP_FACTOR = 20.0
+STEP_FLOOR_S = 600.0
+MEASURED_CALLS = 3
+# How often a phase's progress re-arms the backstop's timer (which then fires up to this
+# much later): each re-arm starts a C thread, 0.25 ms measured, at every call of steps else.
+REARM_S = 1.0
+# TensorFlow's Python log lines kept for the report.
+LOG_LINES = 20
+
+
+class _Recent(logging.Handler):
+    """The last LOG_LINES records of TensorFlow's Python logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname[0]} {record.getMessage()}")
+
+
+def stacks(skip: int | None = None) -> str:
+    """Each Python thread's stack, the main thread first (thread `skip` left out)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    frames = sorted(sys._current_frames().items(),
+                    key=lambda item: item[0] != threading.main_thread().ident)
+    parts = []
+    for ident, frame in frames:
+        if ident == skip:
+            continue
+        stack = "".join(traceback.format_stack(frame)).rstrip()
+        parts.append(f"Thread {names.get(ident, ident)}:\n{stack}")
+    return "\n".join(parts)
+
+
+def stop_stalled(report: str, fd: int = 2) -> None:
+    """Write the report to `fd` (stderr) and end the process now with EXIT_STALLED
+    (`os._exit`: the main thread is blocked where no exception reaches)."""
+    data = f"error: {report}\n".encode(errors="replace")
+    while data:
+        data = data[os.write(fd, data):]
+    os._exit(EXIT_STALLED)
+
+
+class StallWatch:
+    """The phases of one run, each bounded; `phase(name)` starts one, `call_done()` marks a
+    call of steps completed (the first one ends the first step), `stop()` disarms. With
+    STALL_TIMEOUT=0 every method does nothing.
+
+    Made before TensorFlow's quiet import: that sends fd 2 elsewhere while it runs, so the
+    report and the backstop's dump go to a copy of stderr taken here.
+    """
+
+    def __init__(self, timeout: StallTimeout, devices: Devices, resume: str,
+                 on_stall: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout = timeout
+        self.devices = devices
+        self._resume = resume
+        self._clock = clock
+        self._calls: collections.deque[float] = collections.deque(maxlen=101)
+        self._last: float | None = None
+        self._phase = ""
+        self._log = _Recent()
+        self._dog: Watchdog | None = None
+        self._started = False
+        self._stderr: int | None = None
+        if not timeout.off:
+            self._stderr = os.dup(2)
+            first = self.bound(STARTING)
+            self._dog = Watchdog(
+                first, "this run", on_stall or functools.partial(stop_stalled, fd=self._stderr),
+                clock=clock, poll_s=min(1.0, (timeout.seconds or first) / 10),
+                explain=self._report, dump_fd=self._stderr, rearm_s=REARM_S)
+
+    def bound(self, phase: str) -> float:
+        """How long `phase` may go without progress."""
+        if self.timeout.seconds is not None and phase != STARTING:
+            return self.timeout.seconds
+        extra = PER_REPLICA_S * (self.devices.replicas - 1)
+        if phase == STEPS and len(self._calls) >= MEASURED_CALLS:
+            return max(STEP_FLOOR_S, STEP_FACTOR * statistics.median(self._calls)) + extra
+        return AUTO_BOUNDS_S.get(phase, AUTO_DEFAULT_S) + extra
+
+    def phase(self, name: str) -> None:
+        if self._dog is None:
+            return
+        if not self._phase:
+            logging.getLogger("tensorflow").addHandler(self._log)
+        self._phase = name
+        self._last = None
+        if not self._started:
+            self._started = True
+            self._dog.start(name)
+        self._dog.progress(name, self.bound(name))
+
+    def call_done(self) -> None:
+        """A call of steps ended: the first ends the first step; the others are timed."""
+        if self._dog is None:
+            return
+        now = self._clock()
+        if self._phase == STEPS and self._last is not None:
+            self._calls.append(now - self._last)
+        self._phase, self._last = STEPS, now
+        self._dog.progress(STEPS, self.bound(STEPS))
+
+    def stop(self) -> None:
+        if self._dog is not None:
+            self._dog.stop()
+            logging.getLogger("tensorflow").removeHandler(self._log)
+            self._dog = None
+        if self._stderr is not None:
+            os.close(self._stderr)
+            self._stderr = None
+
+    def _report(self, phase: str, bound_s: float) -> str:
+        meaning, fix = hint(phase, self.devices)
+        how = ("STALL_TIMEOUT=auto's bound for this phase" if self.timeout.auto
+               else f"STALL_TIMEOUT={self.timeout}")
+        measured = (f" (a call of steps took {statistics.median(self._calls):.3g} s, median "
+                    f"of {len(self._calls)})" if phase == STEPS and self._calls else "")
+        logs = "\n".join(f"  {line}" for line in self._log.lines) or (
+            "  (none from TensorFlow's Python side; its C++ and NCCL lines are on stderr "
+            "above: NCCL_DEBUG=INFO adds NCCL's)")
+        return (
+            f"the run stalled: no progress for {bound_s:g} s ({how}) in {phase}{measured}.\n"
+            f"  Most likely: {meaning}.\n"
+            f"  Try: {fix}.\n"
+            "  Nothing was half-written: a checkpoint being saved stays unreferenced, and "
+            "starting again with the same OUTPUT_DIR resumes from the last complete one "
+            f"(or starts afresh if there is none): {self._resume}\n"
+            f"  STALL_TIMEOUT sets the bound (0: off).\n"
+            f"TensorFlow's last log lines:\n{logs}\n"
+            f"Each thread's Python stack (most recent call last):\n"
+            f"{stacks(skip=threading.get_ident())}"
+        )

@@ -1,0 +1,104 @@
+"""A real stall of `mgpu train` on the CPU: a MODEL whose layer blocks (a tf.py_function
+that sleeps, as user code in a step can) at a chosen step. The stall watch names the phase
+within STALL_TIMEOUT, prints every thread's stack (the blocked py_function's line among
+them) and exits 3; the run folder's last checkpoint resumes afterwards. Held in C with the
+GIL, the GIL-free backstop ends it instead (exit 1, faulthandler's stacks). A bad
+STALL_TIMEOUT is exit 2 before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from mgpu_env.training.multiworker.faults import BACKSTOP_GRACE_S
+from mgpu_env.training.multiworker.stall import EXIT_STALLED, REARM_S
+from mgpu_env.training.multiworker.stallhints import FIRST_STEP, MODEL, STEPS
+from tests.support import train_process
+from tests.support.children import REPO
+
+HOOKS = REPO / "tests" / "fixtures" / "stall"
+TIMEOUT_S = 4.0
+# The watch polls every TIMEOUT_S / 10; the rest is the report's writing and the exit.
+SLACK_S = 2.0
+STEPS_PER_EPOCH = 22  # digits, 64 a batch
+
+
+def stalled_run(tmp_path: Path, stall_at: int, **settings: str
+                ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The run, and the seconds from the block's start to the process's end."""
+    mark = tmp_path / "blocked-at"
+    process = train_process.start(
+        tmp_path / "run", PYTHONPATH=f"{HOOKS}:{REPO}", MODEL="stallmodel:build", EPOCHS="2",
+        STALL_AT=str(stall_at), STALL_MARK=str(mark), STALL_TIMEOUT=f"{TIMEOUT_S:g}",
+        **settings,
+    )
+    stdout, stderr = process.communicate(timeout=300)
+    ended = time.time()
+    assert mark.is_file(), stderr[-3000:]
+    waited = ended - float(mark.read_text())
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), waited
+
+
+@pytest.mark.slow
+def test_a_stall_in_the_steps_is_named_within_the_bound_and_the_run_resumes(
+    tmp_path: Path
+) -> None:
+    # Epoch 2's third step: epoch 1's checkpoint is written.
+    result, waited = stalled_run(tmp_path, STEPS_PER_EPOCH + 3)
+    assert result.returncode == EXIT_STALLED, result.stderr[-3000:]
+    assert TIMEOUT_S - 1 <= waited < TIMEOUT_S + SLACK_S, waited
+    stderr = result.stderr
+    assert (f"error: the run stalled: no progress for {TIMEOUT_S:g} s (STALL_TIMEOUT=4s) in "
+            f"{STEPS}") in stderr
+    assert "one replica: no collective is involved" in stderr
+    assert "Thread MainThread:" in stderr
+    assert 'stallmodel.py", line' in stderr and "in block_here" in stderr
+    assert "Traceback" not in stderr
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint").read_text().startswith(
+        'model_checkpoint_path: "ckpt-1"')
+    # The same folder, no block: resumed from epoch 1's checkpoint and finished.
+    again = train_process.run(tmp_path / "run", PYTHONPATH=f"{HOOKS}:{REPO}",
+                              MODEL="stallmodel:build", EPOCHS="2", QUIET="0")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Resuming from the checkpoint of epoch 1" in again.stdout
+    finished = train_process.metrics(tmp_path / "run")
+    assert finished["epochs_completed"] == 2 and finished["resumed_from_epoch"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stall_at", "phase"), [(1, MODEL), (2, FIRST_STEP)])
+def test_a_stall_before_the_steps_is_named_by_its_phase(
+    tmp_path: Path, stall_at: int, phase: str
+) -> None:
+    # The layer runs once as the model is built (its variables made), then in each step.
+    result, waited = stalled_run(tmp_path, stall_at)
+    assert result.returncode == EXIT_STALLED, result.stderr[-3000:]
+    # The bound runs from the phase's start, a little before the block (the step's trace).
+    assert waited < TIMEOUT_S + SLACK_S, waited
+    assert f"in {phase}." in result.stderr
+    assert not (tmp_path / "run" / "checkpoints" / "checkpoint").exists()
+
+
+@pytest.mark.slow
+def test_a_stall_that_holds_the_gil_is_ended_by_the_backstop(tmp_path: Path) -> None:
+    result, waited = stalled_run(tmp_path, STEPS_PER_EPOCH + 3, STALL_GIL="1")
+    assert result.returncode == 1, result.stderr[-3000:]
+    # The timer was last armed at the phase's last progress, up to REARM_S before the block.
+    bound = TIMEOUT_S + BACKSTOP_GRACE_S + REARM_S
+    assert bound - REARM_S <= waited < bound + SLACK_S, waited
+    # faulthandler's dump, written with no GIL: the blocked line is in it.
+    assert "Timeout (0:00:10)!" in result.stderr
+    assert 'stallmodel.py", line' in result.stderr
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", ["never", "0.5s", "-1"])
+def test_a_bad_stall_timeout_is_exit_2(tmp_path: Path, value: str) -> None:
+    result = train_process.run(tmp_path / "run", "--dry-run", STALL_TIMEOUT=value)
+    assert result.returncode == 2
+    assert f"STALL_TIMEOUT='{value}'" in result.stderr and "Valid: auto, 0" in result.stderr
+    assert "Traceback" not in result.stderr

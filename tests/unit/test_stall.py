@@ -1,0 +1,147 @@
+"""The stall watch of a single-process run without TensorFlow: STALL_TIMEOUT's values, each
+phase's bound (auto: floors, then the measured call time), the hints per phase and device,
+and a real stall of a real thread reported with its phase and every thread's stack."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from mgpu_env.config.stalltime import StallTimeout, parse_stall_timeout
+from mgpu_env.config.text import SettingError
+from mgpu_env.training.multiworker import stall
+from mgpu_env.training.multiworker.stallhints import (
+    EVALUATING,
+    FIRST_STEP,
+    MODEL,
+    PHASES,
+    SAVING,
+    STARTING,
+    STEPS,
+    STRATEGY,
+    Devices,
+    hint,
+)
+
+ONE_CPU = Devices(1, "CPU", "none", {})
+FOUR_GPUS = Devices(4, "GPU", "nccl", {})
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("auto", None), (" AUTO ", None), ("0", 0.0), ("off", 0.0), ("600", 600.0),
+    ("90s", 90.0), ("10m", 600.0), ("1.5h", 5400.0), ("1", 1.0), ("168h", 604800.0), ("5 m", 300.0),
+])
+def test_stall_timeout_reads_auto_off_and_times(text: str, seconds: float | None) -> None:
+    value = parse_stall_timeout(text)
+    assert value.seconds == seconds
+    assert parse_stall_timeout(str(value)) == value
+
+
+@pytest.mark.parametrize("text", ["", "-5", "0.5", "0.5s", "169h", "never", "10d", "nan",
+                                  "inf", "1e999", "\u0663", "auto5"])
+def test_stall_timeout_refuses_the_rest(text: str) -> None:
+    with pytest.raises(SettingError):
+        parse_stall_timeout(text)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch(timeout: StallTimeout, devices: Devices = ONE_CPU,
+          clock: Clock | None = None) -> stall.StallWatch:
+    return stall.StallWatch(timeout, devices, "OUTPUT_DIR=x mgpu train",
+                            on_stall=lambda report: None, clock=clock or Clock())
+
+
+def test_auto_bounds_a_phase_by_its_floor_then_steps_by_their_measured_time() -> None:
+    clock = Clock()
+    auto = watch(StallTimeout(), clock=clock)
+    try:
+        for phase in (STARTING, STRATEGY, MODEL, FIRST_STEP, SAVING):
+            assert auto.bound(phase) == stall.AUTO_BOUNDS_S[phase]
+        auto.phase(FIRST_STEP)
+        clock.now = 500.0
+        auto.call_done()  # the first step's end: its compile is not a step's time
+        assert auto.bound(STEPS) == stall.AUTO_DEFAULT_S
+        for seconds in (40.0, 50.0, 60.0):
+            clock.now += seconds
+            auto.call_done()
+        assert auto.bound(STEPS) == max(stall.STEP_FLOOR_S, stall.STEP_FACTOR * 50.0)
+        assert auto.bound(STEPS) == 1000.0
+    finally:
+        auto.stop()
+
+
+def test_auto_gives_more_replicas_more_time_and_a_set_time_bounds_every_phase() -> None:
+    four = watch(StallTimeout(), FOUR_GPUS)
+    assert four.bound(FIRST_STEP) == stall.AUTO_BOUNDS_S[FIRST_STEP] + 3 * stall.PER_REPLICA_S
+    fixed = watch(StallTimeout(7.0), FOUR_GPUS)
+    assert {fixed.bound(phase) for phase in PHASES if phase != STARTING} == {7.0}
+    assert fixed.bound(STARTING) == stall.AUTO_BOUNDS_S[STARTING] + 3 * stall.PER_REPLICA_S
+    four.stop()
+    fixed.stop()
+
+
+def test_off_watches_nothing() -> None:
+    before = threading.active_count()
+    off = watch(StallTimeout(0.0))
+    off.phase(STARTING)
+    off.call_done()
+    assert threading.active_count() == before
+    off.stop()
+
+
+def test_the_hints_name_nccls_fixes_for_a_stall_of_several_gpus() -> None:
+    meaning, fix = hint(FIRST_STEP, FOUR_GPUS)
+    assert "NCCL" in meaning and "tensorflow#60363" in meaning
+    assert "CROSS_DEVICE_OPS=hierarchical_copy" in fix and "NCCL_P2P_DISABLE=1" in fix
+    meaning, _ = hint(STEPS, Devices(4, "GPU", "nccl", {"NCCL_P2P_DISABLE": "1"}))
+    assert "NCCL_P2P_DISABLE='1' was already set" in meaning
+    meaning, _ = hint(STEPS, ONE_CPU)
+    assert "no collective" in meaning
+    meaning, fix = hint(FIRST_STEP, Devices(2, "CPU", "reduction_to_one", {}))
+    assert "reduction_to_one" in meaning and "NCCL" not in meaning + fix
+    # Every phase has its own words.
+    assert len({hint(phase, ONE_CPU)[0] for phase in PHASES}) == len(PHASES)
+    assert "disk" in hint(SAVING, ONE_CPU)[0] and "evaluation" in hint(EVALUATING, ONE_CPU)[0]
+
+
+def test_a_real_stall_is_reported_with_its_phase_and_every_threads_stack() -> None:
+    reports: list[str] = []
+    done = threading.Event()
+
+    def on_stall(report: str) -> None:
+        reports.append(report)
+        done.set()
+
+    blocked = threading.Event()
+
+    def stuck_in_a_step() -> None:
+        blocked.wait(30)
+
+    worker = threading.Thread(target=stuck_in_a_step, name="stepper", daemon=True)
+    one = stall.StallWatch(StallTimeout(1.0), FOUR_GPUS, "OUTPUT_DIR=x mgpu train",
+                           on_stall=on_stall)
+    try:
+        one.phase(FIRST_STEP)
+        started = time.monotonic()
+        worker.start()
+        assert done.wait(10), "no report"
+        took = time.monotonic() - started
+    finally:
+        blocked.set()
+        one.stop()
+    assert 1.0 <= took < 2.5, took
+    report = reports[0]
+    assert report.startswith("the run stalled: no progress for 1 s (STALL_TIMEOUT=1s) in "
+                             f"{FIRST_STEP}.")
+    assert "NCCL_P2P_DISABLE=1" in report and "OUTPUT_DIR=x mgpu train" in report
+    assert "Thread stepper:" in report and "in stuck_in_a_step" in report
+    assert "Thread MainThread:" in report and "mgpu-watchdog" not in report
