@@ -9,6 +9,7 @@ import signal
 EXIT_OK = 0
 EXIT_FAILED = 1  # a check or the run failed (RunFailed, a lost worker)
 EXIT_BAD_CONFIG = 2  # a bad setting, input or usage (ConfigError): a retry fails the same way
+EXIT_STALLED = 3  # a phase of training made no progress within its bound (STALL_TIMEOUT)
 # A process ended by signal N exits 128 + N, as a shell and Docker report it.
 _SIGNAL_BASE = 128
 
@@ -23,6 +24,7 @@ DOCUMENTED: dict[int, str] = {
     EXIT_OK: "success",
     EXIT_FAILED: "a check or the run failed",
     EXIT_BAD_CONFIG: "bad configuration or usage",
+    EXIT_STALLED: "training stalled, resumable from the last checkpoint",
     exit_for_signal(signal.SIGTERM): "training stopped by SIGTERM, resumable",
     exit_for_signal(signal.SIGINT): "training stopped by Ctrl-C (SIGINT), resumable",
 }

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_env.config.exitcodes import EXIT_STALLED
 from mgpu_env.training.multiworker.faults import BACKSTOP_GRACE_S
-from mgpu_env.training.multiworker.stall import EXIT_STALLED, REARM_S
+from mgpu_env.training.multiworker.stall import REARM_S
 from mgpu_env.training.multiworker.stallhints import FIRST_STEP, MODEL, STEPS
 from tests.support import train_process
 from tests.support.children import REPO

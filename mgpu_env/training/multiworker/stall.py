@@ -27,6 +27,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from mgpu_env.config.exitcodes import EXIT_STALLED
 from mgpu_env.config.stalltime import StallTimeout
 from mgpu_env.training.multiworker.faults import Watchdog
 from mgpu_env.training.multiworker.stallhints import (
@@ -41,7 +42,6 @@ from mgpu_env.training.multiworker.stallhints import (
 )
 
 # What a process that stalled exits with (1 is a failure, 2 a bad setting).
-EXIT_STALLED = 3
 # STALL_TIMEOUT=auto's bounds. Floors where nothing was measured yet: TensorFlow's import
 # and a data load, a GPU's set-up, the first step's trace and compile (XLA's can take
 # minutes on a large model), a save to a slow disk. Steps: STEP_FACTOR times the median
