@@ -29,6 +29,7 @@ from mgpu_env.doctor import facts as probes
 from mgpu_env.hardware import cudadriver
 from tests.support.fake_nvml import FakeGpu, FakeNvml
 from tests.support.fakecuda import build_libcuda, build_library
+from tests.support.fakelimits import lay_out as lay_out_limits
 
 # CUDA's driver probe as it runs (a child loading libcuda.so.1), taken before the suite's
 # autouse fixture replaces it with a canned answer.
@@ -41,13 +42,6 @@ HEALTHY_DRIVER = "555.42.06"  # runs CUDA 12.5 (TensorFlow 2.21's build) without
 _MODULE_LINE = "{name} 54001664 9 - Live 0x0000000000000000 (POE)"
 CPU_FLAGS = ("fpu", "sse", "sse2", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma",
              "avx512f", "avx512_bf16")
-LIMITS = """Limit                     Soft Limit           Hard Limit           Units
-Max cpu time              unlimited            unlimited            seconds
-Max stack size            67108864             unlimited            bytes
-Max processes             unlimited            unlimited            processes
-Max open files            1048576              1048576              files
-Max locked memory         unlimited            unlimited            bytes
-"""
 
 
 def bus_ids(count: int) -> tuple[str, ...]:
@@ -226,7 +220,7 @@ def _device(path: Path, m: Machine, dead: bool, char: bool) -> None:
 
 def _dev(root: Path, m: Machine) -> None:
     dev = root / "dev"
-    (dev / "shm").mkdir(parents=True)
+    (dev / "shm").mkdir(parents=True, exist_ok=True)
     char = m.devices == "char" and mknod_allowed(dev)
     names = ["nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(len(m.gpus)))]
     for name in names if m.kernel is not None else ():
@@ -245,10 +239,13 @@ def _process(root: Path, m: Machine) -> None:
     proc = root / "proc"
     (proc / "self").mkdir(parents=True, exist_ok=True)
     groups = " ".join(str(g) for g in m.groups)
+    # The limits of a healthy machine first (rlimits, the kernel's, /dev/shm, the CPUs
+    # allowed), then this machine's identity over the status they wrote.
+    lay_out_limits(root, uid=m.uid)
     (proc / "self/status").write_text(
         f"Name:\tpython3\nUmask:\t0022\nState:\tR (running)\nUid:\t{m.uid}\t{m.uid}\t{m.uid}\t"
-        f"{m.uid}\nGid:\t{m.gid}\t{m.gid}\t{m.gid}\t{m.gid}\nGroups:\t{groups}\n")
-    (proc / "self/limits").write_text(LIMITS)
+        f"{m.uid}\nGid:\t{m.gid}\t{m.gid}\t{m.gid}\t{m.gid}\nGroups:\t{groups}\n"
+        "Threads:\t4\nCpus_allowed_list:\t0-7\nCapEff:\t0000000000000000\n")
     (proc / "cpuinfo").write_text(
         "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum "
         f"8480+\nflags\t\t: {' '.join(m.cpu_flags)}\n\n")

@@ -42,6 +42,8 @@ def assert_quiet(report: Diagnosis, count: int) -> None:
         f"PCI bus {count} -> kernel driver {count} -> nvidia module {count} -> device files "
         f"{count} -> user-space driver {count} -> NVML {count}"), lines["chain"].found
     assert not report.errors, report.errors
+    # Quiet means no warning either: the limits and /dev/shm of a healthy machine read as such.
+    assert not report.warnings, report.warnings
 
 
 # ------------------------------------------------------------------ a healthy machine: quiet
