@@ -159,3 +159,18 @@ def test_a_file_system_without_locks_is_said_and_a_live_holder_still_refuses(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_start_refused_before_writing_leaves_no_folder_it_made(tmp_path: Path) -> None:
+    made = tmp_path / "runs" / "new"
+    hold_run_folder(made).release()
+    assert not made.exists()  # bad data or a GPU too small: as if it never started
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    hold_run_folder(kept).release()
+    assert kept.is_dir()  # the user's folder (or a run's) stays, emptied of the hold only
+    written = tmp_path / "written"
+    hold = hold_run_folder(written)
+    (written / "run.json").write_text("{}")
+    hold.release()
+    assert sorted(p.name for p in written.iterdir()) == ["run.json", "run.lock"]

@@ -87,6 +87,7 @@ class FolderHold:
     folder: Path
     fd: int | None
     notes: tuple[str, ...] = ()
+    created: bool = False  # the hold made the folder: a start refused before writing leaves none
 
     def release(self) -> None:
         if self.fd is None:
@@ -94,8 +95,21 @@ class FolderHold:
         holder = read_holder(self.folder)
         if holder is not None and holder.pid == os.getpid():
             (self.folder / HOLDER_FILE).unlink(missing_ok=True)
+        if self.created:
+            self._remove_if_unused()
         os.close(self.fd)  # drops the lock
         self.fd = None
+
+    def _remove_if_unused(self) -> None:
+        """A start refused before it wrote anything (bad data, a GPU too small) leaves no run
+        folder behind, as before the folder was held: removed, still under the lock, when it
+        holds nothing but the lock's own file."""
+        try:
+            if {p.name for p in self.folder.iterdir()} == {LOCK_FILE}:
+                (self.folder / LOCK_FILE).unlink()
+                self.folder.rmdir()
+        except OSError:  # a file appeared meanwhile, or it cannot be listed: keep the folder
+            pass
 
     def __enter__(self) -> FolderHold:
         return self
@@ -126,8 +140,13 @@ def hold_run_folder(
     access = folder_access(folder)
     if access.problem() is not None:
         raise ConfigError(unwritable_folder(access))
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:  # a refused start's empty folder removed in between: once more
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
@@ -139,7 +158,7 @@ def hold_run_folder(
         raise ConfigError(f"{folder / LOCK_FILE} cannot be locked ({err.strerror}).\n"
                           "  Fix: choose an OUTPUT_DIR on another file system.") from None
     atomic_write_json(folder / HOLDER_FILE, Holder.this_process(argv).as_dict())
-    return FolderHold(folder, fd)
+    return FolderHold(folder, fd, created=created)
 
 
 def _held_already(folder: Path, environ: Mapping[str, str]) -> FolderHold:
