@@ -14,9 +14,10 @@ Building it imports no TensorFlow, so a bad combination of settings fails in mil
 `Execution` is the part another process needs to start TensorFlow the decided way (the
 environment, the split, the precision, the strategy plan); it travels as JSON.
 
-This file only names them: the decisions are in `decisions.py` (`Runtime`,
-`decide_runtime` from the settings and the machine's facts, `Machine`), `Execution` in
-`execution.py`. They load on first use, so importing `runtime.cluster` or
+This file only names them: `record.py` decides (`decide`: each part by its one rule, and
+why a part failed, as `Decisions`; its `runtime()` is `decide_runtime`'s result, which the
+doctor judges without deciding again), `decisions.py` holds `Runtime` and the machine's facts
+(`Machine`), `Execution` is in `execution.py`. They load on first use, so importing `runtime.cluster` or
 `runtime.strategy` does not probe the machine's modules.
 """
 
@@ -29,24 +30,23 @@ if TYPE_CHECKING:
         ExecutionRequest,
         Machine,
         Runtime,
-        build_runtime,
         decide_execution,
-        decide_runtime,
         nccl_available,
         probe_machine,
     )
+    from mgpu_env.runtime.record import Decisions, build_runtime, decide, decide_runtime
     from mgpu_env.runtime.execution import DEFAULT_TF_LOG_LEVEL, Execution, apply_environment
 
 _HOMES = {
     "ExecutionRequest": "decisions", "Machine": "decisions", "Runtime": "decisions",
-    "build_runtime": "decisions", "decide_execution": "decisions",
-    "decide_runtime": "decisions", "nccl_available": "decisions",
+    "build_runtime": "record", "decide_execution": "decisions", "Decisions": "record",
+    "decide": "record", "decide_runtime": "record", "nccl_available": "decisions",
     "probe_machine": "decisions", "DEFAULT_TF_LOG_LEVEL": "execution",
     "Execution": "execution", "apply_environment": "execution",
 }
 __all__ = [
-    "DEFAULT_TF_LOG_LEVEL", "Execution", "ExecutionRequest", "Machine", "Runtime",
-    "apply_environment", "build_runtime", "decide_execution", "decide_runtime",
+    "DEFAULT_TF_LOG_LEVEL", "Decisions", "Execution", "ExecutionRequest", "Machine", "Runtime",
+    "apply_environment", "build_runtime", "decide", "decide_execution", "decide_runtime",
     "nccl_available", "probe_machine",
 ]
 

@@ -1,7 +1,6 @@
-"""The runtime's decisions, made once from the resolved settings and the machine's facts
-(`Machine`), before TensorFlow: the GPU selection, the cluster, the device split, the
-precision, the all-reduce, the Keras, the environment (`decide_runtime`; `build_runtime`
-asks the machine first). `Runtime` holds them; nothing downstream decides them again.
+"""The runtime's decisions as training reads them (`Runtime`), the machine's facts they are
+made from (`Machine`, `probe_machine`), and a process's execution on some of the GPUs
+(`decide_execution`). `record.decide` makes them; nothing downstream decides them again.
 """
 
 from __future__ import annotations
@@ -11,8 +10,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mgpu_env.config.resolve import ResolvedSettings, setting_error_message
-from mgpu_env.config.settings import BY_ENV, SettingError, Settings, SettingsErrors
+from mgpu_env.config.resolve import ResolvedSettings
+from mgpu_env.config.settings import Settings
 from mgpu_env.hardware import cpu, cudalibs, nvml
 from mgpu_env.hardware.devices import (
     TF_DEVICE_TYPES,
@@ -20,17 +19,12 @@ from mgpu_env.hardware.devices import (
     GpuSelection,
     cuda_environment,
     plan_split,
-    select_gpus,
-    task_share,
 )
 from mgpu_env.hardware.nvml import GpuInfo
-from mgpu_env.runtime.cluster import Cluster, decide_cluster
-from mgpu_env.runtime.execution import DEFAULT_TF_LOG_LEVEL, Execution
+from mgpu_env.runtime.cluster import Cluster
+from mgpu_env.runtime.execution import Execution
 from mgpu_env.runtime.keras import (
-    LEGACY_VARIABLE,
-    Command,
     KerasChoice,
-    choose_keras,
     tf_keras_installed,
 )
 from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
@@ -136,24 +130,6 @@ class Runtime:
         self.execution.apply(environ)
 
 
-def _select(resolved: ResolvedSettings, listing: nvml.GpuListing,
-            environ: Mapping[str, str], cluster: Cluster | None) -> GpuSelection:
-    """GPUS on this machine; this task's share of them when an engine started several
-    tasks here (Slurm's tasks per node)."""
-    request = resolved.settings.gpus
-    try:
-        selection = select_gpus(request, listing, environ)
-        if cluster is None or cluster.node is None:
-            return selection
-        return task_share(selection, cluster.node.local_id, cluster.node.tasks_on_node,
-                          len(listing.gpus))
-    except SettingError as err:
-        raise SettingsErrors(
-            [setting_error_message(BY_ENV["GPUS"], str(request),
-                                   resolved.sources.get("GPUS", "default"), str(err))]
-        ) from None
-
-
 def nccl_available(gpus: Sequence[GpuInfo]) -> bool:
     """Whether NCCL can run here: GPUs selected, on Linux, and libnccl.so.2 really loads
     from where TensorFlow looks for it (TensorFlow opens it only at the first NCCL
@@ -187,98 +163,6 @@ def probe_machine(
         )
     return Machine(os.environ if environ is None else environ, snapshot, cpu.cpu_flags(),
                    tf_keras_installed())
-
-
-def build_runtime(
-    resolved: ResolvedSettings,
-    environ: Mapping[str, str] | None = None,
-    *,
-    command: Command,
-    snapshot: nvml.NvmlSnapshot | None = None,
-    keras_2_code: str | None = None,
-) -> Runtime:
-    """Decide everything once, on this machine (`probe_machine`; `snapshot` replaces
-    NVML's): `decide_runtime`. Imports no TensorFlow."""
-    machine = probe_machine(resolved.settings, environ, snapshot=snapshot)
-    return decide_runtime(resolved, machine, command=command, keras_2_code=keras_2_code)
-
-
-def decide_runtime(
-    resolved: ResolvedSettings, machine: Machine, *, command: Command,
-    keras_2_code: str | None = None,
-) -> Runtime:
-    """Decide everything once from the settings and the machine's facts; imports no
-    TensorFlow.
-
-    `command` says whose code uses Keras: "run" (a user's script: `mgpu run`, or the API
-    from plain python), "train" or "bench" (mgpu's own); it decides KERAS=auto between
-    workers. Raises SettingsErrors (a GPU the machine lacks) or ConfigError (settings that
-    cannot work together here): both exit 2. `keras_2_code`: what in `mgpu run`'s script
-    only Keras 2 has (`launcher.source_scan`), for KERAS=auto.
-    """
-    settings, environ = resolved.settings, machine.environ
-    decision = decide_cluster(settings, environ)
-    cluster = decision.cluster
-    selection = _select(resolved, machine.snapshot.listing, environ, cluster)
-    nccl = nccl_available(selection.gpus) if machine.nccl is None else machine.nccl
-    notes = [*decision.notes, *([selection.note] if selection.note else [])]
-    virtual_devices, note = _usable_virtual_devices(settings.virtual_devices, cluster,
-                                                    selection)
-    notes.extend(note)
-    environment = _process_environment(resolved, environ, cluster)
-    # The user's own TF_USE_LEGACY_KERAS: the process environment, else the settings file.
-    user_legacy = environ.get(LEGACY_VARIABLE, resolved.env_file_values.get(LEGACY_VARIABLE))
-    keras = choose_keras(
-        settings.keras, multi_worker=cluster is not None, command=command,
-        user_legacy=user_legacy, tf_keras_available=machine.tf_keras,
-        keras_2_code=keras_2_code,
-    )
-    notes.extend(keras.notes)
-    environment.update(keras.environment(user_legacy))
-    request = ExecutionRequest(
-        virtual_devices, settings.mixed_precision, settings.cross_device_ops, keras,
-        environment, cluster.role if cluster is not None else None,
-    )
-    execution = decide_execution(selection.gpus, selection.cuda_visible_devices, request,
-                                 machine.cpu_flags, nccl)
-    return Runtime(
-        resolved, machine.snapshot, selection, cluster, execution, machine.cpu_flags, nccl,
-        tuple(notes),
-    )
-
-
-def _usable_virtual_devices(
-    virtual_devices: int, cluster: Cluster | None, selection: GpuSelection
-) -> tuple[int, list[str]]:
-    """VIRTUAL_DEVICES as the run can use it, with a note when it cannot."""
-    if cluster is not None and not selection.gpus and virtual_devices >= 2:
-        # MultiWorkerMirroredStrategy mirrors over every local GPU, or over one CPU device:
-        # it never uses logical CPU devices, so splitting the CPU would only miscount the
-        # replicas (and the global batch).
-        return 0, [
-            f"VIRTUAL_DEVICES={virtual_devices} is not used between workers on the CPU: "
-            "MultiWorkerMirroredStrategy runs one replica per worker there"
-        ]
-    return virtual_devices, []
-
-
-def _process_environment(
-    resolved: ResolvedSettings, environ: Mapping[str, str], cluster: Cluster | None
-) -> dict[str, str]:
-    """The variables the run's process gets on top of `environ` (Keras' come later)."""
-    environment: dict[str, str] = {}
-    if cluster is not None:
-        # TensorFlow reads only the process environment; TF_CONFIG may have come from the
-        # settings file or a flag, or been built from WORKER_HOSTS.
-        environment["TF_CONFIG"] = cluster.tf_config()
-    # The settings file's other variables (NCCL_*, ...): the process environment wins, as
-    # with docker compose's env_file.
-    for key, value in resolved.env_file_values.items():
-        if key not in BY_ENV and key not in environ:
-            environment[key] = value
-    if "TF_CPP_MIN_LOG_LEVEL" not in environ and "TF_CPP_MIN_LOG_LEVEL" not in environment:
-        environment["TF_CPP_MIN_LOG_LEVEL"] = DEFAULT_TF_LOG_LEVEL
-    return environment
 
 
 @dataclass(frozen=True)
