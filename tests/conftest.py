@@ -16,7 +16,7 @@ from mgpu_env.config.settings import DECLARATIONS
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.hardware.cudalibs import CudaStack
-from mgpu_env.runtime import decisions
+from mgpu_env.runtime import record
 from mgpu_env.tfprobes.tfprobe import TfFacts
 from mgpu_env.training.step import memprobe
 from tests.support.fake_nvml import FakeNvml, fake_with
@@ -147,7 +147,7 @@ def canned_cuda_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cudalibs, "collect_in_process", lambda environ=None: cuda_stack())
     # NCCL loads wherever GPUs are selected, as in the image (tests of the probe itself call
     # cudalibs.nccl_loadable directly).
-    monkeypatch.setattr(decisions, "nccl_available", lambda gpus: bool(gpus))
+    monkeypatch.setattr(record, "nccl_available", lambda gpus: bool(gpus))
     # CUDA's driver API initialises wherever NVML lists GPUs (tests of the probe itself, and
     # the catalogue of real failures, use fake libcuda.so.1 files built with gcc).
     from mgpu_env.hardware import cudadriver

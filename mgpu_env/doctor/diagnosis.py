@@ -1,6 +1,7 @@
 """Gathering the facts once and judging them: `gather` runs every probe (NVML, the host,
-CUDA's driver API, TensorFlow and the CUDA libraries in children), `diagnose` judges them all
-and, with `smoke`, runs the smoke job with the same runtime (built once per run)."""
+CUDA's driver API, TensorFlow and the CUDA libraries in children) and reads training's
+decisions from the runtime's record (decided once per run, `runtime.record.decide`),
+`diagnose` judges them all and, with `smoke`, runs the smoke job with the same runtime."""
 
 from __future__ import annotations
 
@@ -11,17 +12,16 @@ from typing import TYPE_CHECKING
 import mgpu_env.doctor.facts as probes
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings
-from mgpu_env.config.settings import SettingError, SettingsErrors
 from mgpu_env.doctor.checks import ALL_CHECKS, run_checks
-from mgpu_env.doctor.facts import Facts, HostFacts
+from mgpu_env.doctor.facts import Facts, HostFacts, KerasFacts
 from mgpu_env.doctor.verdict import Diagnosis
 from mgpu_env.hardware import cudadriver, cudalibs, hostroot, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
-from mgpu_env.hardware.devices import GpuSelection, select_gpus
+from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.nvml import Probed
-from mgpu_env.runtime import Runtime, build_runtime
+from mgpu_env.runtime import Decisions, Runtime, decide, probe_machine
 from mgpu_env.tfprobes import tfprobe
 from mgpu_env.tfprobes.tfprobe import TfFacts
 
@@ -31,13 +31,23 @@ if TYPE_CHECKING:
 
 def _decide(
     resolved: ResolvedSettings, environ: Mapping[str, str], snapshot: nvml.NvmlSnapshot
-) -> Runtime | None:
-    """The runtime training would have; None when the settings cannot make one here (the
-    checks then say why: GPUS against the machine, the precision request, ...)."""
+) -> tuple[Decisions, Runtime | None]:
+    """What training decides here, part by part, and its runtime; None when the settings
+    cannot make one (the checks then say why, from the record: GPUS against the machine,
+    the precision request, ...)."""
+    machine = probe_machine(resolved.settings, environ, snapshot=snapshot)
+    decisions = decide(resolved, machine, command="train")
+    return decisions, None if decisions.failures else decisions.runtime()
+
+
+def _keras_facts(decisions: Decisions) -> KerasFacts:
+    """The Keras training decided, and the one a script under `mgpu run` would get."""
+    if decisions.keras is None:
+        return KerasFacts(error=decisions.error("keras"))
     try:
-        return build_runtime(resolved, environ, command="train", snapshot=snapshot)
-    except (SettingsErrors, ConfigError):
-        return None
+        return KerasFacts(decisions.keras_for("run"), decisions.keras)
+    except ConfigError as err:
+        return KerasFacts(error=str(err))
 
 
 def _environment_for_tensorflow(
@@ -72,8 +82,8 @@ def gather_with_runtime(
     hostroot.host_root()
     # The doctor asks NVML even for GPUS=none: it reports the machine, not only the run.
     snapshot = nvml.snapshot()
-    runtime = _decide(resolved, environ, snapshot)
-    selection, selection_error = _selection_of(runtime, resolved, snapshot, environ)
+    decisions, runtime = _decide(resolved, environ, snapshot)
+    selection = decisions.selection
     tf_facts = None
     cuda = None
     child_environ = _environment_for_tensorflow(runtime, environ)
@@ -90,19 +100,20 @@ def gather_with_runtime(
         request=resolved.settings.gpus,
         nvml=snapshot,
         selection=selection,
-        selection_error=selection_error,
+        selection_error=decisions.error("gpus"),
         environ=probes.reported_environ(environ),
         host=host,
         versions=probes.probe_versions(),
         tensorflow=tf_facts,
         mixed_precision=settings.mixed_precision,
+        precision=decisions.precision,
+        precision_error=decisions.error("precision"),
         cuda=cuda,
         xla=settings.xla,
         cross_device_ops=settings.cross_device_ops,
-        cluster=(cluster := probes.probe_cluster(settings, environ)),
+        cluster=probes.probe_cluster(decisions.cluster, decisions.error("cluster")),
         run_folder=probes.probe_run_folder(settings),
-        keras=probes.probe_keras(settings, environ, resolved.env_file_values,
-                                 multi_worker=cluster.cluster is not None),
+        keras=_keras_facts(decisions),
         cuda_driver=cuda_driver,
         docker=docker,
         p2p=p2p,
@@ -142,21 +153,6 @@ def gather(
         resolved, environ, with_tensorflow=with_tensorflow,
         collect_tensorflow=collect_tensorflow, collect_cuda=collect_cuda,
         collect_driver=collect_driver)[1]
-
-
-def _selection_of(
-    runtime: Runtime | None, resolved: ResolvedSettings, snapshot: nvml.NvmlSnapshot,
-    environ: Mapping[str, str],
-) -> tuple[GpuSelection | None, str | None]:
-    """The runtime's GPU selection; when the settings made no runtime, the selection alone
-    (a precision or all-reduce that cannot work is judged by its own check), or why GPUS
-    does not fit the machine."""
-    if runtime is not None:
-        return runtime.selection, None
-    try:
-        return select_gpus(resolved.settings.gpus, snapshot.listing, environ), None
-    except SettingError as err:
-        return None, str(err)
 
 
 def diagnose(

@@ -2,7 +2,9 @@
 
 Each probe is a module-level function that never raises: a failure becomes a `Probed`
 with an error ("could not collect ..."). Tests build `Facts` directly, or replace a probe
-with `monkeypatch.setattr(facts, "probe_host", ...)`.
+with `monkeypatch.setattr(facts, "probe_host", ...)`. What training decides (the GPUs,
+the cluster, the Keras, the precision) is not probed here: it is read from the runtime's
+record (`runtime.record.decide`), with why a part could not be decided.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest, Settings
 from mgpu_env.hardware import (
     devopen,
@@ -33,15 +34,10 @@ from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_ro
 from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.hostroot import host_path
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
-from mgpu_env.runtime.cluster import decide_cluster
+from mgpu_env.runtime.cluster import ClusterDecision
 from mgpu_env.runtime.cluster.peers import PeerStatus, probe_peers
-from mgpu_env.runtime.keras import (
-    LEGACY_VARIABLE,
-    Command,
-    KerasChoice,
-    choose_keras,
-    tf_keras_installed,
-)
+from mgpu_env.runtime.keras import LEGACY_VARIABLE, KerasChoice
+from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.tfprobes.tfprobe import TfFacts
 
 if TYPE_CHECKING:  # Docker's host probe is imported where it runs: on a host, rarely
@@ -155,6 +151,10 @@ class Facts:
     versions: dict[str, Probed[str]]  # display name -> version (Python, TensorFlow, ..., OS)
     tensorflow: TfFacts | None = None
     mixed_precision: str = "0"
+    # The precision training decided for the selected devices, or why MIXED_PRECISION
+    # cannot work there (both None: no GPU selection to decide it on).
+    precision: PrecisionChoice | None = None
+    precision_error: str | None = None
     # The CUDA libraries, ptxas and libdevice as TensorFlow would find them; None: not
     # probed (--no-tf, or the pre-flight with no GPU).
     cuda: CudaStack | None = None
@@ -287,12 +287,11 @@ def probe_versions() -> dict[str, Probed[str]]:
     return versions
 
 
-def probe_cluster(settings: Settings, environ: Mapping[str, str]) -> ClusterFacts:
-    """The cluster decided as training would decide it, each peer resolved and reached."""
-    try:
-        decision = decide_cluster(settings, environ)
-    except ConfigError as err:
-        return ClusterFacts(error=str(err))
+def probe_cluster(decision: ClusterDecision | None, error: str | None) -> ClusterFacts:
+    """The cluster training decided (None: its engines' variables contradict each other,
+    `error` says how), each peer resolved and reached."""
+    if decision is None:
+        return ClusterFacts(error=error)
     cluster = decision.cluster
     if cluster is None:
         return ClusterFacts(notes=decision.notes)
@@ -305,25 +304,6 @@ def probe_cluster(settings: Settings, environ: Mapping[str, str]) -> ClusterFact
 def probe_run_folder(settings: Settings) -> FolderAccess:
     """Whether the folder a run would write (OUTPUT_DIR, runs/<RUN_NAME>, runs/) can be."""
     return folder_access(run_folder_root(settings.output_dir, settings.run_name))
-
-
-def probe_keras(
-    settings: Settings, environ: Mapping[str, str], env_file_values: Mapping[str, str],
-    *, multi_worker: bool,
-) -> KerasFacts:
-    """The Keras each command would get, by the rule `build_runtime` applies
-    (`choose_keras`); tf_keras is looked for, not imported."""
-    user_legacy = environ.get(LEGACY_VARIABLE, env_file_values.get(LEGACY_VARIABLE))
-    available = tf_keras_installed()
-
-    def choice(command: Command) -> KerasChoice:
-        return choose_keras(settings.keras, multi_worker=multi_worker, command=command,
-                            user_legacy=user_legacy, tf_keras_available=available)
-
-    try:
-        return KerasFacts(choice("run"), choice("train"))
-    except ConfigError as err:
-        return KerasFacts(error=str(err))
 
 
 def probe_nccl(environ: Mapping[str, str], root: Path | None = None) -> NcclFacts:

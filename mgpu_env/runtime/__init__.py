@@ -15,10 +15,10 @@ Building it imports no TensorFlow, so a bad combination of settings fails in mil
 environment, the split, the precision, the strategy plan); it travels as JSON.
 
 This file only names them: `record.py` decides (`decide`: each part by its one rule, and
-why a part failed, as `Decisions`; its `runtime()` is `decide_runtime`'s result, which the
-doctor judges without deciding again), `decisions.py` holds `Runtime` and the machine's facts
-(`Machine`), `Execution` is in `execution.py`. They load on first use, so importing `runtime.cluster` or
-`runtime.strategy` does not probe the machine's modules.
+why a part failed, as `Decisions`, which the doctor judges without deciding again; its
+`runtime()` is `decide_runtime`'s result), `decisions.py` holds `Runtime` and the machine's
+facts (`Machine`), `Execution` is in `execution.py`. They load on first use, so importing
+`runtime.cluster` or `runtime.strategy` does not probe the machine's modules.
 """
 
 from __future__ import annotations
@@ -31,16 +31,21 @@ if TYPE_CHECKING:
         Machine,
         Runtime,
         decide_execution,
-        nccl_available,
         probe_machine,
     )
-    from mgpu_env.runtime.record import Decisions, build_runtime, decide, decide_runtime
     from mgpu_env.runtime.execution import DEFAULT_TF_LOG_LEVEL, Execution, apply_environment
+    from mgpu_env.runtime.record import (
+        Decisions,
+        build_runtime,
+        decide,
+        decide_runtime,
+        nccl_available,
+    )
 
 _HOMES = {
     "ExecutionRequest": "decisions", "Machine": "decisions", "Runtime": "decisions",
     "build_runtime": "record", "decide_execution": "decisions", "Decisions": "record",
-    "decide": "record", "decide_runtime": "record", "nccl_available": "decisions",
+    "decide": "record", "decide_runtime": "record", "nccl_available": "record",
     "probe_machine": "decisions", "DEFAULT_TF_LOG_LEVEL": "execution",
     "Execution": "execution", "apply_environment": "execution",
 }

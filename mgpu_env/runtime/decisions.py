@@ -12,7 +12,7 @@ from typing import Any
 
 from mgpu_env.config.resolve import ResolvedSettings
 from mgpu_env.config.settings import Settings
-from mgpu_env.hardware import cpu, cudalibs, nvml
+from mgpu_env.hardware import cpu, nvml
 from mgpu_env.hardware.devices import (
     TF_DEVICE_TYPES,
     DeviceSplit,
@@ -31,7 +31,6 @@ from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
 from mgpu_env.runtime.strategy import (
     StrategyPlan,
     WorkerRole,
-    nccl_possible,
     plan_strategy,
 )
 
@@ -128,13 +127,6 @@ class Runtime:
         The one place mgpu changes the process environment; before TensorFlow is imported.
         """
         self.execution.apply(environ)
-
-
-def nccl_available(gpus: Sequence[GpuInfo]) -> bool:
-    """Whether NCCL can run here: GPUs selected, on Linux, and libnccl.so.2 really loads
-    from where TensorFlow looks for it (TensorFlow opens it only at the first NCCL
-    all-reduce, so a missing library would otherwise fail the run there)."""
-    return bool(gpus) and nccl_possible() and cudalibs.nccl_loadable()
 
 
 @dataclass(frozen=True)

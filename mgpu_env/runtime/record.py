@@ -7,14 +7,14 @@ the same record training starts from (`Decisions.runtime()`, which `decide_runti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings, setting_error_message
 from mgpu_env.config.settings import BY_ENV, SettingError, SettingsErrors
-from mgpu_env.hardware import nvml
+from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.hardware.devices import (
     DeviceSplit,
     GpuSelection,
@@ -23,12 +23,13 @@ from mgpu_env.hardware.devices import (
     select_gpus,
     task_share,
 )
+from mgpu_env.hardware.nvml import GpuInfo
 from mgpu_env.runtime.cluster import Cluster, ClusterDecision, decide_cluster
-from mgpu_env.runtime.decisions import Machine, Runtime, nccl_available, probe_machine
+from mgpu_env.runtime.decisions import Machine, Runtime, probe_machine
 from mgpu_env.runtime.execution import DEFAULT_TF_LOG_LEVEL, Execution
 from mgpu_env.runtime.keras import LEGACY_VARIABLE, Command, KerasChoice, choose_keras
 from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
-from mgpu_env.runtime.strategy import StrategyPlan, plan_strategy
+from mgpu_env.runtime.strategy import StrategyPlan, nccl_possible, plan_strategy
 
 T = TypeVar("T")
 
@@ -36,19 +37,20 @@ T = TypeVar("T")
 def _select(resolved: ResolvedSettings, listing: nvml.GpuListing,
             environ: Mapping[str, str], cluster: Cluster | None) -> GpuSelection:
     """GPUS on this machine; this task's share of them when an engine started several
-    tasks here (Slurm's tasks per node)."""
-    request = resolved.settings.gpus
-    try:
-        selection = select_gpus(request, listing, environ)
-        if cluster is None or cluster.node is None:
-            return selection
-        return task_share(selection, cluster.node.local_id, cluster.node.tasks_on_node,
-                          len(listing.gpus))
-    except SettingError as err:
-        raise SettingsErrors(
-            [setting_error_message(BY_ENV["GPUS"], str(request),
-                                   resolved.sources.get("GPUS", "default"), str(err))]
-        ) from None
+    tasks here (Slurm's tasks per node). Raises SettingError with the reason alone (the
+    doctor shows it beside the request; `Decisions.runtime()` words it as a bad setting)."""
+    selection = select_gpus(resolved.settings.gpus, listing, environ)
+    if cluster is None or cluster.node is None:
+        return selection
+    return task_share(selection, cluster.node.local_id, cluster.node.tasks_on_node,
+                      len(listing.gpus))
+
+
+def nccl_available(gpus: Sequence[GpuInfo]) -> bool:
+    """Whether NCCL can run here: GPUs selected, on Linux, and libnccl.so.2 really loads
+    from where TensorFlow looks for it (TensorFlow opens it only at the first NCCL
+    all-reduce, so a missing library would otherwise fail the run there)."""
+    return bool(gpus) and nccl_possible() and cudalibs.nccl_loadable()
 
 
 def build_runtime(
@@ -106,17 +108,28 @@ class Decisions:
     nccl: bool
     environment: dict[str, str]
     notes: tuple[str, ...]
-    failures: Mapping[Part, SettingsErrors | ConfigError]
+    failures: Mapping[Part, SettingError | ConfigError]
 
     def error(self, part: Part) -> str | None:
-        """Why `part` could not be decided (the message training exits 2 with); None when
-        it was, or when a part it needs failed."""
+        """Why `part` could not be decided (for the GPUs, the reason alone); None when it
+        was, or when a part it needs failed."""
         failure = self.failures.get(part)
         if failure is None:
             return None
         if isinstance(failure, SettingsErrors):
             return "\n".join(failure.errors)
         return str(failure)
+
+    def _refusal(self, part: Part) -> ConfigError:
+        """The failure of `part` as training raises it: a bad GPUS as SettingsErrors naming
+        the setting, its value and where it came from."""
+        failure = self.failures[part]
+        if isinstance(failure, ConfigError):
+            return failure
+        request = self.resolved.settings.gpus
+        return SettingsErrors([setting_error_message(
+            BY_ENV["GPUS"], str(request), self.resolved.sources.get("GPUS", "default"),
+            str(failure))])
 
     def keras_for(self, command: Command) -> KerasChoice:
         """The Keras another command would get from the same settings and machine (the
@@ -127,10 +140,10 @@ class Decisions:
 
     def runtime(self) -> Runtime:
         """The runtime, when every part was decided; else raises the first part's failure
-        (SettingsErrors or ConfigError: exit 2)."""
+        (a ConfigError, SettingsErrors for GPUS: exit 2)."""
         for part in PARTS:
             if part in self.failures:
-                raise self.failures[part]
+                raise self._refusal(part)
         assert self.selection is not None and self.keras is not None  # no failure: decided
         assert self.split is not None and self.precision is not None
         assert self.strategy is not None and self.cluster is not None
@@ -154,12 +167,12 @@ def decide(
     each decided or why it could not; imports no TensorFlow. `decide_runtime` is this
     record's `runtime()`; the doctor reads the record itself."""
     settings, environ = resolved.settings, machine.environ
-    failures: dict[Part, SettingsErrors | ConfigError] = {}
+    failures: dict[Part, SettingError | ConfigError] = {}
 
     def attempt(part: Part, rule: Callable[[], T]) -> T | None:
         try:
             return rule()
-        except (SettingsErrors, ConfigError) as err:
+        except (SettingError, ConfigError) as err:
             failures[part] = err
             return None
 

@@ -248,12 +248,12 @@ def test_a_gpu_too_small_refuses_with_the_largest_batch(tmp_path: Path) -> None:
 REFUSED = """
 import json, sys
 from mgpu_env.hardware import nvml
-from mgpu_env.runtime import decisions
+from mgpu_env.runtime import record
 from tests.support.fake_nvml import FakeGpu, fake_gpus
 
 nvml.load_library = lambda: fake_gpus([FakeGpu(name="Tesla T4", memory_total=1 << 20,
                                                memory_free=1 << 20)])
-decisions.nccl_available = lambda gpus: bool(gpus)
+record.nccl_available = lambda gpus: bool(gpus)
 from entrypoint.app import app
 try:
     app(["train"], prog_name="mgpu")

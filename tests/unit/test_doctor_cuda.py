@@ -3,7 +3,7 @@ WSL2, sm_90, and mixed precision judged by training's own rule. Fake NVML, canne
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pytest
 
@@ -13,7 +13,7 @@ from mgpu_env.doctor.checks import Check, run_checks
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import cudalibs
 from mgpu_env.hardware.nvml import Probed
-from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
+from mgpu_env.runtime.precision import choose_precision
 from tests.support.fake_doctor import cuda_stack, healthy_host, make_facts, tf_facts
 from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus, fake_with
 from tests.support.runtimes import runtime_for
@@ -231,20 +231,19 @@ def test_bf16_on_volta_doctor_and_training_agree(machine_facts: MachineFacts,
     assert "MIXED_PRECISION=fp16" in check.fix
 
 
-def test_the_doctor_asks_choose_precision(machine_facts: MachineFacts,
-    use_fake_nvml: Install, monkeypatch: pytest.MonkeyPatch
+def test_the_doctor_reads_the_precision_training_decided(machine_facts: MachineFacts,
+    use_fake_nvml: Install
 ) -> None:
-    from mgpu_env.doctor.checks import gpus
+    """The doctor's precision line states the record training starts from (the same
+    settings on the same GPUs), not a choice of its own."""
+    from mgpu_env.config.resolve import resolve_settings
+    from mgpu_env.runtime import decide, probe_machine
 
-    calls: list[tuple[str, str, list[tuple[int, int] | None]]] = []
-
-    def spy(mode: str, device_type: str,
-            capabilities: Sequence[tuple[int, int] | None] = ()) -> PrecisionChoice:
-        calls.append((mode, device_type, list(capabilities)))
-        return PrecisionChoice("mixed_bfloat16", False, "a rule changed elsewhere")
-
-    monkeypatch.setattr(gpus, "choose_precision", spy)
     use_fake_nvml(fake_gpus([FakeGpu(compute_capability=(8, 6)), FakeGpu()]))
-    check = by_id(machine_facts("all", mixed_precision="bf16"))["gpu.mixed_precision"]
-    assert ("bf16", "GPU", [(8, 6), (8, 0)]) in calls
-    assert check.status == "ok" and "a rule changed elsewhere" in check.found
+    facts = machine_facts("all", mixed_precision="1")
+    resolved = resolve_settings({"MIXED_PRECISION": "1"}, {})
+    decided = decide(resolved, probe_machine(resolved.settings, {}), command="train")
+    assert decided.precision is not None and facts.precision == decided.precision
+    check = by_id(facts)["gpu.mixed_precision"]
+    assert check.status == "ok"
+    assert f"-> {decided.precision.policy}: {decided.precision.reason}" in check.found

@@ -7,7 +7,6 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from mgpu_env.config.errors import ConfigError
 from mgpu_env.doctor.checks.common import (
     NCCL_HINTS,
     Check,
@@ -23,18 +22,13 @@ from mgpu_env.doctor.checks.common import (
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import compat
 from mgpu_env.hardware.nvml import GpuInfo, GpuLink
-from mgpu_env.runtime.precision import FLOAT32, MIXED_FLOAT16, choose_precision
+from mgpu_env.runtime.precision import FLOAT32, MIXED_FLOAT16, fp16_tensor_cores, runs_bf16
 
 # This module's check ids, each declared once (`CheckId`): its Checks are made by them.
 GPU = CheckId("gpu")
 GPU_MIXED_PRECISION = CheckId("gpu.mixed_precision")
 GPU_UNIFORM = CheckId("gpu.uniform")
 GPU_TOPOLOGY = CheckId("gpu.topology")
-
-
-def has_fp16_tensor_cores(capability: tuple[int, int] | None) -> bool:
-    """Whether training's rule picks fp16 for MIXED_PRECISION=1 on a GPU of `capability`."""
-    return choose_precision("1", "GPU", [capability]).policy == MIXED_FLOAT16
 
 
 # Turing boards without tensor cores: the GTX 16 series (TU116/TU117) and the MX 4xx/5xx
@@ -55,25 +49,7 @@ FIX_BLACKWELL = (
 def has_tensor_cores(gpu: GpuInfo) -> bool:
     """FP16 tensor cores by compute capability and board: a GTX 1660 Ti is 7.5 without them."""
     cc = gpu.compute_capability.value if gpu.compute_capability.ok else None
-    return has_fp16_tensor_cores(cc) and not _NO_TENSOR_CORES.search(gpu.name)
-
-
-def runs_bf16(capability: tuple[int, int] | None) -> bool:
-    """Whether training's rule accepts MIXED_PRECISION=bf16 on a GPU of `capability`."""
-    try:
-        choose_precision("bf16", "GPU", [capability])
-    except ConfigError:
-        return False
-    return True
-
-
-def _best_policies(
-    device_type: str, capabilities: Sequence[tuple[int, int] | None]
-) -> list[str]:
-    """What MIXED_PRECISION=1 picks on each device (one entry for the CPU)."""
-    if device_type != "GPU":
-        return [choose_precision("1", device_type, []).policy]
-    return [choose_precision("1", "GPU", [cc]).policy for cc in capabilities]
+    return fp16_tensor_cores(cc) and not _NO_TENSOR_CORES.search(gpu.name)
 
 
 def _tf_version(facts: Facts) -> str | None:
@@ -237,13 +213,11 @@ def _compute_mode_problems(gpu: GpuInfo) -> list[tuple[Status, str]]:
 
 @check(190, GPU_MIXED_PRECISION)
 def check_mixed_precision(facts: Facts) -> Check:
-    """MIXED_PRECISION judged by training's own rule, `choose_precision`: what it refuses is
-    an error here too; a request it turns into float32, or fp16 where MIXED_PRECISION=1
-    would not pick it, is a warning."""
+    """MIXED_PRECISION judged by the precision training decided (`facts.precision`, by
+    `choose_precision`): what it refused is an error here too; a request it turned into
+    float32, or fp16 where MIXED_PRECISION=1 would not pick it, is a warning."""
     title = "Mixed precision"
     mode = facts.mixed_precision
-    device_type = "GPU" if facts.selected else "CPU"
-    capabilities = [g.compute_capability.value for g in facts.selected]
     known = [g for g in facts.selected if g.compute_capability.ok and g.compute_capability.value]
     fp16 = [g.index for g in known if has_tensor_cores(g)]
     bf16 = [g.index for g in known if runs_bf16(g.compute_capability.value)]
@@ -253,19 +227,23 @@ def check_mixed_precision(facts: Facts) -> Check:
         if facts.selected else f"MIXED_PRECISION={mode}; no GPU selected (CPU)"
     )
     expected = "a precision mgpu train accepts on these devices, and one that is faster"
-    try:
-        choice = choose_precision(mode, device_type, capabilities)
-    except ConfigError as err:
+    choice = facts.precision
+    if facts.precision_error is not None:
         # A precision these GPUs cannot run is a bad setting: exit 2, as `mgpu train` exits.
+        err = facts.precision_error
         return GPU_MIXED_PRECISION(title, "error", found + f" -> {err}", expected,
-                                   str(err).split("Fix: ", 1)[-1].strip(), bad_setting=True)
+                                   err.split("Fix: ", 1)[-1].strip(), bad_setting=True)
+    if choice is None:
+        return GPU_MIXED_PRECISION(
+            title, "skip", f"MIXED_PRECISION={mode}: not decided, GPUS does not fit this "
+            "machine (the GPUS request line says why)", expected)
     found += f" -> {choice.policy}: {choice.reason}"
     if mode != "0" and choice.policy == FLOAT32:
         return GPU_MIXED_PRECISION(
             title, "warn", found, expected,
             "mgpu train will use float32 here: set MIXED_PRECISION=0 to say so")
     boards = [g for g in facts.selected
-              if has_fp16_tensor_cores(g.compute_capability.value) and not has_tensor_cores(g)]
+              if fp16_tensor_cores(g.compute_capability.value) and not has_tensor_cores(g)]
     if choice.policy == MIXED_FLOAT16 and boards:
         names = ", ".join(f"GPU {g.index} ({g.name})" for g in boards)
         return GPU_MIXED_PRECISION(
@@ -273,23 +251,19 @@ def check_mixed_precision(facts: Facts) -> Check:
             found + f"; {names} has no tensor cores", expected,
             f"{names}: a GeForce GTX 16xx/MX board has no tensor cores, and fp16 is "
             "slower than float32 there (tensorflow#44191): set MIXED_PRECISION=0")
-    if choice.policy == MIXED_FLOAT16:
-        best = _best_policies(device_type, capabilities)
-        if not facts.selected and best[0] != MIXED_FLOAT16:
-            return GPU_MIXED_PRECISION(
-                title, "warn", found, expected,
-                f"fp16 on the CPU is slower than float32: MIXED_PRECISION=1 picks "
-                f"{best[0]} there (or 0)")
-        slow = [g.index for g, policy in zip(facts.selected, best, strict=False)
-                if policy != MIXED_FLOAT16]
-        if slow:
-            return GPU_MIXED_PRECISION(
-                title, "warn", found, expected,
-                f"{indices_text(slow)}: no FP16 tensor cores (MIXED_PRECISION=1 "
-                "picks float32 there): fp16 will not be faster; MIXED_PRECISION=0")
-    if mode == "0" and facts.selected and not boards and all(
-        p == MIXED_FLOAT16 for p in _best_policies(device_type, capabilities)
-    ):
+    if choice.policy == MIXED_FLOAT16 and not facts.selected \
+            and choice.fastest != MIXED_FLOAT16:
+        return GPU_MIXED_PRECISION(
+            title, "warn", found, expected,
+            f"fp16 on the CPU is slower than float32: MIXED_PRECISION=1 picks "
+            f"{choice.fastest} there (or 0)")
+    slow = [g.index for g in facts.selected if not fp16_tensor_cores(g.compute_capability.value)]
+    if choice.policy == MIXED_FLOAT16 and slow:
+        return GPU_MIXED_PRECISION(
+            title, "warn", found, expected,
+            f"{indices_text(slow)}: no FP16 tensor cores (MIXED_PRECISION=1 "
+            "picks float32 there): fp16 will not be faster; MIXED_PRECISION=0")
+    if mode == "0" and facts.selected and not boards and choice.fastest == MIXED_FLOAT16:
         return GPU_MIXED_PRECISION(
             title, "ok", found, expected,
             "MIXED_PRECISION=1 would use the tensor cores (the tutorial's FP16 tip)")
