@@ -15,6 +15,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.runtime import Runtime
+from mgpu_env.runtime.precision import SETTING_OF_POLICY, PrecisionChoice
 from mgpu_env.training.input.keep import FALLBACK_BYTES
 
 RESULT_PREFIX = "MGPU_BENCH_RESULT "
@@ -197,38 +198,31 @@ def replica_counts(settings: Settings, devices: DevicePlan) -> tuple[int, ...]:
     return settings.bench_replicas
 
 
-_POLICY_MODES = {"float32": "0", "mixed_float16": "fp16", "mixed_bfloat16": "bf16"}
+def sweep_precisions(settings: Settings, precision: PrecisionChoice) -> list[str]:
+    """The MIXED_PRECISION values the sweep runs, each naming its policy outright: the one
+    the runtime decided for MIXED_PRECISION, and with BENCH_SWEEP=precision float32 beside
+    it (or, when that was float32, what MIXED_PRECISION=1 picks on these devices), so the
+    table says which one ran."""
+    if "precision" not in settings.bench_sweep:
+        return [precision.setting]
+    other = precision.setting if settings.mixed_precision != "0" else \
+        SETTING_OF_POLICY[precision.fastest]
+    return list(dict.fromkeys(["0", other]))
 
 
 def plan_points(
-    settings: Settings,
-    devices: DevicePlan,
-    capabilities: Sequence[tuple[int, int] | None] = (),
-    cpu_flags: frozenset[str] | None = None,
+    settings: Settings, devices: DevicePlan, precision: PrecisionChoice
 ) -> list[PointSpec]:
     """Every point of the sweep: each variant (precision, XLA, data) at each replica count.
-
-    MIXED_PRECISION=1 is resolved here, with the training module's rule for these devices
-    (fp16 on GPUs with tensor cores, bf16 on CPUs with bf16 instructions, else float32), so
-    the table says which one ran.
-    """
-    from mgpu_env.runtime.precision import choose_precision
-
-    mixed = settings.mixed_precision
-    wanted = ["0", mixed if mixed != "0" else "1"] if "precision" in settings.bench_sweep \
-        else [mixed]
-    precisions = list(dict.fromkeys(
-        _POLICY_MODES[choose_precision(mode, devices.kind, capabilities, cpu_flags).policy]
-        if mode == "1" else mode
-        for mode in wanted
-    ))
+    `precision`: the runtime's decision for MIXED_PRECISION on these devices."""
+    modes = sweep_precisions(settings, precision)
     xlas = [False, True] if "xla" in settings.bench_sweep else [settings.xla]
     datas = {"both": ["synthetic", "real"], "all": ["synthetic", "real", "stream"]}.get(
         settings.bench_data, [settings.bench_data]
     )
     points = []
     for data in datas:
-        for precision in precisions:
+        for mode in modes:
             for xla in xlas:
                 for n in replica_counts(settings, devices):
                     split, visible = devices.child_devices(n)
@@ -237,7 +231,7 @@ def plan_points(
                             model=bench_model(settings.model, settings.bench_model),
                             replicas=n,
                             per_replica_batch=settings.batch_size,
-                            mixed_precision=precision, xla=xla, data=data,
+                            mixed_precision=mode, xla=xla, data=data,
                             dataset=settings.dataset,
                             data_dir=str(settings.data_dir) if settings.data_dir else None,
                             warmup_steps=settings.bench_warmup,

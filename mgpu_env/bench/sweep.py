@@ -244,7 +244,7 @@ def _planned_points(runtime: Runtime, devices: DevicePlan, profile_root: Path | 
     folders (BENCH_EXPLAIN)."""
     settings = runtime.settings
     specs = [dataclasses.replace(spec, keep_bytes=keep_bytes) for spec in attach_executions(
-        plan_points(settings, devices, runtime.compute_capabilities(), runtime.cpu_flags),
+        plan_points(settings, devices, runtime.precision),
         devices, runtime,
     )]
     return with_profile_dirs(specs, profile_root) if settings.bench_explain else specs

@@ -105,9 +105,6 @@ class Runtime:
                      f"; {tasks} tasks on this node, this one with {devices}")
         return line
 
-    def compute_capabilities(self) -> list[tuple[int, int] | None]:
-        return [gpu.compute_capability.value for gpu in self.selection.gpus]
-
     def execution_for(
         self, gpus: Sequence[GpuInfo], cuda_visible_devices: str | None, *,
         virtual_devices: int, mixed_precision: str,

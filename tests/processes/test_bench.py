@@ -47,6 +47,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import GpuRequest
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.hardware.nvml import GpuInfo, Probed
+from mgpu_env.runtime.precision import choose_precision
 from mgpu_env.training.shared.position import Position
 from tests.support.bench import fake_runner, settings
 from tests.support.runtimes import runtime_of
@@ -120,7 +121,8 @@ def test_points_cover_every_axis() -> None:
         VIRTUAL_DEVICES="2", BENCH_SWEEP="precision,xla", BENCH_DATA="both", BATCH_SIZE="32"
     )
     bf16_cpu = frozenset({"avx512_bf16"})
-    points = plan_points(chosen, plan_devices(chosen, cpu_selection(), {}), cpu_flags=bf16_cpu)
+    decided = choose_precision(chosen.mixed_precision, "CPU", (), bf16_cpu)
+    points = plan_points(chosen, plan_devices(chosen, cpu_selection(), {}), decided)
     assert len(points) == 2 * 2 * 2 * 2  # data x precision x xla x replicas
     assert {p.mixed_precision for p in points} == {"0", "bf16"}  # 1 is bf16 on the CPU
     assert {p.xla for p in points} == {False, True}
@@ -130,17 +132,22 @@ def test_points_cover_every_axis() -> None:
 
 
 def test_mixed_precision_1_is_fp16_on_tensor_core_gpus_and_fp32_before_them() -> None:
+    """The sweep's second precision is what the runtime says MIXED_PRECISION=1 picks."""
     chosen = settings(BENCH_SWEEP="precision")
     devices = plan_devices(chosen, gpu_selection(2), {})
-    assert {p.mixed_precision for p in plan_points(chosen, devices, [(8, 0)] * 2)} == {
-        "0", "fp16"
-    }
-    assert {p.mixed_precision for p in plan_points(chosen, devices, [(6, 1)] * 2)} == {"0"}
+
+    def modes(capability: tuple[int, int]) -> set[str]:
+        decided = choose_precision(chosen.mixed_precision, "GPU", [capability] * 2)
+        return {p.mixed_precision for p in plan_points(chosen, devices, decided)}
+
+    assert modes((8, 0)) == {"0", "fp16"}
+    assert modes((6, 1)) == {"0"}
 
 
 def test_spec_round_trips_through_json() -> None:
     chosen = settings(VIRTUAL_DEVICES="2")
-    spec = plan_points(chosen, plan_devices(chosen, cpu_selection(), {}))[-1]
+    decided = choose_precision(chosen.mixed_precision, "CPU")
+    spec = plan_points(chosen, plan_devices(chosen, cpu_selection(), {}), decided)[-1]
     assert PointSpec.from_json(spec.to_json()) == spec
 
 
@@ -685,7 +692,7 @@ def test_one_child_measures_its_data_variants_in_alternating_rounds(
                       BATCH_SIZE="16", BENCH_WARMUP="2", BENCH_STEPS="3", BENCH_INTERVALS="3")
     runtime = runtime_of(chosen)
     devices = plan_devices(chosen, runtime.selection, {})
-    specs = attach_executions(plan_points(chosen, devices), devices, runtime)
+    specs = attach_executions(plan_points(chosen, devices, runtime.precision), devices, runtime)
     (group,) = [g for g in group_points(specs) if g[0].replicas == 2]
     results = measure_variants(group, mirrored_over(logical_cpus[:2]),
                                Execution.from_json(group[0].execution))

@@ -556,7 +556,9 @@ def test_bench_streams_a_loaders_rows_on_its_real_and_stream_points(
 
     settings = resolve_settings({"GPUS": "none", "DATASET": streaming_loader,
                                  "BENCH_DATA": "all"}, {}).settings
-    specs = plan_points(settings, plan_devices(settings, runtime_of(settings).selection, {}))
+    runtime = runtime_of(settings)
+    specs = plan_points(settings, plan_devices(settings, runtime.selection, {}),
+                        runtime.precision)
     for spec in specs:
         data = point_data(spec)
         assert data.shape.input_shape == (8, 8, 1) and data.shape.classes == 3

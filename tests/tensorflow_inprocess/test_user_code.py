@@ -306,7 +306,8 @@ def test_bench_measures_the_model_builder_on_mnist_shaped_samples() -> None:
     settings = resolve_settings({"MODEL": "pkg.m:build", "GPUS": "none",
                                  "VIRTUAL_DEVICES": "2"}, {}).settings
     runtime = runtime_of(settings)
-    points = plan_points(settings, plan_devices(settings, runtime.selection, {}))
+    points = plan_points(settings, plan_devices(settings, runtime.selection, {}),
+                         runtime.precision)
     assert {p.model for p in points} == {"pkg.m:build"}
 
 
