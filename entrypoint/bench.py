@@ -13,8 +13,9 @@ from rich.table import Table
 from entrypoint.options import SettingFlags, resolve, with_settings
 from mgpu_env.api import start_process
 from mgpu_env.bench.plot import plot_bench
-from mgpu_env.bench.sweep import BENCH_PNG, default_output_dir, run_bench, write_results
+from mgpu_env.bench.sweep import BENCH_PNG, run_bench, write_results
 from mgpu_env.config.exitcodes import EXIT_FAILED
+from mgpu_env.runtime.runfolder import run_folder
 
 PROFILE_DIR = "profile"  # BENCH_EXPLAIN's traces: tensorboard --logdir <OUTPUT_DIR>/profile
 ExplainOption = Annotated[bool, typer.Option(
@@ -36,7 +37,7 @@ def command(flags: SettingFlags, explain: ExplainOption = False) -> None:
         flags["BENCH_EXPLAIN"] = "1"  # the flag's short name: the setting decides the rest
     runtime = start_process(resolve(flags), "bench")  # a GPU the machine lacks: exit 2
     settings = runtime.settings
-    output_dir = default_output_dir(settings)
+    output_dir = run_folder(settings, "bench")
     err_console = Console(stderr=True)
 
     def progress(point: dict[str, Any], done: int, total: int) -> None:

@@ -8,6 +8,7 @@ env var and default, and a new setting needs no change here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import os
@@ -331,10 +332,13 @@ def _held_by_launcher(command: Command, argv: list[str], settings: Any,
     if command != "train" or "--dry-run" in argv:
         yield
         return
-    from mgpu_env.hardware.folders import RUNS_ROOT
+    from mgpu_env.runtime.runfolder import run_folder
     from mgpu_env.training.run.hold import HELD_BY_ENV, hold_run_folder
 
-    folder = settings.output_dir or RUNS_ROOT / (settings.run_name or plan.run_name or "")
+    # The workers' folder: the name the launcher gave them when RUN_NAME is empty.
+    named = settings if settings.run_name or not plan.run_name else \
+        dataclasses.replace(settings, run_name=plan.run_name)
+    folder = run_folder(named)
     with hold_run_folder(folder):
         environ[HELD_BY_ENV] = str(os.getpid())
         yield

@@ -50,10 +50,8 @@ from mgpu_env.bench.results import (
     write_results,
 )
 from mgpu_env.config.errors import RunFailed
-from mgpu_env.config.settings import Settings
 from mgpu_env.doctor import links
 from mgpu_env.runtime import Execution, Runtime
-from mgpu_env.training.run import rundir
 
 BENCH_PNG = "bench.png"
 
@@ -69,7 +67,6 @@ __all__ = [
     "add_efficiencies",
     "attach_executions",
     "comparison_points",
-    "default_output_dir",
     "group_points",
     "input_alone_verdicts",
     "input_costs",
@@ -275,11 +272,3 @@ def _measure(group: Group, runner: ChildRunner) -> list[dict[str, Any]]:
     except subprocess.TimeoutExpired as err:
         children = [{"error": f"timed out after {err.timeout:.0f} s"}] * len(group)
     return [point_record(spec, child) for spec, child in zip(group, children, strict=True)]
-
-
-def default_output_dir(settings: Settings) -> Path:
-    """OUTPUT_DIR, or runs/bench-<RUN_NAME or UTC timestamp> (training's names, prefixed)."""
-    if settings.output_dir is not None:
-        return settings.output_dir
-    run_folder = rundir.default_output_dir(settings.run_name)
-    return run_folder.with_name(f"bench-{run_folder.name}")

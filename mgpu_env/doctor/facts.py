@@ -30,7 +30,7 @@ from mgpu_env.hardware import limits as machine_limits
 from mgpu_env.hardware.cudadriver import DriverApi
 from mgpu_env.hardware.cudalibs import CudaStack
 from mgpu_env.hardware.devices import GpuSelection
-from mgpu_env.hardware.folders import FolderAccess, folder_access, run_folder_root
+from mgpu_env.hardware.folders import FolderAccess, folder_access
 from mgpu_env.hardware.hostfacts import P2pHost
 from mgpu_env.hardware.hostroot import host_path
 from mgpu_env.hardware.nvml import GpuInfo, Probed, probe
@@ -38,6 +38,7 @@ from mgpu_env.runtime.cluster import ClusterDecision
 from mgpu_env.runtime.cluster.peers import PeerStatus, probe_peers
 from mgpu_env.runtime.keras import LEGACY_VARIABLE, KerasChoice
 from mgpu_env.runtime.precision import PrecisionChoice
+from mgpu_env.runtime.runfolder import run_folder
 from mgpu_env.tfprobes.tfprobe import TfFacts
 
 if TYPE_CHECKING:  # Docker's host probe is imported where it runs: on a host, rarely
@@ -302,8 +303,8 @@ def probe_cluster(decision: ClusterDecision | None, error: str | None) -> Cluste
 
 
 def probe_run_folder(settings: Settings) -> FolderAccess:
-    """Whether the folder a run would write (OUTPUT_DIR, runs/<RUN_NAME>, runs/) can be."""
-    return folder_access(run_folder_root(settings.output_dir, settings.run_name))
+    """Whether the folder `mgpu train` would write (`runtime.runfolder`) can be written."""
+    return folder_access(run_folder(settings))
 
 
 def probe_nccl(environ: Mapping[str, str], root: Path | None = None) -> NcclFacts:

@@ -44,14 +44,6 @@ class FolderAccess:
         return FIX_OWNER.replace("FOLDER", str(self.decides))
 
 
-def run_folder_root(output_dir: Path | None, run_name: str) -> Path:
-    """The folder a run writes in: OUTPUT_DIR, else runs/<RUN_NAME>, else runs/ (a new
-    timestamped folder goes there)."""
-    if output_dir is not None:
-        return output_dir
-    return RUNS_ROOT / run_name if run_name else RUNS_ROOT
-
-
 def folder_access(path: Path) -> FolderAccess:
     """Whether this process may create files in `path` (or create `path` itself)."""
     decides = path

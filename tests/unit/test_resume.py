@@ -70,7 +70,7 @@ def test_a_keras_2_run_resumes_with_keras_2(tmp_path: Path) -> None:
 def test_the_run_folder_is_decided_once_and_shown_as_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training.run import rundir
+    from mgpu_env.runtime import runfolder
     from mgpu_env.training.run.finished import finished_run
     from mgpu_env.training.run.plan import output_dir_of, plan_training
     from tests.support.runtimes import runtime_of
@@ -83,8 +83,8 @@ def test_the_run_folder_is_decided_once_and_shown_as_asked(
         decided.append(run_name)
         return real(run_name, next(clock))
 
-    real = rundir.default_output_dir
-    monkeypatch.setattr(rundir, "default_output_dir", from_the_clock)
+    real = runfolder.default_output_dir
+    monkeypatch.setattr(runfolder, "default_output_dir", from_the_clock)
     resolved = resolve_run_settings({}, {"GPUS": "none"})
     folder = resolved.settings.output_dir
     assert folder is not None and folder.parent == Path("runs") and decided == [""]

@@ -44,6 +44,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, exit_for_signal
 from mgpu_env.runtime.cluster.model import line_tag
 from mgpu_env.runtime.cluster.scratch import OwnedFolder, owned_folder, sweep_abandoned
+from mgpu_env.runtime.runfolder import run_name
 
 LOOPBACK = "127.0.0.1"
 # Seconds the other workers get to stop at a step boundary (their SIGTERM checkpoint)
@@ -157,7 +158,7 @@ def plan_local_workers(
             f"a cluster ({cluster_engine}).\n  Fix: leave --workers out (the cluster's "
             "engine starts the workers), or unset WORKER_HOSTS/TF_CONFIG."
         )
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    stamp = run_name(now)
     hosts = tuple(f"{LOOPBACK}:{port}" for port in ports(workers))
     return LocalWorkers(hosts, gpu_shares(workers, selected_gpus, gpus_per_worker),
                         None if has_run_folder else stamp)

@@ -33,8 +33,11 @@ from typing import Any
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings
-from mgpu_env.config.settings import DECLARATIONS, Settings
-from mgpu_env.hardware.folders import RUNS_ROOT
+from mgpu_env.config.settings import DECLARATIONS
+
+# The folder's place is the runtime's decision (one rule for every command); named here too
+# for the run's modules that read it with the rest of the folder.
+from mgpu_env.runtime.runfolder import run_folder as run_folder
 
 # The atomic writes and the checkpoint phrase live below run/ (input/ uses them too); here
 # under their old names for the code that reaches them through the run folder.
@@ -63,14 +66,6 @@ _LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.MULTILINE)
 _RUN_MARKERS = (RUN_FILE, METRICS_FILE, MODEL_FILE, CHECKPOINT_DIR)
 
 
-def default_output_dir(run_name: str, now: float | None = None) -> Path:
-    """runs/<RUN_NAME>, or runs/<UTC timestamp> when RUN_NAME is empty."""
-    if run_name:
-        return RUNS_ROOT / run_name
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
-    return RUNS_ROOT / stamp
-
-
 def decide_output_dir(resolved: ResolvedSettings, folder: Path | None = None) -> ResolvedSettings:
     """The settings with the run folder decided, once, when the command starts: OUTPUT_DIR,
     else `folder` (already decided), else runs/<RUN_NAME>, else runs/<UTC timestamp>. The
@@ -79,15 +74,7 @@ def decide_output_dir(resolved: ResolvedSettings, folder: Path | None = None) ->
     settings = resolved.settings
     if settings.output_dir is not None:
         return resolved
-    return resolved.filled_in(
-        "OUTPUT_DIR", folder or default_output_dir(settings.run_name)
-    )
-
-
-def run_folder(settings: Settings) -> Path:
-    """The run folder `decide_output_dir` decided (settings a library caller resolved
-    without it: decided now, the same way)."""
-    return settings.output_dir or default_output_dir(settings.run_name)
+    return resolved.filled_in("OUTPUT_DIR", folder or run_folder(settings))
 
 
 def finished_as_asked(metrics: Mapping[str, Any] | None, epochs: int) -> bool:
