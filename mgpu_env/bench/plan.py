@@ -15,6 +15,7 @@ from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.devices import GpuSelection
 from mgpu_env.runtime import Runtime
+from mgpu_env.runtime.decisions import global_batch_size
 from mgpu_env.runtime.precision import SETTING_OF_POLICY, PrecisionChoice
 from mgpu_env.training.input.keep import FALLBACK_BYTES
 
@@ -55,7 +56,7 @@ class PointSpec:
 
     @property
     def global_batch(self) -> int:
-        return self.per_replica_batch * self.replicas
+        return global_batch_size(self.per_replica_batch, self.replicas)
 
     @property
     def precision(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgpu_env.runtime.decisions import global_batch_size
 from mgpu_env.training.input.order import StepRunner, each_device
 from mgpu_env.training.shared.position import Position
 from mgpu_env.training.step.loops import LoopCache, iterator_loop
@@ -57,7 +58,7 @@ class SameBatchFeed:
 
         batch = strategy.experimental_distribute_values_from_function(make)
         return cls(strategy, SameBatch(batch),
-                   per_replica_batch * strategy.num_replicas_in_sync)
+                   global_batch_size(per_replica_batch, strategy.num_replicas_in_sync))
 
     @property
     def steps_per_epoch(self) -> int:

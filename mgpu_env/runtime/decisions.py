@@ -35,6 +35,12 @@ from mgpu_env.runtime.strategy import (
 )
 
 
+def global_batch_size(per_replica_batch: int, replicas: int) -> int:
+    """BATCH_SIZE is each replica's batch, as in TensorFlow's tutorial; a step takes it on
+    every replica of the run (every worker's), so adding replicas adds samples per step."""
+    return per_replica_batch * replicas
+
+
 @dataclass(frozen=True)
 class Runtime:
     """The resolved settings and everything decided from them and the machine."""
@@ -76,6 +82,11 @@ class Runtime:
     def replicas(self) -> int:
         """Every replica of the run: this process's devices times the workers."""
         return self.strategy_plan.local_replicas * self.role.num_workers
+
+    @property
+    def global_batch_size(self) -> int:
+        """The batch of one step over every replica of the run (`global_batch_size`)."""
+        return global_batch_size(self.settings.batch_size, self.replicas)
 
     @property
     def keras(self) -> KerasChoice:

@@ -36,7 +36,7 @@ def identify(runtime: Runtime, environ: Mapping[str, str] | None = None) -> RunI
     settings = runtime.settings
     dataset = resolve_dataset(settings.dataset, settings.data_dir,
                               os.environ if environ is None else environ)
-    global_batch = settings.batch_size * runtime.replicas
+    global_batch = runtime.global_batch_size
     return RunIdentity(
         output_dir=rundir.run_folder(settings), dataset=dataset,
         global_batch_size=global_batch,
