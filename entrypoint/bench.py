@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,11 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from entrypoint.options import SettingFlags, resolve, with_settings
+from entrypoint.options import SettingFlags, fail, resolve, with_settings
 from mgpu_env.api import start_process
 from mgpu_env.bench.plot import plot_bench
-from mgpu_env.bench.sweep import BENCH_PNG, run_bench, write_results
-from mgpu_env.config.exitcodes import EXIT_FAILED
+from mgpu_env.bench.sweep import BENCH_PNG, plan_as_dict, plan_bench, run_bench, write_results
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, EXIT_FAILED
 from mgpu_env.runtime.runfolder import run_folder
 
 PROFILE_DIR = "profile"  # BENCH_EXPLAIN's traces: tensorboard --logdir <OUTPUT_DIR>/profile
@@ -22,20 +23,40 @@ ExplainOption = Annotated[bool, typer.Option(
     "--explain", help="Also profile each point: where the step's time goes, the all-reduce "
     "predicted, the bottleneck and its fix (short for --bench-explain, BENCH_EXPLAIN=1).")]
 
+DryRunOption = Annotated[bool, typer.Option(
+    "--dry-run", help="Print the sweep's plan (its devices, each point's replicas, devices, "
+    "precision and Keras) and exit; nothing is measured or written.")]
+JsonOption = Annotated[bool, typer.Option(
+    "--json", help="With --dry-run: print the plan as one JSON object.")]
+
 PIPED_WIDTH = 200  # wider than any table mgpu bench prints
 
 
 @with_settings(scope="bench")
-def command(flags: SettingFlags, explain: ExplainOption = False) -> None:
+def command(flags: SettingFlags, explain: ExplainOption = False, dry_run: DryRunOption = False,
+            as_json: JsonOption = False) -> None:
     """Sweep replica counts (and precision, XLA, data) and measure throughput and efficiency.
 
     Each replica count runs in its own process: warm-up steps, then BENCH_INTERVALS rounds
     of one timed interval of BENCH_STEPS steps per data variant, in turns. Writes
     bench.json and bench.png under OUTPUT_DIR.
     """
+    if as_json and not dry_run:
+        fail("error: --json goes with --dry-run (a sweep's results are in bench.json).",
+             EXIT_BAD_CONFIG)
     if explain:
         flags["BENCH_EXPLAIN"] = "1"  # the flag's short name: the setting decides the rest
     runtime = start_process(resolve(flags), "bench")  # a GPU the machine lacks: exit 2
+    if dry_run:
+        plan = plan_as_dict(runtime, *plan_bench(runtime))  # a sweep too wide: exit 2
+        if as_json:
+            typer.echo(json.dumps(plan, indent=2))
+            return
+        for point in plan["points"]:
+            typer.echo(f"{point['replicas']} replica(s), {point['variant']}: "
+                       f"{', '.join(point['devices'])}, {point['precision']}, "
+                       f"Keras {point['keras']}")
+        return
     settings = runtime.settings
     output_dir = run_folder(settings, "bench")
     err_console = Console(stderr=True)

@@ -187,7 +187,8 @@ def command(
                  "Fix: leave out --dry-run or --resume-from.", EXIT_BAD_CONFIG)
         plan, data, memory = training.dry_run(runtime, preflight=_preflight)
         if as_json:
-            typer.echo(json.dumps({**plan.to_dict(data), "memory": memory.as_dict()}, indent=2))
+            typer.echo(json.dumps({**plan.to_dict(data), "memory": memory.as_dict(),
+                                   "decisions": runtime.decided()}, indent=2))
             return
         say("mgpu train: dry run, nothing is trained or written")
         for line in plan_lines(plan, data, memory, verbose):

@@ -70,6 +70,8 @@ __all__ = [
     "group_points",
     "input_alone_verdicts",
     "input_costs",
+    "plan_as_dict",
+    "plan_bench",
     "plan_devices",
     "plan_points",
     "point_record",
@@ -191,9 +193,8 @@ def run_bench(
         def runner(group: Group) -> list[dict[str, Any]]:
             # BENCH_TIMEOUT is each point's: a child measuring three variants gets three.
             return run_child(group, timeout_s=settings.bench_timeout * len(group))
-    devices = plan_devices(settings, runtime.selection, environ)
-    keep = _keep_bytes(runtime)
-    specs = _planned_points(runtime, devices, profile_root, keep)
+    devices, specs = plan_bench(runtime, environ, profile_root)
+    keep = specs[0].keep_bytes  # training's keep limit, the same for every point
     comparison = None
     if settings.bench_compare:
         seed_spec, mgpu_spec = (dataclasses.replace(spec, keep_bytes=keep) for spec in
@@ -225,6 +226,37 @@ def run_bench(
         seed, twin = measured[seed_spec], measured[mgpu_spec]
         results.seed_comparison = seed_comparison(seed, twin)
     return results
+
+
+def plan_bench(
+    runtime: Runtime, environ: Mapping[str, str] | None = None,
+    profile_root: Path | None = None,
+) -> tuple[DevicePlan, list[PointSpec]]:
+    """The sweep's devices and its points, each with the runtime's decisions for its
+    child (what `mgpu bench --dry-run` shows); nothing is measured, TensorFlow is not
+    imported. Raises ConfigError (exit 2) for a sweep these devices cannot run."""
+    environ = os.environ if environ is None else environ
+    devices = plan_devices(runtime.settings, runtime.selection, environ)
+    return devices, _planned_points(runtime, devices, profile_root, _keep_bytes(runtime))
+
+
+def plan_as_dict(runtime: Runtime, devices: DevicePlan, specs: list[PointSpec]
+                 ) -> dict[str, Any]:
+    """`mgpu bench --dry-run --json`: the runtime's decisions (`"decisions"`, as the doctor
+    and `mgpu train --dry-run --json` state them), the devices swept, and each point with
+    the devices, precision and Keras its child is given."""
+    points = []
+    for spec in specs:
+        execution = Execution.from_json(spec.execution)
+        points.append({
+            "replicas": spec.replicas, "variant": spec.variant, "data": spec.data,
+            "global_batch": spec.global_batch, "device_type": execution.split.device_type,
+            "devices": list(execution.split.names),
+            "cuda_visible_devices": spec.cuda_visible_devices,
+            "precision": execution.precision.policy, "keras": execution.keras.version,
+        })
+    return {"decisions": runtime.decided(), "devices": dataclasses.asdict(devices),
+            "points": points}
 
 
 def _keep_bytes(runtime: Runtime) -> int:

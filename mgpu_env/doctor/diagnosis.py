@@ -68,10 +68,10 @@ def gather_with_runtime(
     collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
     collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
     collect_driver: Callable[[Mapping[str, str]], Probed[DriverApi]] | None = None,
-) -> tuple[Runtime | None, Facts]:
+) -> tuple[Decisions, Runtime | None, Facts]:
     """Run every probe once. NVML and the host take milliseconds; TensorFlow seconds.
-    Returns the runtime training would have (decided once, here; None when the settings
-    cannot make one) with the facts.
+    Returns what training decides here (decided once, here, part by part), its runtime
+    (None when the settings cannot make one) and the facts.
 
     `environ` is only read (TensorFlow and the CUDA library probe run in children with the
     runtime's environment). `with_tensorflow=False` (--no-tf) skips both.
@@ -96,7 +96,7 @@ def gather_with_runtime(
     settings = resolved.settings
     host = probes.probe_host()
     docker, p2p = _docker_and_p2p(host, selection, resolved, environ)
-    return runtime, Facts(
+    return decisions, runtime, Facts(
         request=resolved.settings.gpus,
         nvml=snapshot,
         selection=selection,
@@ -152,7 +152,7 @@ def gather(
     return gather_with_runtime(
         resolved, environ, with_tensorflow=with_tensorflow,
         collect_tensorflow=collect_tensorflow, collect_cuda=collect_cuda,
-        collect_driver=collect_driver)[1]
+        collect_driver=collect_driver)[2]
 
 
 def diagnose(
@@ -166,10 +166,12 @@ def diagnose(
     """Gather the facts and judge them all; with `smoke`, also run the smoke job with the
     runtime training would have. Never raises for what it finds."""
     environ = os.environ if environ is None else environ
-    runtime, facts = gather_with_runtime(resolved, environ, with_tensorflow=with_tensorflow)
+    decisions, runtime, facts = gather_with_runtime(resolved, environ,
+                                                    with_tensorflow=with_tensorflow)
     smoke_result = None
     if smoke:
         import mgpu_env.doctor.smoke as smoke_job
 
         smoke_result = smoke_job.smoke_test(runtime, environ, smoke_timeout_s, p2p=facts.p2p)
-    return Diagnosis(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result)
+    return Diagnosis(tuple(run_checks(facts, ALL_CHECKS)), facts, smoke_result,
+                     decisions.decided())

@@ -27,6 +27,9 @@ class Diagnosis:
     checks: tuple[Check, ...]
     facts: Facts
     smoke: SmokeResult | None = None  # None: not asked for (--smoke)
+    # What training decides here, part by part, and why a part failed (`Decisions.decided`):
+    # the same object `mgpu train --dry-run --json` and `mgpu bench --dry-run --json` state.
+    decisions: dict[str, Any] | None = None
 
     @property
     def errors(self) -> list[Check]:
@@ -88,6 +91,7 @@ class Diagnosis:
                 "warnings": len(self.warnings),
                 "bad_settings": len(self.bad_settings),
             },
+            "decisions": self.decisions,
             "cluster": self.facts.cluster.cluster,
             # The Keras a script under `mgpu run` gets ({"version", "reason", "notes"}).
             "keras": _plain(self.facts.keras.run),
@@ -111,6 +115,7 @@ def unusable_settings(errors: list[str]) -> dict[str, Any]:
         "verdict": f"not ready: {_count(len(errors), 'bad setting')}",
         "summary": {"errors": len(errors), "warnings": 0, "bad_settings": len(errors)},
         "settings_errors": list(errors),
+        "decisions": None,
         "cluster": None,
         "keras": None,
         "checks": [],

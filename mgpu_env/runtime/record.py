@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import ResolvedSettings, setting_error_message
@@ -25,7 +25,7 @@ from mgpu_env.hardware.devices import (
 )
 from mgpu_env.hardware.nvml import GpuInfo
 from mgpu_env.runtime.cluster import Cluster, ClusterDecision, decide_cluster
-from mgpu_env.runtime.decisions import Machine, Runtime, probe_machine
+from mgpu_env.runtime.decisions import Machine, Runtime, describe_decisions, probe_machine
 from mgpu_env.runtime.execution import DEFAULT_TF_LOG_LEVEL, Execution
 from mgpu_env.runtime.keras import LEGACY_VARIABLE, Command, KerasChoice, choose_keras
 from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
@@ -130,6 +130,14 @@ class Decisions:
         return SettingsErrors([setting_error_message(
             BY_ENV["GPUS"], str(request), self.resolved.sources.get("GPUS", "default"),
             str(failure))])
+
+    def decided(self) -> dict[str, Any]:
+        """What was decided, as every command states it (`describe_decisions`), and why
+        each part that failed did (`"errors"`, by part)."""
+        cluster = self.cluster.cluster if self.cluster is not None else None
+        return {**describe_decisions(self.selection, self.split, self.precision,
+                                     self.strategy, cluster, self.keras),
+                "errors": {part: self.error(part) for part in self.failures}}
 
     def keras_for(self, command: Command) -> KerasChoice:
         """The Keras another command would get from the same settings and machine (the
