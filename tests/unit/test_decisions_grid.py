@@ -77,6 +77,10 @@ SETTINGS: dict[str, dict[str, str]] = {
     "keras3-split": {"KERAS": "3", "VIRTUAL_DEVICES": "2"},
     "one-gpu": {"GPUS": "0", "MIXED_PRECISION": "1"},
     "no-gpu": {"GPUS": "none", "MIXED_PRECISION": "1"},
+    # The cluster described twice: no cluster can be decided (the rest is, for the doctor).
+    "two-clusters": {"WORKER_HOSTS": "localhost:23456,localhost:23457", "WORKER_INDEX": "0",
+                     "TF_CONFIG": '{"cluster": {"worker": ["localhost:23456"]}, '
+                                  '"task": {"type": "worker", "index": 0}}'},
 }
 GRID = list(itertools.product(MACHINES, SCHEDULERS, SETTINGS))
 # Variables a command writes into the process environment (`Runtime.apply`): each command
