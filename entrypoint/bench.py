@@ -48,14 +48,7 @@ def command(flags: SettingFlags, explain: ExplainOption = False, dry_run: DryRun
         flags["BENCH_EXPLAIN"] = "1"  # the flag's short name: the setting decides the rest
     runtime = start_process(resolve(flags), "bench")  # a GPU the machine lacks: exit 2
     if dry_run:
-        plan = plan_as_dict(runtime, *plan_bench(runtime))  # a sweep too wide: exit 2
-        if as_json:
-            typer.echo(json.dumps(plan, indent=2))
-            return
-        for point in plan["points"]:
-            typer.echo(f"{point['replicas']} replica(s), {point['variant']}: "
-                       f"{', '.join(point['devices'])}, {point['precision']}, "
-                       f"Keras {point['keras']}")
+        print_plan(plan_as_dict(runtime, *plan_bench(runtime)), as_json)  # too wide: exit 2
         return
     settings = runtime.settings
     output_dir = run_folder(settings, "bench")
@@ -87,18 +80,8 @@ def command(flags: SettingFlags, explain: ExplainOption = False, dry_run: DryRun
             console.print(alone)
         for verdict in data["input_alone"]:
             console.print(input_alone_line(verdict))
-    comparison = data["seed_comparison"]
-    if comparison is not None:
-        if comparison.get("ratio") is None:
-            console.print("comparison with the tutorial's model.fit failed: "
-                          f"{comparison.get('error')}")
-        else:
-            console.print(
-                f"the tutorial's plain model.fit: {comparison['seed_samples_per_s']:,.0f} "
-                "samples/s; "
-                f"mgpu: {comparison['mgpu_samples_per_s']:,.0f} samples/s; "
-                f"mgpu/model.fit = {comparison['ratio']:.2f}x (1 replica, fp32, MLP, same data)"
-            )
+    if data["seed_comparison"] is not None:
+        console.print(comparison_line(data["seed_comparison"]))
     if settings.bench_explain:
         print_explain(console, data, output_dir / PROFILE_DIR)
     console.print(f"wrote {json_path} and {png_path}")
@@ -106,6 +89,28 @@ def command(flags: SettingFlags, explain: ExplainOption = False, dry_run: DryRun
         typer.echo(f"error: {point['error']}", err=True)
     if results.failed:
         raise typer.Exit(code=EXIT_FAILED)
+
+
+def comparison_line(comparison: dict[str, Any]) -> str:
+    """BENCH_COMPARE: the tutorial's plain model.fit against mgpu's step, or why it failed."""
+    if comparison.get("ratio") is None:
+        return f"comparison with the tutorial's model.fit failed: {comparison.get('error')}"
+    return (
+        f"the tutorial's plain model.fit: {comparison['seed_samples_per_s']:,.0f} samples/s; "
+        f"mgpu: {comparison['mgpu_samples_per_s']:,.0f} samples/s; "
+        f"mgpu/model.fit = {comparison['ratio']:.2f}x (1 replica, fp32, MLP, same data)"
+    )
+
+
+def print_plan(plan: dict[str, Any], as_json: bool) -> None:
+    """--dry-run: the sweep's plan as JSON, or a line per point."""
+    if as_json:
+        typer.echo(json.dumps(plan, indent=2))
+        return
+    for point in plan["points"]:
+        typer.echo(f"{point['replicas']} replica(s), {point['variant']}: "
+                   f"{', '.join(point['devices'])}, {point['precision']}, "
+                   f"Keras {point['keras']}")
 
 
 def render_table(data: dict[str, Any]) -> Table:

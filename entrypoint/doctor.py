@@ -193,7 +193,7 @@ def render(diagnosis: Diagnosis, console: Console, strict: bool, verbose: bool =
     if strict and warnings:
         summary += " (--strict: warnings count as errors)"
     if diagnosis.bad_settings:
-        summary += "; a setting does not fit this machine (exit 2)"
+        summary += f"; a setting does not fit this machine (exit {EXIT_BAD_CONFIG})"
     if folded:
         summary += f"; --verbose lists the {folded} skipped checks one by one"
     print_wrapped(console, Text(""), summary)

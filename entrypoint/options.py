@@ -103,7 +103,7 @@ def _as_text(value: str | bool | None) -> str | None:
 
 STRICT_HELP = (
     "An unknown or misspelled setting (EPOCH=3 in .env or the environment) is an error, "
-    "exit 2, instead of a warning. (env MGPU_STRICT)"
+    f"exit {EXIT_BAD_CONFIG}, instead of a warning. (env MGPU_STRICT)"
 )
 
 

@@ -142,6 +142,13 @@ def _progress(quiet: bool, plan: TrainPlan) -> Progress:
     return EpochLines(say)
 
 
+def dry_run_json(plan: TrainPlan, data: DataPlan, memory: MemoryCheck) -> str:
+    """`--dry-run --json`: the plan, the memory estimate, and the runtime's decisions in the
+    shape `mgpu doctor --json` and `mgpu bench --dry-run --json` state them."""
+    return json.dumps({**plan.to_dict(data), "memory": memory.as_dict(),
+                       "decisions": plan.runtime.decided()}, indent=2)
+
+
 @with_settings(scope="train")
 def command(
     flags: SettingFlags,
@@ -187,8 +194,7 @@ def command(
                  "Fix: leave out --dry-run or --resume-from.", EXIT_BAD_CONFIG)
         plan, data, memory = training.dry_run(runtime, preflight=_preflight)
         if as_json:
-            typer.echo(json.dumps({**plan.to_dict(data), "memory": memory.as_dict(),
-                                   "decisions": runtime.decided()}, indent=2))
+            typer.echo(dry_run_json(plan, data, memory))
             return
         say("mgpu train: dry run, nothing is trained or written")
         for line in plan_lines(plan, data, memory, verbose):
