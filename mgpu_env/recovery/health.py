@@ -3,20 +3,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from mgpu_env.doctor.checks.health import failing
 from mgpu_env.hardware import nvml, nvmlerrors
 
 
-def failing_gpus(used: Sequence[int],
-                 snapshot: Callable[[], nvml.NvmlSnapshot] = nvml.snapshot) -> dict[int, str]:
+def failing_gpus(used: Sequence[int]) -> dict[int, str]:
     """Each GPU of `used` that is not fit to train on now (nvidia-smi index -> why): one
     NVML cannot reach (fallen off the bus, reset required), one a health error marks
     (uncorrectable ECC errors, retired pages pending), one NVML no longer lists. NVML
     itself unanswering says nothing of any one GPU: none is left out for it."""
-    taken = snapshot()
-    listing = taken.listing
+    listing = nvml.snapshot().listing
     if not listing.available and not listing.failed:
         return {}
     out: dict[int, str] = {}

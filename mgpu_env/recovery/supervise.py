@@ -71,7 +71,6 @@ class Recovering:
     requested_all_reduce: str
     min_gpus: int
     say: Callable[[str], None]
-    snapshot: Callable[[], Any] | None = None  # NVML's; None: the real probe
     events: list[dict[str, Any]] = field(default_factory=list)
     attempt: int = 0
 
@@ -109,7 +108,7 @@ class Recovering:
         used = self.devices.gpus
         if not used:
             return {}
-        failing = failing_gpus(used, self.snapshot) if self.snapshot else failing_gpus(used)
+        failing = failing_gpus(used)
         named = gpu_named(lines, used)
         if named is not None and named not in failing:
             failing[named] = "the run's error named it"
