@@ -6,10 +6,12 @@ resume rule that lets the replicas change when the global batch is kept."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.config.exitcodes import EXIT_STALLED
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.recovery.decide import (
     ALL_REDUCE_ORDER,
@@ -23,7 +25,9 @@ from mgpu_env.recovery.decide import (
     stalled_phase,
 )
 from mgpu_env.recovery.health import failing_gpus
-from mgpu_env.training.multiworker.stallhints import PHASES
+from mgpu_env.recovery.supervise import OneRun, Recovering
+from mgpu_env.runtime.cluster.attempts import Ended
+from mgpu_env.training.multiworker.stallhints import FIRST_STEP, PHASES
 from mgpu_env.training.run.rundir import identity_differences
 from tests.support.fake_nvml import FakeGpu, FakeNvml, fake_gpus
 
@@ -146,3 +150,52 @@ def test_a_bad_min_gpus_is_refused_with_what_is_valid(text: str) -> None:
     with pytest.raises(ConfigError) as raised:
         resolve_settings({"MIN_GPUS": text}, {})
     assert "MIN_GPUS" in str(raised.value) and "a whole number from 1 to 1024" in str(raised.value)
+
+
+def _recovering(tmp_path: Any, gpus: tuple[int, ...], all_reduce: str, min_gpus: int = 1,
+                global_batch: int = 12) -> tuple[Recovering, list[str]]:
+    said: list[str] = []
+    return Recovering(tmp_path, RunDevices(gpus, 1, global_batch), all_reduce, "auto",
+                      min_gpus, say=said.append), said
+
+
+STALL_REPORT = (f"error: the run stalled: no progress for 4 s (STALL_TIMEOUT=4s) in "
+                f"{FIRST_STEP}.",)
+
+
+def test_a_stall_in_the_first_step_on_nccl_restarts_with_hierarchical_copy(
+    tmp_path: Any, use_fake_nvml: Install
+) -> None:
+    use_fake_nvml(fake_gpus([FakeGpu(), FakeGpu()]))
+    recovering, said = _recovering(tmp_path, (0, 1), "nccl")
+    after = recovering(Ended(0, EXIT_STALLED, STALL_REPORT), OneRun())
+    assert isinstance(after, OneRun) and after.env == {"CROSS_DEVICE_OPS": "hierarchical_copy"}
+    assert "restarting with hierarchical_copy" in said[0]
+    again = recovering(Ended(0, EXIT_STALLED, STALL_REPORT), after)
+    assert isinstance(again, OneRun) and again.env["CROSS_DEVICE_OPS"] == "reduction_to_one"
+    assert [e["to"] for e in recovering.events] == ["hierarchical_copy", "reduction_to_one"]
+    assert recovering.end_lines()[0].startswith("recovered: all-reduce nccl -> hierarchical_copy")
+
+
+def test_a_crash_with_a_lost_gpu_below_min_gpus_stops_saying_what_to_repair(
+    tmp_path: Any, use_fake_nvml: Install
+) -> None:
+    use_fake_nvml(fake_gpus([FakeGpu(), FakeGpu(ecc_volatile=1)]))
+    recovering, said = _recovering(tmp_path, (0, 1), "nccl", min_gpus=2)
+    assert recovering(Ended(0, 1, ("error: InternalError",)), OneRun()) is None
+    assert "fewer than MIN_GPUS=2" in said[0] and "GPU 1: Volatile Uncorrectable" in said[0]
+    recovering, said = _recovering(tmp_path, (0, 1), "nccl", min_gpus=1)
+    after = recovering(Ended(0, 1, ("error: InternalError",)), OneRun())
+    assert isinstance(after, OneRun) and after.env == {"GPUS": "0", "BATCH_SIZE": "12"}
+
+
+def test_the_gpu_an_error_named_is_left_out_though_nvml_finds_it_healthy(
+    tmp_path: Any, use_fake_nvml: Install
+) -> None:
+    use_fake_nvml(fake_gpus([FakeGpu() for _ in range(4)]))
+    recovering, said = _recovering(tmp_path, (0, 1, 2, 3), "nccl")
+    line = "error: InternalError: an illegal memory access on /device:GPU:3"
+    after = recovering(Ended(0, 1, (line,)), OneRun())
+    assert isinstance(after, OneRun)
+    assert after.env == {"GPUS": "0,1,2", "BATCH_SIZE": "4"}
+    assert "GPU 3 left out (the run's error named it)" in said[0]
