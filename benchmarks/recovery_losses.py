@@ -10,8 +10,9 @@ other run is supervised (`recovery.supervise_run`, max_restarts=1): its MODEL
 (tests/fixtures/recover/faultmodel.py) raises once, at its layer's 4 x `--fault-step`th
 call (one a replica and step; the epoch's evaluation calls it too, so a little earlier
 than that step): a crash as a lost GPU's CUDA error is; and the health check before the
-restart reads a fake NVML (answering as pynvml does) in which GPU 2 has fallen off the bus (NVML_ERROR_GPU_IS_LOST):
-the run resumes from its last checkpoint on 3 devices at the same global batch.
+restart reads a fake NVML (answering as pynvml does) in which GPU 2 has fallen off the
+bus (NVML_ERROR_GPU_IS_LOST): the run resumes from its last checkpoint on 3 devices at the
+same global batch.
 
 Printed: each logged step's (epoch's) loss and accuracy of both runs and their absolute
 difference, the max over them, the test loss and accuracy's, and the max absolute
