@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.exitcodes import EXIT_STALLED
 from mgpu_env.recovery.decide import (
     Kept,
@@ -100,6 +101,7 @@ class Recovering:
                                 "to": nxt})
             self.all_reduce = nxt
             env["CROSS_DEVICE_OPS"] = nxt
+        # The workers of `--workers N` are restarted as they were (their launcher owns them).
         return replace(plan, env=env) if isinstance(plan, OneRun) else plan
 
     def _failing(self, lines: Sequence[str]) -> dict[int, str]:
@@ -138,10 +140,12 @@ class Recovering:
         self.devices = after
 
     def _resumes_from(self) -> str:
+        if not self.folder.is_dir():
+            return "the start"
         try:
             position = check_run_state(self.folder).position
-        except Exception:  # a folder the run never wrote, or damaged: the run will say
-            return "the start"
+        except (ConfigError, OSError):  # damaged: the restarted run says how, with the fix
+            return "the last checkpoint"
         return (f"epoch {position.epoch + 1}, step {position.step}" if position.step
                 else f"the end of epoch {position.epoch}" if position.epoch else "the start")
 
