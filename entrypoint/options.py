@@ -324,6 +324,49 @@ def launch_workers(
                                max_restarts=settings.max_restarts)
 
 
+def supervise_train(flags: SettingFlags, resolved: ResolvedSettings, dry_run: bool,
+                    verbose: bool, resume_from: str | None) -> int | None:
+    """`mgpu train --max-restarts K` in one process: the run as a supervised child
+    (`recovery.supervise_run`), its exit code; None where this process trains itself (a
+    dry run, no restarts asked, or a worker of a cluster, whose launcher or engine restarts
+    it)."""
+    settings = resolved.settings
+    if dry_run or not settings.max_restarts:
+        return None
+    if resume_from:
+        # Each restart would set the folder back to CKPT again, losing what it trained.
+        fail(f"error: --resume-from {resume_from} goes back once; with --max-restarts "
+             "every restart would go back to it again.\n  Fix: run --resume-from once "
+             "without --max-restarts, then resume with --max-restarts.", EXIT_BAD_CONFIG)
+    argv = ["train", *(["-v"] if verbose else [])]
+    runtime = build_runtime(resolved, command="train")  # the GPUs, the all-reduce, once
+    if runtime.cluster is not None:
+        return None
+    from mgpu_env.recovery import Recovering, RunDevices, supervise_run
+
+    gpus = tuple(gpu.index for gpu in runtime.selection.gpus)
+    devices = RunDevices(gpus, max(1, runtime.replicas // len(gpus)) if gpus else 1,
+                         settings.batch_size * runtime.replicas)
+    folder = settings.output_dir
+    assert folder is not None  # decided by `resolve_run_settings`
+    recovering = Recovering(
+        folder, devices, runtime.strategy_plan.cross_device_ops, settings.cross_device_ops,
+        settings.min_gpus, say=lambda line: say(f"mgpu: {line}", err=True))
+    if not settings.quiet:
+        say(f"mgpu train --max-restarts {settings.max_restarts}: the run is supervised, "
+            f"restarted from its last checkpoint if it dies or stalls (MIN_GPUS="
+            f"{settings.min_gpus})", err=True)
+    environ = {**os.environ, **{env: text for env, text in flags.items() if text is not None}}
+    environ.update({"MGPU_DEBUG": "1"} if DEBUG.enabled else {})
+    environ.update({"MGPU_STRICT": "1"} if STRICT.enabled else {})
+    from mgpu_env.training.run.hold import HELD_BY_ENV, hold_run_folder
+
+    with hold_run_folder(folder):
+        environ[HELD_BY_ENV] = str(os.getpid())
+        return supervise_run([sys.executable, "-m", "entrypoint", *argv], environ, recovering,
+                             max_restarts=settings.max_restarts)
+
+
 @contextlib.contextmanager
 def _held_by_launcher(command: Command, argv: list[str], settings: Any,
                       plan: local.LocalWorkers, environ: dict[str, str]) -> Iterator[None]:

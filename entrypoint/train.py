@@ -19,8 +19,8 @@ from entrypoint.options import (
     fail,
     launch_workers,
     resolve,
-    restarts_need_workers,
     say,
+    supervise_train,
     with_settings,
 )
 from mgpu_env import training
@@ -173,11 +173,11 @@ def command(
     gpus_per_worker: GpusPerWorkerOption = None,
 ) -> None:
     """Train the tutorial's MLP on every selected GPU (MirroredStrategy)."""
+    # Long: the command's paths (workers, a supervised child, a dry run, the run) in order.
     started = time.time()  # the wall time includes the start-up: TensorFlow, data, model
     if as_json and not dry_run:
         fail("error: --json goes with --dry-run (a run's results are in metrics.json).",
              EXIT_BAD_CONFIG)
-    restarts_need_workers(flags, workers)  # --max-restarts: with --workers only
     if workers is not None:
         if as_json:
             fail("error: --json prints one plan; with --workers each worker would print "
@@ -186,6 +186,8 @@ def command(
                 *(["--resume-from", resume_from] if resume_from else [])]
         raise typer.Exit(code=launch_workers(flags, workers, gpus_per_worker, argv, "train"))
     resolved = resolve(flags, resolve_run_settings)  # a resumed run: its folder's settings
+    if (supervised := supervise_train(flags, resolved, dry_run, verbose, resume_from)) is not None:
+        raise typer.Exit(code=supervised)  # --max-restarts: the run was a supervised child
     runtime = start_process(resolved, "train")  # a GPU the machine lacks: exit 2
     TAG.set_for(runtime)
     if dry_run:

@@ -324,9 +324,17 @@ class Settings:
     )
     max_restarts: int = setting(
         "MAX_RESTARTS", "0",
-        "With --workers: when a worker dies, stop all and start them again from the last "
-        "checkpoint, at most N times (as torchrun --max-restarts); 0 stops at the first.",
+        "When the run (mgpu train, one process or --workers) or a worker dies or stalls, "
+        "start it again from the last checkpoint, at most N times (as torchrun "
+        "--max-restarts), leaving out a GPU that failed; 0 stops at the first.",
         parse_int(0, 1000), "a whole number from 0 to 1000", metavar="N", scope=("train", "run"),
+    )
+    min_gpus: int = setting(
+        "MIN_GPUS", "1",
+        "With --max-restarts: the fewest GPUs a restarted run goes on with after leaving out "
+        "those that failed the health check; below it, the run stops.",
+        parse_int(1, 1024), "a whole number from 1 to 1024", metavar="N", scope=TRAIN,
+        roles=("shown", "recorded"),
     )
     quiet: bool = setting(
         "QUIET", "0", "Print no per-epoch progress, only the start and end summaries.",

@@ -38,6 +38,8 @@ FORBIDDEN = {
                  "mgpu_env.launcher", "entrypoint"),
     # `mgpu run`'s launcher, its source scan and strategy watch: below the commands only.
     "launcher": ("entrypoint",),
+    # A supervised run's recovery reads the doctor's health and the run's folder: above both.
+    "recovery": ("mgpu_env.launcher", "entrypoint"),
 }
 
 

@@ -106,3 +106,10 @@ def check_health(facts: Facts) -> Check | list[Check]:
                                        "; ".join(words for _, words, _ in found), expected,
                                        "; ".join(fix for _, _, fix in found)))
     return checks
+
+
+def failing(gpu: GpuInfo) -> list[str]:
+    """What makes `gpu` fail training, in nvidia-smi's words (the errors of `check_health`,
+    its warnings left out): empty for a GPU worth training on. A recovery reads it to
+    choose the GPUs a restarted run leaves out."""
+    return [words for status, words, _ in _findings(gpu) if status == "error"]

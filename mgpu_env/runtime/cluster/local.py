@@ -25,6 +25,7 @@ launcher left is removed by the next one (`scratch.sweep_abandoned`).
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import dataclasses
 import os
@@ -42,6 +43,7 @@ from typing import IO
 
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, exit_for_signal
+from mgpu_env.runtime.cluster.attempts import LAST_LINES, Ended, Recovery, Supervised
 from mgpu_env.runtime.cluster.model import line_tag
 from mgpu_env.runtime.cluster.scratch import OwnedFolder, owned_folder, sweep_abandoned
 from mgpu_env.runtime.runfolder import run_name
@@ -86,6 +88,20 @@ class LocalWorkers:
             where = f"GPUs {share}" if share not in (None, "none") else "the CPU"
             lines.append(f"  worker {index}  {host}  {where}")
         return lines
+
+    def name(self, index: int) -> str:
+        """How the launcher's lines name a process: `worker 1`."""
+        return f"worker {index}"
+
+    def tag(self, index: int) -> str:
+        """What starts each of its relayed lines: `[worker 1] `."""
+        return line_tag(index)
+
+    def renewed(self, ports: Callable[[int], list[int]]) -> LocalWorkers:
+        """The plan of a restart: the same workers on fresh ports (the last attempt's may
+        still be in TIME_WAIT, or taken since)."""
+        return dataclasses.replace(
+            self, hosts=tuple(f"{LOOPBACK}:{port}" for port in ports(self.count)))
 
 
 def free_loopback_ports(count: int) -> list[int]:
@@ -208,11 +224,15 @@ def die_with_launcher(launcher_pid: int) -> Callable[[], None] | None:
     return preexec
 
 
-def _pump(stream: IO[str], tag: str, out: IO[str], lock: threading.Lock) -> None:
+def _pump(stream: IO[str], tag: str, out: IO[str], lock: threading.Lock,
+          recent: collections.deque[str] | None = None) -> None:
     """Copy a worker's lines to `out`, each with its tag. mgpu's own lines carry it
-    already (the worker knows its index); a script's and TensorFlow's do not."""
+    already (the worker knows its index); a script's and TensorFlow's do not. `recent`
+    keeps the last ones (a recovery reads them)."""
     for line in stream:
         text = line if line.startswith(tag) else tag + line
+        if recent is not None:
+            recent.append(line.rstrip("\n"))
         with lock:
             out.write(text if text.endswith("\n") else text + "\n")
             out.flush()
@@ -242,17 +262,20 @@ def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
 
 
 def supervise(
-    plan: LocalWorkers, command: Sequence[str], environ: Mapping[str, str],
+    plan: Supervised, command: Sequence[str], environ: Mapping[str, str],
     *, max_restarts: int = 0, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
     grace_s: float = STOP_GRACE_S, poll_s: float = 0.2,
     ports: Callable[[int], list[int]] = free_loopback_ports,
+    recovery: Recovery | None = None,
 ) -> int:
     """Run `command` (argv) once per worker with its environment, until all have exited;
     return the launcher's exit code (the module's rules). A worker that fails stops all;
     up to `max_restarts` times they are then all started again, on fresh `ports` (mgpu
     train resumes from the run folder's last checkpoint, a script from its own), each
     restart in the log with its cause. A failure that a restart would repeat (exit 2:
-    bad settings or input) and a signal to the launcher are never restarted."""
+    bad settings or input) and a signal to the launcher are never restarted. `recovery`
+    decides each restart's plan from the failure (another all-reduce, fewer GPUs), or that
+    there is none worth starting."""
     workers = _Workers(stdout or sys.stdout, stderr or sys.stderr)
     temporary = _workers_temporary_folder(environ)
     environ = {**environ, "TMPDIR": str(temporary.path)}
@@ -260,8 +283,6 @@ def supervise(
         with _forwarding(workers.on_signal):
             for attempt in range(max_restarts + 1):
                 if attempt:
-                    plan = dataclasses.replace(
-                        plan, hosts=tuple(f"{LOOPBACK}:{port}" for port in ports(plan.count)))
                     temporary.clear()  # every worker of the last attempt has ended
                 workers.start_all(plan, command, environ)
                 while workers.running():
@@ -269,8 +290,17 @@ def supervise(
                     time.sleep(poll_s)
                 workers.check(grace_s)  # the look at the end: all may have ended since
                 code = workers.finish()
-                if not workers.restart(attempt, max_restarts, plan.count):
+                if not workers.restart(attempt, max_restarts, plan):
                     return code
+                renewed = plan.renewed(ports)
+                if recovery is not None:
+                    index, returncode = workers.failed[0]
+                    next_plan = recovery(
+                        Ended(index, returncode, tuple(workers.recent[index])), renewed)
+                    if next_plan is None:
+                        return code
+                    renewed = next_plan
+                plan = renewed
         return code
     finally:
         temporary.remove()
@@ -310,25 +340,29 @@ class _Workers:
     # of two failed workers, the one that failed first is the cause, even when both are
     # seen in one look (a worker whose peer dies follows it within milliseconds).
     ended: dict[int, float] = field(default_factory=dict)
+    recent: list[collections.deque[str]] = field(default_factory=list)  # stderr's last lines
+    names: list[str] = field(default_factory=list)
 
     def say(self, line: str) -> None:
         with self.lock:
             self.stderr.write(f"mgpu: {line}\n")
             self.stderr.flush()
 
-    def start_all(self, plan: LocalWorkers, command: Sequence[str],
+    def start_all(self, plan: Supervised, command: Sequence[str],
                   environ: Mapping[str, str]) -> None:
         """Start every worker of `plan`, a new attempt: the last one's record cleared."""
         self.processes, self.pumps, self.failed, self.stopping_since = [], [], [], []
-        self.ended = {}
+        self.ended, self.recent = {}, []
+        self.names = [plan.name(index) for index in range(plan.count)]
         preexec = die_with_launcher(os.getpid())
         for index in range(plan.count):
             if self.received:  # a signal came while they started: start no more
                 break
-            self.start(index, command, {**environ, **plan.environment(index)}, preexec)
+            self.start(index, command, {**environ, **plan.environment(index)}, preexec,
+                       tag=plan.tag(index))
 
     def start(self, index: int, command: Sequence[str], environment: Mapping[str, str],
-              preexec: Callable[[], None] | None = None) -> None:
+              preexec: Callable[[], None] | None = None, tag: str | None = None) -> None:
         """Start worker `index` in its own session, its output copied with its tag."""
         process = subprocess.Popen(
             list(command), env=dict(environment),
@@ -336,10 +370,13 @@ class _Workers:
             start_new_session=True, preexec_fn=preexec,
         )
         self.processes.append(process)
-        tag = line_tag(index)
-        for stream, out in ((process.stdout, self.stdout), (process.stderr, self.stderr)):
+        tag = line_tag(index) if tag is None else tag
+        recent: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
+        self.recent.append(recent)
+        for stream, out, kept in ((process.stdout, self.stdout, None),
+                                  (process.stderr, self.stderr, recent)):
             assert stream is not None
-            pump = threading.Thread(target=_pump, args=(stream, tag, out, self.lock),
+            pump = threading.Thread(target=_pump, args=(stream, tag, out, self.lock, kept),
                                     daemon=True)
             pump.start()
             self.pumps.append(pump)
@@ -370,7 +407,9 @@ class _Workers:
             index = failures[0][1]
             code = self.processes[index].returncode
             self.failed.append((index, code))
-            self.say(f"worker {index} {describe_exit(code)}; stopping the other workers")
+            if len(self.processes) > 1:
+                self.say(f"{self._name(index)} {describe_exit(code)}; stopping the other "
+                         "workers")
             self.stop_all(signal.SIGTERM)
             self.stopping_since.append(time.monotonic())
         if self.stopping_since and time.monotonic() - self.stopping_since[0] > grace_s:
@@ -387,12 +426,15 @@ class _Workers:
             return exit_code_of(self.failed[0][1])
         return next((code for code in codes if code), 0)
 
-    def restart(self, attempt: int, max_restarts: int, count: int) -> bool:
+    def _name(self, index: int) -> str:
+        return self.names[index] if index < len(self.names) else f"worker {index}"
+
+    def restart(self, attempt: int, max_restarts: int, plan: Supervised) -> bool:
         """Whether the workers, all stopped now, start again; the log says why or why not."""
         if self.received or not self.failed:
             return False
         index, code = self.failed[0]
-        cause = f"worker {index} {describe_exit(code)}"
+        cause = f"{self._name(index)} {describe_exit(code)}"
         if code == EXIT_BAD_CONFIG:  # a restart would only repeat it
             if max_restarts:
                 self.say(f"{cause} (bad settings or input): a restart would fail the same "
@@ -402,6 +444,7 @@ class _Workers:
             if max_restarts:
                 self.say(f"{cause}; no restart left (MAX_RESTARTS={max_restarts}, all used)")
             return False
-        self.say(f"restart {attempt + 1} of {max_restarts} ({cause}): starting all {count} "
-                 "workers again from the last checkpoint")
+        again = (f"all {plan.count} workers" if plan.count > 1 else "it")
+        self.say(f"restart {attempt + 1} of {max_restarts} ({cause}): starting {again} "
+                 "again from the last checkpoint")
         return True

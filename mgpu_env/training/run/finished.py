@@ -70,7 +70,8 @@ def finished_in(start: RunIdentity, epochs: int) -> FinishedRun | None:
         stored = rundir.read_json(start.output_dir / rundir.RUN_FILE)
     except ConfigError:
         return None
-    if not stored or stored.get("identity") != start.values:
+    identity = stored.get("identity") if stored else None
+    if not isinstance(identity, dict) or rundir.identity_differences(identity, start.values):
         return None
     return finished
 

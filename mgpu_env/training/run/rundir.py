@@ -141,11 +141,7 @@ def inspect_run_folder(path: Path, identity: Mapping[str, Any]) -> RunFolder:
     previous = stored.get("identity")
     if not isinstance(previous, dict):
         raise ConfigError(f"{path / RUN_FILE} has no identity. Fix: choose another OUTPUT_DIR.")
-    differences = [
-        f"{_setting_of(key)}: {previous.get(key)!r} there, {identity.get(key)!r} now"
-        for key in sorted(set(previous) | set(identity))
-        if previous.get(key) != identity.get(key)
-    ]
+    differences = identity_differences(previous, identity)
     if differences:
         raise ConfigError(changed_settings_message(path, differences))
     metrics = read_json(path / METRICS_FILE)
@@ -155,12 +151,33 @@ def inspect_run_folder(path: Path, identity: Mapping[str, Any]) -> RunFolder:
                      dict(data) if isinstance(data, dict) else None)
 
 
+# The identity key a change of replicas moves when the global batch stays: BATCH_SIZE (per
+# replica) x replicas is the batch the run trains, and the feed gives global batch b the
+# same rows whatever the replicas, so 4 x 64 and 2 x 128 train the same run (its losses
+# differ by the all-reduce's rounding only).
+PER_REPLICA_KEY = "per_replica_batch_size"
+GLOBAL_KEY = "global_batch_size"
+
+
+def identity_differences(previous: Mapping[str, Any], identity: Mapping[str, Any]) -> list[str]:
+    """What differs between a folder's run identity and this start's, as a resume refuses
+    it (each setting with both values): every key, but the per-replica batch where the
+    global batch is kept (other replicas, the same run)."""
+    same_global = GLOBAL_KEY in previous and previous.get(GLOBAL_KEY) == identity.get(GLOBAL_KEY)
+    return [
+        f"{_setting_of(key)}: {previous.get(key)!r} there, {identity.get(key)!r} now"
+        for key in sorted(set(previous) | set(identity))
+        if previous.get(key) != identity.get(key)
+        and not (key == PER_REPLICA_KEY and same_global)
+    ]
+
+
 def _setting_of(key: str) -> str:
     """The setting an identity key holds (the global batch: the product of three)."""
     for declaration in DECLARATIONS:
         if declaration.identity == key:
             return declaration.env
-    if key == "global_batch_size":
+    if key == GLOBAL_KEY:
         return "the global batch (BATCH_SIZE x replicas: GPUS, VIRTUAL_DEVICES, workers)"
     return key
 
@@ -173,8 +190,9 @@ def changed_settings_message(path: Path, differences: list[str]) -> str:
     return (
         f"OUTPUT_DIR={path} holds a run these settings would change ({'; '.join(differences)})"
         ": resuming it would mix two runs. A resume may change "
-        f"{', '.join(free)} (EPOCHS only up, the devices only to the same global batch); "
-        f"not {', '.join(fixed)}.\n"
+        f"{', '.join(free)} (EPOCHS only up, the devices only to the same global batch, "
+        "BATCH_SIZE with them); "
+        f"otherwise not {', '.join(fixed)}.\n"
         "  Fix: resume it with its own values (leave them unset: the folder's record "
         "stands in), or train these settings as a new run: another RUN_NAME or OUTPUT_DIR."
     )
