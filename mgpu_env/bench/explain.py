@@ -1,4 +1,6 @@
-"""`mgpu bench --explain`: where each point's step time goes, as TensorFlow's profiler splits
+"""`mgpu bench --explain`: where each point's step time goes.
+
+As TensorFlow's profiler splits
 it, the all-reduce predicted beside it, and the bottleneck with its fix.
 
 In the child (`explain_variant`): EXPLAIN_STEPS steps of the point's model and strategy are

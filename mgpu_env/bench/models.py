@@ -1,4 +1,6 @@
-"""Models `mgpu bench` can measure, by name: the seed's MLP and a small ResNet, or the
+"""The models `mgpu bench` can measure, by name.
+
+Models `mgpu bench` can measure, by name: the seed's MLP and a small ResNet, or the
 user's builder (`MODEL=package.module:function`), built for the samples they are fed:
 MNIST-shaped ones, or the shape a DATASET loader's samples have.
 

@@ -1,4 +1,6 @@
-"""One point of `mgpu bench` with its data variants, in a process of its own:
+"""One point of `mgpu bench`, measured in a process of its own.
+
+One point of `mgpu bench` with its data variants, in a process of its own:
 `python -m mgpu_env.bench.worker SPECS`.
 
 SPECS is a JSON list of `PointSpec`s that differ only in their data (synthetic, kept,

@@ -1,4 +1,6 @@
-"""mgpu's exit codes, declared once: the CLI exits with them, the library's errors carry them,
+"""mgpu's exit codes, declared once.
+
+The CLI exits with them, the library's errors carry them,
 the local launcher's restart rule and its workers' children read them, and docs/outputs.md's
 table documents exactly `DOCUMENTED` (tests/unit/test_docs.py compares the two)."""
 

@@ -1,4 +1,6 @@
-"""Reading a setting's text: its numbers (in the digits 0-9 only), its paths (looked at
+"""Reading a setting's text the one way every parser shares.
+
+Reading a setting's text: its numbers (in the digits 0-9 only), its paths (looked at
 without an OSError), and how a message shows it (escaped, shortened). What every parser
 (`parsers`) shares, so each reads numbers and paths one way: Python's own readers take more
 than a setting should (`int` reads '٣' and '1_000', `str.isdigit` passes '²' that `int`

@@ -1,4 +1,6 @@
-"""The chain from the PCI bus to TensorFlow, counted: every GPU at every layer, every drop
+"""The chain from the PCI bus to TensorFlow, counted layer by layer.
+
+The chain from the PCI bus to TensorFlow, counted: every GPU at every layer, every drop
 with its account.
 
     PCI bus -> kernel driver -> nvidia module -> device files -> user-space driver -> NVML

@@ -1,4 +1,6 @@
-"""What TensorFlow will ask of the machine's limits, from its CPU and GPU count: a documented
+"""What TensorFlow will ask of the machine's limits, estimated from its CPU and GPU count.
+
+What TensorFlow will ask of the machine's limits, from its CPU and GPU count: a documented
 estimate, so each limit can be judged against this machine rather than against a constant.
 
 The model (each term says where it comes from), checked against TensorFlow 2.21 on this

@@ -1,4 +1,6 @@
-"""`mgpu doctor --smoke` between the devices: a copy between each pair, and the all-reduce's
+"""`mgpu doctor --smoke` between the devices: copies and the all-reduce's bandwidth.
+
+`mgpu doctor --smoke` between the devices: a copy between each pair, and the all-reduce's
 bus bandwidth over a few message sizes against what the link class should give.
 
 - Bus bandwidth as nccl-tests defines it for an all-reduce (doc/PERFORMANCE.md there):

@@ -1,4 +1,6 @@
-"""The GPUs this job was given before mgpu chose any: what a scheduler, an orchestrator or a
+"""The GPUs this job was given before mgpu chose any.
+
+What a scheduler, an orchestrator or a
 container runtime told it, each read as the untrusted text it is.
 
 - Slurm: `SLURM_STEP_GPUS` (a step's), else `SLURM_JOB_GPUS`: the node's GPU indices as

@@ -1,4 +1,6 @@
-"""The protocol every probe child follows, written once: start a Python child with an
+"""The protocol every probe child follows, written once.
+
+Start a Python child with an
 environment, stop it (and every helper it started) after a timeout, find its answer (the
 last stdout line that starts with the probe's marker, JSON after it), and keep stderr (its
 tail names the reason when there is no answer; TensorFlow's log is on it).

@@ -1,4 +1,6 @@
-"""Docker's host side, as far as it decides whether a container gets its GPUs: how the daemon
+"""Docker's host side, as far as it decides whether a container gets its GPUs.
+
+How the daemon
 runs (`docker info`: rootless or rootful, its cgroup driver and version, its runtimes), the
 NVIDIA Container Toolkit's configuration (/etc/nvidia-container-runtime/config.toml), the
 daemon's own (/etc/docker/daemon.json, a rootless daemon's ~/.config/docker/daemon.json), the

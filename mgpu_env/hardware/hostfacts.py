@@ -1,4 +1,6 @@
-"""Facts of the host around the GPUs that neither NVML nor CUDA report: what stands between
+"""Facts of the host that stand between GPUs for peer-to-peer copies.
+
+Facts of the host around the GPUs that neither NVML nor CUDA report: what stands between
 GPUs for peer-to-peer copies. (Docker's host side is `dockerhost`.)
 
 - P2P (`p2p_host`): IOMMU groups (/sys/kernel/iommu_groups), the kernel command line

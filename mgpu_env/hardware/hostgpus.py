@@ -1,4 +1,6 @@
-"""The host's NVIDIA GPUs as a container without them still sees them, and which compose
+"""The host's NVIDIA GPUs, as a container without them still sees them.
+
+The host's NVIDIA GPUs as a container without them still sees them, and which compose
 file started the container.
 
 A container started without the NVIDIA runtime has no `/dev/nvidia*` and no NVML, so it

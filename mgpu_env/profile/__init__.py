@@ -1,4 +1,6 @@
-"""The step's time as TensorFlow's profiler splits it: trace a few steps (`trace`), convert
+"""The step's time as TensorFlow's profiler splits it.
+
+Trace a few steps (`trace`), convert
 the trace with the profiler plugin's own converter (`xprof`) to its overview page's step-time
 breakdown (`split`), and name the bottleneck with its fix (`verdict`).
 

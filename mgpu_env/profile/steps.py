@@ -1,4 +1,6 @@
-"""A trainer's replica step profiled: `mgpu bench --explain`'s points and `mgpu train
+"""A trainer's replica step, profiled.
+
+A trainer's replica step profiled: `mgpu bench --explain`'s points and `mgpu train
 --profile STEPS` (PROFILE=STEPS) both come here.
 
 The profiled steps call the trainer's replica step once per `tf.function` call (the

@@ -1,4 +1,6 @@
-"""`Execution`: the part of the runtime another process needs to start TensorFlow the
+"""`Execution`: what another process needs to start TensorFlow the decided way.
+
+`Execution`: the part of the runtime another process needs to start TensorFlow the
 decided way (the environment, the device split, the precision, the strategy plan, the
 Keras); it travels as JSON to `mgpu bench`'s children and `mgpu run`'s script."""
 

@@ -1,4 +1,6 @@
-"""TensorFlow as the machine's last probe: what it was built with and which GPUs it lists,
+"""TensorFlow as the machine's last probe.
+
+What it was built with and which GPUs it lists,
 asked in a child (`tfprobe`); its first import in this process, with its start-up log held
 back (`tfimport`); the lines of its log that say why a GPU is missing (`tflog`).
 

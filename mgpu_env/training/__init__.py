@@ -1,4 +1,6 @@
-"""The packaged training: plan, loop, steps, signals, run folder, data, model, precision,
+"""The packaged training, from the plan to the finished run.
+
+The packaged training: plan, loop, steps, signals, run folder, data, model, precision,
 strategy and multi-worker. TensorFlow is imported inside functions, after GPU selection.
 
 `train(runtime, preflight=...)` and `dry_run(runtime, preflight=...)` are `mgpu train` as

@@ -1,4 +1,6 @@
-"""The limits GPUs and NCCL meet: /dev/shm (NCCL's shared-memory segments), locked memory
+"""The limits GPUs and NCCL meet, against what this machine's GPU count asks for.
+
+The limits GPUs and NCCL meet: /dev/shm (NCCL's shared-memory segments), locked memory
 (pinned host memory, InfiniBand registration) and the stack, each against what this machine's
 GPU count asks for (`doctor.demand`).
 

@@ -1,4 +1,6 @@
-"""Each GPU's health, in nvidia-smi's words (`nvidia-smi -q`): what makes training fail
+"""Each GPU's health, in nvidia-smi's words.
+
+As `nvidia-smi -q` reports it: what makes training fail
 (uncorrectable ECC errors, a retired page or a row remapping waiting for a reset) is an
 error; what makes it slow or fragile (a display's watchdog, clocks held down, a PCIe link
 trained narrower than the slot, persistence off) a warning. A field the board does not

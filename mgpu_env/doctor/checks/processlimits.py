@@ -1,4 +1,6 @@
-"""The process limits TensorFlow meets when it starts its pools and allocates, each against
+"""The process limits TensorFlow meets, against what this machine makes it ask for.
+
+The process limits TensorFlow meets when it starts its pools and allocates, each against
 what this machine's CPU and GPU count make it ask for (`doctor.demand`): threads (RLIMIT_NPROC,
 the cgroup's pids.max, the kernel's threads-max and pid_max), host memory (the cgroup's
 memory.max and memory.high, RLIMIT_DATA), address space (RLIMIT_AS), open files
