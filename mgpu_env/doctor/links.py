@@ -18,7 +18,6 @@ numbers mean nothing: every "device" shares one memory, and the report says so.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -167,10 +166,6 @@ def bandwidth(tf: Any, strategy: Any, replicas: int, device_type: str
     if device_type != "GPU":
         detail += f" ({MEANINGLESS})"
     return True, detail, tuple(values)
-
-
-def median_gbps(values: Sequence[tuple[int, float]]) -> float:
-    return statistics.median(v for _, v in values) if values else 0.0
 
 
 def _short(device: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import Settings, SettingsErrors
-from mgpu_env.runtime.cluster import Cluster, resolve_cluster
+from mgpu_env.runtime.cluster import Cluster, decide_cluster
 from mgpu_env.training.multiworker import (
     Watchdog,
     WorkerSession,
@@ -32,6 +32,11 @@ def settings_from(**env: str) -> Settings:
     return resolve_settings({}, env).settings
 
 
+def cluster_of(settings: Settings) -> Cluster | None:
+    """The cluster the settings describe, with no scheduler's variables around them."""
+    return decide_cluster(settings, {}).cluster
+
+
 def tf_config(workers: list[str], index: int, chief: list[str] | None = None,
               task_type: str = "worker") -> str:
     cluster: dict[str, list[str]] = {"worker": workers}
@@ -44,7 +49,7 @@ def tf_config(workers: list[str], index: int, chief: list[str] | None = None,
 
 
 def test_no_cluster_settings_mean_one_process() -> None:
-    assert resolve_cluster(settings_from()) is None
+    assert cluster_of(settings_from()) is None
     runtime = runtime_of(settings_from())
     assert runtime.cluster is None and runtime.role.num_workers == 1
     assert "TF_CONFIG" not in runtime.environment
@@ -63,15 +68,15 @@ def test_worker_hosts_and_index_build_tf_config() -> None:
 
 
 def test_worker_zero_is_the_chief_without_a_chief_job() -> None:
-    cluster = resolve_cluster(settings_from(WORKER_HOSTS="a:1,b:2", WORKER_INDEX="0"))
+    cluster = cluster_of(settings_from(WORKER_HOSTS="a:1,b:2", WORKER_INDEX="0"))
     assert cluster is not None and cluster.role.is_chief and cluster.name == "worker 0 (a:1)"
 
 
 def test_tf_config_with_a_chief_job() -> None:
     config = tf_config(["w0:1", "w1:1"], 0, chief=["c:1"])
-    worker = resolve_cluster(settings_from(TF_CONFIG=config))
+    worker = cluster_of(settings_from(TF_CONFIG=config))
     assert worker is not None and worker.num_workers == 3 and not worker.role.is_chief
-    chief = resolve_cluster(
+    chief = cluster_of(
         settings_from(TF_CONFIG=tf_config(["w0:1", "w1:1"], 0, ["c:1"], "chief"))
     )
     assert chief is not None and chief.role.is_chief and chief.address == "c:1"
@@ -132,7 +137,7 @@ def test_bad_worker_hosts_are_refused(hosts: str, reason: str) -> None:
 )
 def test_cluster_settings_that_do_not_fit_together(env: dict[str, str], reason: str) -> None:
     with pytest.raises(ConfigError, match=reason) as caught:
-        resolve_cluster(settings_from(**env))
+        cluster_of(settings_from(**env))
     assert "Fix:" in str(caught.value) and caught.value.exit_code == 2
 
 
@@ -144,7 +149,7 @@ def test_a_single_process_runtime_sets_no_tf_config() -> None:
 
 def test_cluster_round_trips_through_tf_config() -> None:
     cluster = Cluster({"chief": ("c:1",), "worker": ("w:1",)}, "worker", 0, "tf_config")
-    again = resolve_cluster(settings_from(TF_CONFIG=cluster.tf_config()))
+    again = cluster_of(settings_from(TF_CONFIG=cluster.tf_config()))
     assert again == Cluster({"chief": ("c:1",), "worker": ("w:1",)}, "worker", 0, "tf_config")
 
 
@@ -257,7 +262,7 @@ def test_a_non_chief_session_checkpoints_to_a_scratch_folder_it_deletes(
 
     monkeypatch.setattr(tempfile, "tempdir", None)
     settings = settings_from(WORKER_HOSTS="a:1,b:1", WORKER_INDEX="1")
-    cluster = resolve_cluster(settings)
+    cluster = cluster_of(settings)
     assert cluster is not None
     session = WorkerSession(cluster, settings.worker_timeout)
     scratch = session.checkpoint_dir(tmp_path / "chief")

@@ -16,7 +16,6 @@ settings and the environment given, imports no TensorFlow.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,7 +37,6 @@ __all__ = [
     "ClusterDecision",
     "NodeShare",
     "decide_cluster",
-    "resolve_cluster",
 ]
 
 
@@ -81,7 +79,3 @@ def decide_cluster(settings: Settings, environ: Mapping[str, str]) -> ClusterDec
     notes = tuple(n for n in (batch_script_note(environ), unused_index_note(environ)) if n)
     return ClusterDecision(None, notes)
 
-
-def resolve_cluster(settings: Settings, environ: Mapping[str, str] | None = None) -> Cluster | None:
-    """Just the cluster (`decide_cluster` without its notes); None for one process."""
-    return decide_cluster(settings, os.environ if environ is None else environ).cluster
