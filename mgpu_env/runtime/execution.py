@@ -71,11 +71,6 @@ class Execution:
 
         return make_strategy(self.strategy)
 
-    def start(self) -> Any:
-        """`prepare_tensorflow`, then the strategy: what a single-process user needs."""
-        self.prepare_tensorflow()
-        return self.make_strategy()
-
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 

@@ -78,26 +78,30 @@ PARAMETERS_WAIT: dict[str, str] = {
 
 # Functions (`path:qualified name`) that may take more than MAX_PARAMETERS, each with why.
 PARAMETERS_ALLOWED: dict[str, str] = {
+    "mgpu_env/doctor/checks/common.py:CheckId.__call__": (
+        "makes one `Check` from its fields: every check's return names them, so the signature "
+        "is the record's own field list"),
     "mgpu_env/config/declaration.py:setting": (
         "builds one `Declaration` from its fields: each call in settings.py names them, so the "
         "signature is the record's own field list"),
 }
 
-# Functions past MAX_PARAMETERS outside the modules being restructured, not yet reshaped: each
-# entry is a fix to make (its reason says which values travel together).
+# Functions past MAX_PARAMETERS outside the modules being restructured whose callers are being
+# restructured: each is a fix to make with them (its reason says which values travel together).
 PARAMETERS_TO_RESHAPE: dict[str, str] = {
-    "mgpu_env/bench/explain.py:explain_variant": "not yet reshaped",
-    "mgpu_env/bench/input_alone.py:time_elements": "not yet reshaped",
-    "mgpu_env/bench/rounds.py:time_interleaved": "not yet reshaped",
-    "mgpu_env/bench/worker.py:_result": "not yet reshaped",
-    "mgpu_env/doctor/checks/common.py:CheckId.__call__": "not yet reshaped",
-    "mgpu_env/doctor/demand.py:estimate": "not yet reshaped",
-    "mgpu_env/profile/steps.py:profile_replica_step": "not yet reshaped",
-    "mgpu_env/profile/steps.py:profile_training": "not yet reshaped",
-    "mgpu_env/runtime/cluster/peers.py:wait_until_resolved": "not yet reshaped",
-    "mgpu_env/runtime/keras.py:choose_keras": "not yet reshaped",
-    "mgpu_env/runtime/strategy.py:plan_strategy": "not yet reshaped",
-    "mgpu_env/runtime/strategy.py:_multi_worker_plan": "not yet reshaped",
+    "mgpu_env/profile/steps.py:profile_training": (
+        "its caller, training/run/loop.py, is being restructured: it can hand over the trainer "
+        "and a `StepSource`, as `profile_replica_step` takes them"),
+    "mgpu_env/runtime/cluster/peers.py:wait_until_resolved": (
+        "both callers pass `cluster.workers` and `cluster.address`: it can take the `Cluster`; "
+        "one caller, training/run/sequence.py, is being restructured"),
+    "mgpu_env/runtime/keras.py:choose_keras": (
+        "its callers, runtime/decisions.py and doctor/facts.py, are being restructured (the "
+        "Keras decided once)"),
+    "mgpu_env/runtime/strategy.py:plan_strategy": (
+        "`devices`, `device_type` and `physical_devices` are the device split's `names`, "
+        "`device_type` and `physical`: it can take the `DeviceSplit`; its caller, "
+        "runtime/decisions.py, is being restructured"),
 }
 
 
