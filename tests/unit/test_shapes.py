@@ -209,6 +209,27 @@ def test_a_function_takes_the_facts_it_needs_and_what_travels_together_as_a_reco
 
 
 
+def package_code(tree: ast.Module) -> list[str]:
+    """The functions and classes a package's `__init__` defines (a module-level `__getattr__`
+    that loads the package's modules on first use re-exports: it is not counted)."""
+    return [node.name for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and node.name != "__getattr__"]
+
+
+def test_a_packages_init_re_exports_and_its_code_lives_in_named_modules() -> None:
+    found = [f"{path.relative_to(REPO).as_posix()}: defines {', '.join(names)}"
+             for path in modules() if path.name == "__init__.py"
+             and (names := package_code(ast.parse(path.read_text())))]
+    assert not found, (
+        "Rule: a package's __init__.py names what the package offers, importing it from the "
+        "modules that hold it; it defines no function or class itself. A reader looks for "
+        "code in a module named for it, and `import package.module` then loads what it "
+        "needs, not the package's code too.\n"
+        "Fix: move the code to a module named for what it does and import it in __init__.py "
+        "(listed in __all__).\n" + "\n".join(found))
+
+
 def test_the_summary_rule_fails_a_module_of_two_purposes(tmp_path: Path) -> None:
     cases = {
         "none.py": "x = 1\n",
@@ -236,5 +257,6 @@ def test_the_parameter_rule_counts_what_a_caller_passes_and_spares_cli_commands(
         "def outer():\n"
         "    def inner(a, b, c, d, e, f): ...\n")
     found = {name: (parameter_count(f), is_cli_command(f)) for name, f in functions(tree)}
+    assert package_code(tree) == ["A", "command", "outer"]
     assert found == {"A.method": (5, False), "A.wide": (6, False), "command": (6, True),
                      "outer": (0, False), "outer.inner": (6, False)}
