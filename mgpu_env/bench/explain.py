@@ -1,7 +1,7 @@
 """`mgpu bench --explain`: where each point's step time goes.
 
-As TensorFlow's profiler splits
-it, the all-reduce predicted beside it, and the bottleneck with its fix.
+As TensorFlow's profiler splits it, the all-reduce predicted beside it, and the bottleneck with
+its fix.
 
 In the child (`explain_variant`): EXPLAIN_STEPS steps of the point's model and strategy are
 traced by TensorFlow's profiler (`profile.trace`) and split by the profile plugin's converter

@@ -1,7 +1,7 @@
 """One point of `mgpu bench`, measured in a process of its own.
 
-One point of `mgpu bench` with its data variants, in a process of its own:
-`python -m mgpu_env.bench.worker SPECS`.
+One point of `mgpu bench` with its data variants, in a process of its own: `python -m
+mgpu_env.bench.worker SPECS`.
 
 SPECS is a JSON list of `PointSpec`s that differ only in their data (synthetic, kept,
 streamed), or the seed's one. The parent has already put the point's GPUs in

@@ -1,7 +1,7 @@
 """`mgpu doctor --smoke` between the devices: copies and the all-reduce's bandwidth.
 
-`mgpu doctor --smoke` between the devices: a copy between each pair, and the all-reduce's
-bus bandwidth over a few message sizes against what the link class should give.
+`mgpu doctor --smoke` between the devices: a copy between each pair, and the all-reduce's bus
+bandwidth over a few message sizes against what the link class should give.
 
 - Bus bandwidth as nccl-tests defines it for an all-reduce (doc/PERFORMANCE.md there):
   `busbw = bytes / time * 2(n-1)/n`, which does not depend on the number of devices and

@@ -1,9 +1,9 @@
 """The protocol every probe child follows, written once.
 
-Start a Python child with an
-environment, stop it (and every helper it started) after a timeout, find its answer (the
-last stdout line that starts with the probe's marker, JSON after it), and keep stderr (its
-tail names the reason when there is no answer; TensorFlow's log is on it).
+Start a Python child with an environment, stop it (and every helper it started) after a
+timeout, find its answer (the last stdout line that starts with the probe's marker, JSON after
+it), and keep stderr (its tail names the reason when there is no answer; TensorFlow's log is on
+it).
 
 Used by `tfprobe` (TensorFlow's build and GPUs), `cudalibs` (the CUDA libraries),
 `cudadriver` (cuInit) and the doctor's smoke job, which also watches the phases the child

@@ -1,8 +1,8 @@
 """`Execution`: what another process needs to start TensorFlow the decided way.
 
-`Execution`: the part of the runtime another process needs to start TensorFlow the
-decided way (the environment, the device split, the precision, the strategy plan, the
-Keras); it travels as JSON to `mgpu bench`'s children and `mgpu run`'s script."""
+`Execution`: the part of the runtime another process needs to start TensorFlow the decided way
+(the environment, the device split, the precision, the strategy plan, the Keras); it travels as
+JSON to `mgpu bench`'s children and `mgpu run`'s script."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The process limits TensorFlow meets, against what this machine makes it ask for.
 
-The process limits TensorFlow meets when it starts its pools and allocates, each against
-what this machine's CPU and GPU count make it ask for (`doctor.demand`): threads (RLIMIT_NPROC,
-the cgroup's pids.max, the kernel's threads-max and pid_max), host memory (the cgroup's
-memory.max and memory.high, RLIMIT_DATA), address space (RLIMIT_AS), open files
-(RLIMIT_NOFILE). `limits` reports them with `gpulimits`' (/dev/shm, memlock, stack).
+The process limits TensorFlow meets when it starts its pools and allocates, each against what
+this machine's CPU and GPU count make it ask for (`doctor.demand`): threads (RLIMIT_NPROC, the
+cgroup's pids.max, the kernel's threads-max and pid_max), host memory (the cgroup's memory.max
+and memory.high, RLIMIT_DATA), address space (RLIMIT_AS), open files (RLIMIT_NOFILE). `limits`
+reports them with `gpulimits`' (/dev/shm, memlock, stack).
 
 Each check says the value read, what TensorFlow will ask for and how that number was made, what
 TensorFlow prints when the limit stops it, and the setting that lifts it where the limit is set
