@@ -1,4 +1,6 @@
-"""`mgpu bench`: samples/s and scaling efficiency against replicas; bench.json and a plot."""
+"""`mgpu bench`: the command that measures how training scales with replicas.
+
+It reports samples/s and scaling efficiency against replicas, writes bench.json and a plot."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""`mgpu doctor`: judge the driver, CUDA stack, GPUs, links and container; say the fixes.
+"""`mgpu doctor`: the command that judges this machine for training and says the fixes.
+
+`mgpu doctor`: judge the driver, CUDA stack, GPUs, links and container; say the fixes.
 `--smoke` also runs a tiny real job on the selected devices (`mgpu_env.doctor.smoke`)."""
 
 # No `from __future__ import annotations` here: with_settings copies the command's

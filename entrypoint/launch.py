@@ -1,5 +1,7 @@
-"""`mgpu run SCRIPT [ARGS]...` / `mgpu run -m MODULE [ARGS]...`: your training script with
-the settings applied (GPUS, VIRTUAL_DEVICES, MIXED_PRECISION, the cluster)."""
+"""`mgpu run`: the command that runs your own training script with the settings applied.
+
+`mgpu run SCRIPT [ARGS]...` / `mgpu run -m MODULE [ARGS]...`: your training script with the
+settings applied (GPUS, VIRTUAL_DEVICES, MIXED_PRECISION, the cluster)."""
 
 from __future__ import annotations
 

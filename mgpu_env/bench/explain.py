@@ -1,5 +1,7 @@
-"""`mgpu bench --explain`: where each point's step time goes, as TensorFlow's profiler splits
-it, the all-reduce predicted beside it, and the bottleneck with its fix.
+"""`mgpu bench --explain`: where each point's step time goes.
+
+As TensorFlow's profiler splits it, the all-reduce predicted beside it, and the bottleneck with
+its fix.
 
 In the child (`explain_variant`): EXPLAIN_STEPS steps of the point's model and strategy are
 traced by TensorFlow's profiler (`profile.trace`) and split by the profile plugin's converter
@@ -29,7 +31,10 @@ import statistics
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mgpu_env.profile.steps import StepSource
 
 EXPLAIN_STEPS = 10
 # Timed-feed intervals traced per variant: each takes a second more (the profiler's sessions
@@ -77,20 +82,19 @@ def trace_intervals(runs: Sequence[Callable[[int], Any]], steps: int,
     return results
 
 
-def explain_variant(spec: Any, strategy: Any, trainer: Any, batch: Any, arrays: Any,
-                    logdir: Path) -> dict[str, Any]:
+def explain_variant(spec: Any, trainer: Any, source: StepSource, logdir: Path
+                    ) -> dict[str, Any]:
     """Profile one variant's steps into `logdir` (`profile.steps`): the split and the
     unprofiled step time, then the gradient's bytes and (2+ replicas) the bus bandwidth
-    sweep. `batch`: the synthetic point's per-replica batch; else `arrays`, DATASET's.
+    sweep. `source`: the synthetic point's per-replica batch, else DATASET's arrays.
     Never raises for a profile the converter cannot read: the reason is recorded instead."""
     from mgpu_env.estimate.allreduce import gradient_bytes
     from mgpu_env.profile.steps import profile_replica_step
 
-    result = profile_replica_step(strategy, trainer, logdir, EXPLAIN_STEPS, batch=batch,
-                                  arrays=arrays, global_batch=spec.global_batch)
+    result = profile_replica_step(trainer, logdir, EXPLAIN_STEPS, source)
     result["gradient_bytes"] = gradient_bytes(trainer.model.trainable_variables)
     result["memory_estimate"] = _memory_estimate(trainer, spec.per_replica_batch)
-    result["busbw_sweep"] = _busbw_sweep(strategy, spec.replicas)
+    result["busbw_sweep"] = _busbw_sweep(trainer.strategy, spec.replicas)
     return result
 
 

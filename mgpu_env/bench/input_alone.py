@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 KEPT_REASON = "kept on each device: no pipeline to time"
@@ -31,16 +32,23 @@ def element_samples(per_replica: Iterable[Any], chunked: bool) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class SampleBudget:
+    """How many samples a feed is taken for: `warmup` untimed, then at least `timed`."""
+
+    warmup: int
+    timed: int
+
+
 def time_elements(
     elements: Iterable[Any],
     samples_of: Callable[[Any], int],
-    warmup_samples: int,
-    budget_samples: int,
+    budget: SampleBudget,
     settle: Callable[[Any], Any],
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
-    """Take elements until `warmup_samples` (at least one element) untimed, then time them
-    until `budget_samples` more and MIN_TIMED_ELEMENTS, or the end of `elements`.
+    """Take elements until `budget.warmup` samples (at least one element) untimed, then time
+    them until `budget.timed` more and MIN_TIMED_ELEMENTS, or the end of `elements`.
 
     `settle(element)` waits until an element is really there (fetches a little of it to the
     host). Stops at the end of `elements` without asking for more: a stream of chunks has
@@ -50,7 +58,7 @@ def time_elements(
     warm = 0
     for element in iterator:
         warm += samples_of(element)
-        if warm >= warmup_samples:
+        if warm >= budget.warmup:
             settle(element)
             break
     samples = count = 0
@@ -60,7 +68,7 @@ def time_elements(
         last = element
         samples += samples_of(element)
         count += 1
-        if samples >= budget_samples and count >= MIN_TIMED_ELEMENTS:
+        if samples >= budget.timed and count >= MIN_TIMED_ELEMENTS:
             break
     if last is not None:
         settle(last)
@@ -72,9 +80,7 @@ def time_elements(
             "seconds": seconds}
 
 
-def measure_input_alone(
-    feed: Any, strategy: Any, warmup_samples: int, budget_samples: int
-) -> dict[str, Any]:
+def measure_input_alone(feed: Any, strategy: Any, budget: SampleBudget) -> dict[str, Any]:
     """Samples/s the feed's distributed dataset gives with no step run: every element
     fetched to the devices (InputOptions.experimental_fetch_to_device), none trained on.
 
@@ -88,14 +94,13 @@ def measure_input_alone(
     chunked = isinstance(feed, StreamFeed)
     # An element is one global batch, or one chunk of steps' batches for each replica.
     element = feed.global_batch * (feed.steps_per_chunk if chunked else 1)
-    wanted = warmup_samples + max(budget_samples, MIN_TIMED_ELEMENTS * element)
+    wanted = budget.warmup + max(budget.timed, MIN_TIMED_ELEMENTS * element)
     epochs = -(-wanted // max(feed.steps_per_epoch * feed.global_batch, 1)) + 1
-    return time_dataset(feed.dataset(Position(0), epochs), strategy, chunked, warmup_samples,
-                        budget_samples)
+    return time_dataset(feed.dataset(Position(0), epochs), strategy, chunked, budget)
 
 
 def time_dataset(
-    dataset: Any, strategy: Any, chunked: bool, warmup_samples: int, budget_samples: int
+    dataset: Any, strategy: Any, chunked: bool, budget: SampleBudget
 ) -> dict[str, Any]:
     """`time_elements` over a distributed dataset of (x, y) elements: per-replica batches,
     or chunks of them (`chunked`)."""
@@ -108,7 +113,7 @@ def time_dataset(
         for y in _local(strategy, element)[1]:
             y[:1].numpy()
 
-    return time_elements(dataset, samples_of, warmup_samples, budget_samples, settle)
+    return time_elements(dataset, samples_of, budget, settle)
 
 
 def _local(strategy: Any, element: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

@@ -1,6 +1,8 @@
-"""Models `mgpu bench` can measure, by name: the seed's MLP and a small ResNet, or the
-user's builder (`MODEL=package.module:function`), built for the samples they are fed:
-MNIST-shaped ones, or the shape a DATASET loader's samples have.
+"""The models `mgpu bench` can measure, by name.
+
+Models `mgpu bench` can measure, by name: the seed's MLP and a small ResNet, or the user's
+builder (`MODEL=package.module:function`), built for the samples they are fed: MNIST-shaped
+ones, or the shape a DATASET loader's samples have.
 
 The MLP alone is too small for scaling to mean much: its step is dominated by fixed
 per-step costs, so more replicas mostly add all-reduce time. The ResNet (3 stages of

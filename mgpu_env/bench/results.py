@@ -1,5 +1,7 @@
-"""`mgpu bench`'s results: each point's record, the efficiencies, the input pipeline's cost,
-the seed comparison, and bench.json."""
+"""`mgpu bench`'s results, as bench.json records them.
+
+`mgpu bench`'s results: each point's record, the efficiencies, the input pipeline's cost, the
+seed comparison, and bench.json."""
 
 from __future__ import annotations
 

@@ -70,25 +70,34 @@ def lead_in_steps(variants: int, steps_per_interval: int) -> int:
     return steps_per_interval if variants > 1 else 0
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """A point's timing: `warmup_steps` untimed, then `intervals` timed intervals of
+    `steps_per_interval` steps each."""
+
+    warmup_steps: int
+    steps_per_interval: int
+    intervals: int
+
+
 def time_interleaved(
     runs: Sequence[Callable[[int], Any]],
-    warmup_steps: int,
-    steps_per_interval: int,
-    intervals: int,
+    schedule: Schedule,
     clock: Callable[[], float] = time.perf_counter,
     cpu_clock: Callable[[], float] = time.process_time,
 ) -> list[Timings]:
-    """Warm up each variant in turn, run one untimed round, then time `intervals` rounds,
-    each one interval of `steps_per_interval` steps of every variant, in `round_orders`'
-    order, each after its untimed lead-in (`lead_in_steps`).
+    """Warm up each variant in turn, run one untimed round, then time `schedule.intervals`
+    rounds, each one interval of `schedule.steps_per_interval` steps of every variant, in
+    `round_orders`' order, each after its untimed lead-in (`lead_in_steps`).
 
     `runs[v](n)` must run n steps of variant v and return only once they are done (it
     fetches a value to the host). Interval i of every variant belongs to round i: pairs of
     them share the machine's load of that moment.
     """
+    steps_per_interval = schedule.steps_per_interval
     lead_in = lead_in_steps(len(runs), steps_per_interval)
     for run in runs:  # warm-up: tracing, compilation, allocator and pipeline start-up
-        for _ in range(warmup_intervals(warmup_steps, steps_per_interval)):
+        for _ in range(warmup_intervals(schedule.warmup_steps, steps_per_interval)):
             run(steps_per_interval)
     # An untimed round: the variants' alternation reaches its steady state (the caches each
     # leaves to the next, a stream's pipeline refilling behind its intervals) before the
@@ -97,7 +106,7 @@ def time_interleaved(
         run(steps_per_interval)
     timings = [Timings() for _ in runs]
     origin: float | None = None
-    for order in round_orders(len(runs), intervals):
+    for order in round_orders(len(runs), schedule.intervals):
         for variant in order:
             if lead_in:
                 runs[variant](lead_in)

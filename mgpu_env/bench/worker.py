@@ -1,5 +1,7 @@
-"""One point of `mgpu bench` with its data variants, in a process of its own:
-`python -m mgpu_env.bench.worker SPECS`.
+"""One point of `mgpu bench`, measured in a process of its own.
+
+One point of `mgpu bench` with its data variants, in a process of its own: `python -m
+mgpu_env.bench.worker SPECS`.
 
 SPECS is a JSON list of `PointSpec`s that differ only in their data (synthetic, kept,
 streamed), or the seed's one. The parent has already put the point's GPUs in
@@ -137,38 +139,37 @@ def measure_variants(
 ) -> list[dict[str, Any]]:
     """Each variant's intervals, interleaved (`rounds.time_interleaved`): one trainer per
     variant, all in this process, on `strategy`. Then each streamed feed alone."""
-    from mgpu_env.bench.input_alone import measure_input_alone
-    from mgpu_env.bench.rounds import time_interleaved
+    from mgpu_env.bench.input_alone import SampleBudget, measure_input_alone
+    from mgpu_env.bench.rounds import Schedule, time_interleaved
     from mgpu_env.training.input.feed import StreamFeed
 
     first = specs[0]
     data = point_data(next((s for s in specs if s.data != "synthetic"), first))
     variants = [_variant(spec, strategy, data, execution, len(specs)) for spec in specs]
-    timings = time_interleaved([v.run_steps for v in variants], first.warmup_steps,
-                               first.steps_per_interval, first.intervals)
+    schedule = Schedule(first.warmup_steps, first.steps_per_interval, first.intervals)
+    timings = time_interleaved([v.run_steps for v in variants], schedule)
     traced = _trace_intervals(variants, execution.split.device_type)
     results = []
     for variant, timing, timed_feed in zip(variants, timings, traced, strict=True):
         spec = variant.spec
-        result = _result(spec, timing.seconds, execution.split.device_type,
-                         execution.split.names, variant.trainer.model.count_params(),
-                         execution.precision.policy)
+        result = _result(spec, timing.seconds, RanOn(
+            execution.split.device_type, execution.split.names,
+            variant.trainer.model.count_params(), execution.precision.policy))
         result["interval_starts"] = timing.starts
         result["interval_cpu_seconds"] = timing.cpu_seconds
         result["measured_with"] = [s.data for s in specs]
         result["cross_device_ops"] = execution.strategy.cross_device_ops
         result["precision_reason"] = execution.precision.reason
         if spec.profile_dir:
-            result["explain"] = _explain(variant, strategy, data)
+            result["explain"] = _explain(variant, data)
             result["explain"]["timed_feed_input"] = timed_feed
         if variant.data_source is not None:
             result["data_source"] = variant.data_source
             if isinstance(variant.feed, StreamFeed):
                 result["steps_per_chunk"] = variant.feed.steps_per_chunk
-            result["input_alone"] = measure_input_alone(
-                variant.feed, strategy, spec.warmup_steps * spec.global_batch,
-                spec.steps_per_interval * spec.intervals * spec.global_batch,
-            )
+            result["input_alone"] = measure_input_alone(variant.feed, strategy, SampleBudget(
+                spec.warmup_steps * spec.global_batch,
+                spec.steps_per_interval * spec.intervals * spec.global_batch))
         results.append(result)
     return results
 
@@ -183,14 +184,15 @@ def _trace_intervals(variants: Sequence[Variant], device_type: str) -> list[dict
                            [Path(str(s.profile_dir)) for s in specs], device_type == "CPU")
 
 
-def _explain(variant: Variant, strategy: Any, data: PointData) -> dict[str, Any]:
+def _explain(variant: Variant, data: PointData) -> dict[str, Any]:
     """BENCH_EXPLAIN: this variant's steps profiled (`bench.explain`), after its rounds."""
     from mgpu_env.bench.explain import explain_variant
     from mgpu_env.bench.synthetic import SameBatchFeed
+    from mgpu_env.profile.steps import StepSource
 
     batch = variant.feed.batches.batch if isinstance(variant.feed, SameBatchFeed) else None
-    return explain_variant(variant.spec, strategy, variant.trainer, batch, data.arrays,
-                           Path(variant.spec.profile_dir))
+    source = StepSource(batch, data.arrays, variant.spec.global_batch)
+    return explain_variant(variant.spec, variant.trainer, source, Path(variant.spec.profile_dir))
 
 
 def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Execution,
@@ -290,23 +292,30 @@ def measure_seed(spec: PointSpec) -> dict[str, Any]:
               callbacks=[IntervalClock()])
     durations = [end - start for start, end in itertools.pairwise(clock)]
     devices = tuple(strategy.extended.worker_devices)
-    return _result(spec, durations, execution.split.device_type, devices,
-                   model.count_params(), "float32")
+    return _result(spec, durations, RanOn(execution.split.device_type, devices,
+                                          model.count_params(), "float32"))
 
 
-def _result(
-    spec: PointSpec, durations: list[float], device_type: str, devices: tuple[str, ...],
-    params: int, policy: str,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RanOn:
+    """What a point's steps ran on, as bench.json records it beside their times."""
+
+    device_type: str
+    devices: tuple[str, ...]
+    parameters: int
+    dtype_policy: str
+
+
+def _result(spec: PointSpec, durations: list[float], ran_on: RanOn) -> dict[str, Any]:
     import tensorflow as tf
 
     return {
         "interval_seconds": durations,
-        "device_type": device_type,
-        "devices": list(devices),
+        "device_type": ran_on.device_type,
+        "devices": list(ran_on.devices),
         "logical_devices": bool(spec.virtual_devices),
-        "parameters": int(params),
-        "dtype_policy": policy,
+        "parameters": int(ran_on.parameters),
+        "dtype_policy": ran_on.dtype_policy,
         "tensorflow": tf.__version__,
         "python": platform.python_version(),
         "host": platform.node(),

@@ -1,7 +1,8 @@
-"""How one setting is declared: `setting()` makes a `Settings` field whose metadata is a
-`Declaration` (env var, default, help, parser, the commands that show it, its roles in a
-run); `settings.py` holds the declarations themselves, this module what they are made of.
-"""
+"""How one setting is declared: the `Declaration` record and `setting()` that makes one.
+
+How one setting is declared: `setting()` makes a `Settings` field whose metadata is a
+`Declaration` (env var, default, help, parser, the commands that show it, its roles in a run);
+`settings.py` holds the declarations themselves, this module what they are made of."""
 
 from __future__ import annotations
 

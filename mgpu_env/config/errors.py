@@ -1,4 +1,6 @@
-"""Errors the library raises for the user to read; the CLI maps them to exit codes."""
+"""The errors the library raises for the user to read.
+
+The CLI maps each to its exit code."""
 
 from __future__ import annotations
 

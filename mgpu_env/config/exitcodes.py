@@ -1,6 +1,8 @@
-"""mgpu's exit codes, declared once: the CLI exits with them, the library's errors carry them,
-the local launcher's restart rule and its workers' children read them, and docs/outputs.md's
-table documents exactly `DOCUMENTED` (tests/unit/test_docs.py compares the two)."""
+"""mgpu's exit codes, declared once.
+
+The CLI exits with them, the library's errors carry them, the local launcher's restart rule and
+its workers' children read them, and docs/outputs.md's table documents exactly `DOCUMENTED`
+(tests/unit/test_docs.py compares the two)."""
 
 from __future__ import annotations
 

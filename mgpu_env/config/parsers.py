@@ -1,6 +1,8 @@
-"""Parsers: each turns the text of a setting into its value, or raises SettingError saying
-why the text is wrong; `mgpu_env.config.settings` adds the setting's name, the value, where
-it came from and what is valid. Pure functions, tested on their own."""
+"""Parsers: each turns the text of one setting into its value or says why it cannot.
+
+Parsers: each turns the text of a setting into its value, or raises SettingError saying why the
+text is wrong; `mgpu_env.config.settings` adds the setting's name, the value, where it came
+from and what is valid. Pure functions, tested on their own."""
 
 from __future__ import annotations
 

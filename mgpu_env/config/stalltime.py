@@ -1,6 +1,6 @@
-"""STALL_TIMEOUT's value: how long a phase of a run may go without progress before the run
-is called stalled (`mgpu_env.training.run.stall`). Pure; its own module because the parsers'
-is full."""
+"""STALL_TIMEOUT's value: how long a phase of a run may go without progress.
+
+Past it the run is called stalled (`mgpu_env.training.multiworker.stall`). Pure."""
 
 from __future__ import annotations
 

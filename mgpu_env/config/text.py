@@ -1,9 +1,11 @@
-"""Reading a setting's text: its numbers (in the digits 0-9 only), its paths (looked at
-without an OSError), and how a message shows it (escaped, shortened). What every parser
-(`parsers`) shares, so each reads numbers and paths one way: Python's own readers take more
-than a setting should (`int` reads '٣' and '1_000', `str.isdigit` passes '²' that `int`
-then refuses, `int` stops past 4,300 digits, `float` reads 'nan' and Arabic-Indic digits),
-and a path's check can fail for reasons of its own (a NUL, a name too long)."""
+"""Reading a setting's text the one way every parser shares.
+
+Reading a setting's text: its numbers (in the digits 0-9 only), its paths (looked at without an
+OSError), and how a message shows it (escaped, shortened). What every parser (`parsers`)
+shares, so each reads numbers and paths one way: Python's own readers take more than a setting
+should (`int` reads '٣' and '1_000', `str.isdigit` passes '²' that `int` then refuses, `int`
+stops past 4,300 digits, `float` reads 'nan' and Arabic-Indic digits), and a path's check can
+fail for reasons of its own (a NUL, a name too long)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The chain from the PCI bus to TensorFlow, counted: every GPU at every layer, every drop
-with its account.
+"""The chain from the PCI bus to TensorFlow, counted layer by layer.
+
+The chain from the PCI bus to TensorFlow, counted: every GPU at every layer, every drop with
+its account.
 
     PCI bus -> kernel driver -> nvidia module -> device files -> user-space driver -> NVML
             -> this job (Slurm, Kubernetes, the container, CUDA_VISIBLE_DEVICES) -> GPUS

@@ -1,5 +1,7 @@
-"""The chain's machine layers: PCI bus, kernel driver, nvidia module, device files, the
-user-space driver and NVML. Each is a function of the facts and the GPUs passing below."""
+"""The chain's machine layers, from the PCI bus to NVML.
+
+The chain's machine layers: PCI bus, kernel driver, nvidia module, device files, the user-space
+driver and NVML. Each is a function of the facts and the GPUs passing below."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""What TensorFlow will ask of the machine's limits, from its CPU and GPU count: a documented
+"""What TensorFlow will ask of the machine's limits, estimated from its CPU and GPU count.
+
+What TensorFlow will ask of the machine's limits, from its CPU and GPU count: a documented
 estimate, so each limit can be judged against this machine rather than against a constant.
 
 The model (each term says where it comes from), checked against TensorFlow 2.21 on this
@@ -87,24 +89,36 @@ def thread_stack_bytes(stack_soft: int | None) -> int:
     return GLIBC_DEFAULT_STACK if stack_soft is None else max(stack_soft, 16 * 1024)
 
 
-def estimate(
-    cpus: int, gpus: int, *, stack_soft: int | None = None, host_memory: int = 0,
-    gpu_memory: int = 0, shm_disabled: bool = False, pools: tuple[int, int] | None = None,
-) -> Demand:
-    """The demand for `cpus` CPUs and `gpus` GPUs. `pools`: TF_NUM_INTEROP_THREADS and
-    TF_NUM_INTRAOP_THREADS where the user set them (they replace two of the CPU-sized pools);
-    `host_memory` and `gpu_memory` (bytes, all GPUs) size CUDA's address reservation."""
+@dataclass(frozen=True)
+class Sizing:
+    """What sizes TensorFlow's demand on this machine: `cpus` CPUs and `gpus` GPUs, the
+    stack's soft limit, `host_memory` and `gpu_memory` (bytes, all GPUs: they size CUDA's
+    address reservation), whether NCCL_SHM_DISABLE=1, and `pools`: TF_NUM_INTEROP_THREADS and
+    TF_NUM_INTRAOP_THREADS where the user set them (they replace two of the CPU-sized pools)."""
+
+    cpus: int
+    gpus: int
+    stack_soft: int | None = None
+    host_memory: int = 0
+    gpu_memory: int = 0
+    shm_disabled: bool = False
+    pools: tuple[int, int] | None = None
+
+
+def demand_for(sizing: Sizing) -> Demand:
+    """What TensorFlow will ask for on a machine of this sizing."""
+    cpus, gpus, pools = sizing.cpus, sizing.gpus, sizing.pools
     cpu_threads = (THREADS_PER_CPU * cpus if pools is None
                    else (THREADS_PER_CPU - 2) * cpus + sum(pools))
     threads = cpu_threads + THREADS_PER_GPU * gpus + THREADS_BASE
     memory = MEMORY_BASE + MEMORY_PER_GPU * gpus
-    stack = thread_stack_bytes(stack_soft)
+    stack = thread_stack_bytes(sizing.stack_soft)
     arenas = min(threads, ARENAS_PER_CPU * cpus)
     address_space = ADDRESS_BASE + threads * stack + arenas * MALLOC_ARENA
     if gpus:
-        address_space += host_memory + gpu_memory
+        address_space += sizing.host_memory + sizing.gpu_memory
     pairs = gpus * (gpus - 1) // 2
-    shm = 0 if shm_disabled else 2 * NCCL_SHM_SEGMENT * pairs
+    shm = 0 if sizing.shm_disabled else 2 * NCCL_SHM_SEGMENT * pairs
     files = FILES_BASE + FILES_PER_GPU * gpus + FILES_PER_CPU * cpus
     return Demand(cpus, gpus, threads, memory, address_space, stack, shm, files)
 

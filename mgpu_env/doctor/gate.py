@@ -1,4 +1,6 @@
-"""The training gate: `preflight` runs the doctor's pre-flight checks (`@check(...,
+"""The training gate: training starts only on a machine the pre-flight checks pass.
+
+The training gate: `preflight` runs the doctor's pre-flight checks (`@check(...,
 preflight=True)`) on a runtime, `require_ready` stops `mgpu train` and `mgpu run` with their
 findings. A GPU machine whose GPUs cannot be used stops here (GPUS=none is how to mean the
 CPU), never silently trains on the CPU."""

@@ -1,5 +1,7 @@
-"""`mgpu doctor --smoke` between the devices: a copy between each pair, and the all-reduce's
-bus bandwidth over a few message sizes against what the link class should give.
+"""`mgpu doctor --smoke` between the devices: copies and the all-reduce's bandwidth.
+
+`mgpu doctor --smoke` between the devices: a copy between each pair, and the all-reduce's bus
+bandwidth over a few message sizes against what the link class should give.
 
 - Bus bandwidth as nccl-tests defines it for an all-reduce (doc/PERFORMANCE.md there):
   `busbw = bytes / time * 2(n-1)/n`, which does not depend on the number of devices and
@@ -16,7 +18,6 @@ numbers mean nothing: every "device" shares one memory, and the report says so.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -165,10 +166,6 @@ def bandwidth(tf: Any, strategy: Any, replicas: int, device_type: str
     if device_type != "GPU":
         detail += f" ({MEANINGLESS})"
     return True, detail, tuple(values)
-
-
-def median_gbps(values: Sequence[tuple[int, float]]) -> float:
-    return statistics.median(v for _, v in values) if values else 0.0
 
 
 def _short(device: str) -> str:

@@ -134,7 +134,7 @@ def smoke_test(
     done = childprobe.ask(
         [sys.executable, "-m", "mgpu_env.doctor.smoke", runtime.execution.to_json()], env,
         marker=JSON_MARKER, timeout_s=timeout,
-        progress=childprobe.Progress(links.PHASE_MARKER, phase_timeout,
+        phases=childprobe.PhaseWatch(links.PHASE_MARKER, phase_timeout,
                                      ("copy", "all-reduce", "bandwidth")))
     if done.start_error is not None:
         return failed(done.start_error, FIX_SETUP)

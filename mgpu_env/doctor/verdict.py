@@ -1,5 +1,7 @@
-"""The doctor's diagnosis as data: the judged checks, the facts behind them, the one-line
-verdict, and the JSON object `mgpu doctor --json` prints (its layout: SCHEMA_VERSION)."""
+"""The doctor's diagnosis as data.
+
+The judged checks, the facts behind them, the one-line verdict, and the JSON object `mgpu
+doctor --json` prints (its layout: SCHEMA_VERSION)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The all-reduce's expected time per step: a ring all-reduce moves 2(n-1)/n times the
-gradient's bytes over each device's link, so at the bus bandwidth busbw (nccl-tests'
-definition, what `mgpu doctor --smoke` measures) one step's takes
+"""The all-reduce's expected time per step.
+
+A ring all-reduce moves 2(n-1)/n times the gradient's bytes over each device's link, so at the
+bus bandwidth busbw (nccl-tests' definition, what `mgpu doctor --smoke` measures) one step's
+takes
 
     t = 2(n-1)/n x bytes / busbw.
 

@@ -1,5 +1,7 @@
-"""The GPUs this job was given before mgpu chose any: what a scheduler, an orchestrator or a
-container runtime told it, each read as the untrusted text it is.
+"""The GPUs this job was given before mgpu chose any.
+
+What a scheduler, an orchestrator or a container runtime told it, each read as the untrusted
+text it is.
 
 - Slurm: `SLURM_STEP_GPUS` (a step's), else `SLURM_JOB_GPUS`: the node's GPU indices as
   gres.conf names them (the minors of /dev/nvidia<N>); `GPU_DEVICE_ORDINAL` counts within

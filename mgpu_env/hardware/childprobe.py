@@ -1,11 +1,13 @@
-"""The protocol every probe child follows, written once: start a Python child with an
-environment, stop it (and every helper it started) after a timeout, find its answer (the
-last stdout line that starts with the probe's marker, JSON after it), and keep stderr (its
-tail names the reason when there is no answer; TensorFlow's log is on it).
+"""The protocol every probe child follows, written once.
+
+Start a Python child with an environment, stop it (and every helper it started) after a
+timeout, find its answer (the last stdout line that starts with the probe's marker, JSON after
+it), and keep stderr (its tail names the reason when there is no answer; TensorFlow's log is on
+it).
 
 Used by `tfprobe` (TensorFlow's build and GPUs), `cudalibs` (the CUDA libraries),
 `cudadriver` (cuInit) and the doctor's smoke job, which also watches the phases the child
-announces on stderr (`Progress`): a phase between devices without progress is a hang.
+announces on stderr (`PhaseWatch`): a phase between devices without progress is a hang.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from mgpu_env.hardware import signals
 
 
 @dataclass(frozen=True)
-class Progress:
+class PhaseWatch:
     """Phases the child announces on stderr (`marker` + the phase's name); a phase whose
     name starts with one of `watched` may last at most `timeout_s` without a new one."""
 
@@ -36,7 +38,7 @@ class Progress:
 class ChildAnswer:
     """What a probe child gave back. `answer`: the text after the marker (None: no such
     line); `start_error`: why it could not start; `timed_out`: stopped at the timeout;
-    `hung_in`: the phase it was stopped in (with `Progress`)."""
+    `hung_in`: the phase it was stopped in (with `PhaseWatch`)."""
 
     answer: str | None
     stdout: str = ""
@@ -76,7 +78,7 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def _read(process: subprocess.Popen[str], progress: Progress | None
+def _read(process: subprocess.Popen[str], phases: PhaseWatch | None
           ) -> tuple[list[str], list[str], dict[str, object], list[threading.Thread]]:
     out: list[str] = []
     err: list[str] = []
@@ -86,8 +88,8 @@ def _read(process: subprocess.Popen[str], progress: Progress | None
         assert process.stderr is not None
         for line in process.stderr:
             err.append(line)
-            if progress is not None and line.startswith(progress.marker):
-                state.update(phase=line[len(progress.marker):].strip(), since=time.monotonic())
+            if phases is not None and line.startswith(phases.marker):
+                state.update(phase=line[len(phases.marker):].strip(), since=time.monotonic())
 
     def read_out() -> None:
         assert process.stdout is not None
@@ -109,7 +111,7 @@ def _answer(stdout: str, marker: str) -> str | None:
 
 def ask(
     argv: Sequence[str], environ: Mapping[str, str], *, marker: str, timeout_s: float,
-    progress: Progress | None = None,
+    phases: PhaseWatch | None = None,
 ) -> ChildAnswer:
     """Run the child `argv` with `environ`; never raises."""
     start = time.monotonic()
@@ -118,13 +120,13 @@ def ask(
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as error:
         return ChildAnswer(None, start_error=f"could not start Python: {error}")
-    out, err, state, readers = _read(process, progress)
+    out, err, state, readers = _read(process, phases)
     hung: str | None = None
     while process.poll() is None:
         now = time.monotonic()
-        watched = progress is not None and str(state["phase"]).startswith(progress.watched)
-        stalled = watched and progress is not None and \
-            now - float(state["since"]) > progress.timeout_s  # type: ignore[arg-type]
+        watched = phases is not None and str(state["phase"]).startswith(phases.watched)
+        stalled = watched and phases is not None and \
+            now - float(state["since"]) > phases.timeout_s  # type: ignore[arg-type]
         if now - start > timeout_s or stalled:
             hung = str(state["phase"]) or "start"
             _kill_group(process)
@@ -136,5 +138,5 @@ def ask(
     stdout, stderr = "".join(out), "".join(err)
     return ChildAnswer(None if hung is not None else _answer(stdout, marker), stdout, stderr,
                     process.returncode, timed_out=hung is not None,
-                    hung_in=hung if progress is not None else None,
+                    hung_in=hung if phases is not None else None,
                     seconds=time.monotonic() - start)

@@ -1,4 +1,6 @@
-"""The one compatibility table: which CUDA, cuDNN, NCCL, Python and driver go with which
+"""The one compatibility table for TensorFlow's CUDA, drivers, Python and GPUs.
+
+The one compatibility table: which CUDA, cuDNN, NCCL, Python and driver go with which
 TensorFlow, and which GPUs its wheel has machine code for.
 
 `mgpu doctor` judges the machine against it, and the container's test checks the

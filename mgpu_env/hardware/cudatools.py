@@ -1,5 +1,7 @@
-"""The CUDA tools XLA runs for the GPU, `ptxas` and libdevice, found the way XLA finds
-them, and where TensorFlow and NVIDIA's wheels live (what `cudalibs` searches too)."""
+"""The CUDA tools XLA runs for the GPU, found the way XLA finds them.
+
+The CUDA tools XLA runs for the GPU, `ptxas` and libdevice, found the way XLA finds them, and
+where TensorFlow and NVIDIA's wheels live (what `cudalibs` searches too)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The device files CUDA opens (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<minor>), opened
-for real by this process, and the model of every errno such an open can give.
+"""The device files CUDA opens, opened for real by this process.
+
+The device files CUDA opens (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<minor>), opened for
+real by this process, and the model of every errno such an open can give.
 
 The open is the kernel's own answer: mode bits, the process's groups, a cgroup's device rules,
 an LSM, a `nodev` mount and the driver behind the device number all speak through it. The

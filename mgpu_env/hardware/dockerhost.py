@@ -1,9 +1,11 @@
-"""Docker's host side, as far as it decides whether a container gets its GPUs: how the daemon
-runs (`docker info`: rootless or rootful, its cgroup driver and version, its runtimes), the
-NVIDIA Container Toolkit's configuration (/etc/nvidia-container-runtime/config.toml), the
-daemon's own (/etc/docker/daemon.json, a rootless daemon's ~/.config/docker/daemon.json), the
-CDI specs (/etc/cdi, /var/run/cdi) and what they name, libnvidia-container's version, and the
-/dev/char links the toolkit's workaround for systemd's cgroup driver creates.
+"""Docker's host side, as far as it decides whether a container gets its GPUs.
+
+How the daemon runs (`docker info`: rootless or rootful, its cgroup driver and version, its
+runtimes), the NVIDIA Container Toolkit's configuration
+(/etc/nvidia-container-runtime/config.toml), the daemon's own (/etc/docker/daemon.json, a
+rootless daemon's ~/.config/docker/daemon.json), the CDI specs (/etc/cdi, /var/run/cdi) and
+what they name, libnvidia-container's version, and the /dev/char links the toolkit's workaround
+for systemd's cgroup driver creates.
 
 `docker info` is one small probe (`run_docker_info`) that runs whichever `docker` is first on
 PATH, so tests put a script there that answers as a real daemon does; every file is read

@@ -1,5 +1,7 @@
-"""Facts of the host around the GPUs that neither NVML nor CUDA report: what stands between
-GPUs for peer-to-peer copies. (Docker's host side is `dockerhost`.)
+"""Facts of the host that stand between GPUs for peer-to-peer copies.
+
+Facts of the host around the GPUs that neither NVML nor CUDA report: what stands between GPUs
+for peer-to-peer copies. (Docker's host side is `dockerhost`.)
 
 - P2P (`p2p_host`): IOMMU groups (/sys/kernel/iommu_groups), the kernel command line
   (iommu=, intel_iommu=, amd_iommu=, pci=noacs), ACS enabled on the PCI bridges above the GPUs

@@ -1,5 +1,7 @@
-"""The host's NVIDIA GPUs as a container without them still sees them, and which compose
-file started the container.
+"""The host's NVIDIA GPUs, as a container without them still sees them.
+
+The host's NVIDIA GPUs as a container without them still sees them, and which compose file
+started the container.
 
 A container started without the NVIDIA runtime has no `/dev/nvidia*` and no NVML, so it
 cannot list the GPUs; but the kernel's view is not namespaced: the driver's

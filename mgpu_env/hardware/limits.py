@@ -1,6 +1,7 @@
-"""The limits a process meets when TensorFlow starts its thread pools and allocates: the
-process's own (`/proc/self/limits`), its cgroup's (v2 and v1), the kernel's, and the machine's
-memory, `/dev/shm` and CPUs.
+"""The limits a process meets when TensorFlow starts its thread pools and allocates.
+
+The process's own (`/proc/self/limits`), its cgroup's (v2 and v1), the kernel's, and the
+machine's memory, `/dev/shm` and CPUs.
 
 Every file is read through `hostroot.host_path`, so a test lays the machine out as files under
 MGPU_HOST_ROOT and the probe reads it as it reads the real one; `resource.getrlimit` and

@@ -152,11 +152,6 @@ def _group_name(gid: int, root: Path | None = None) -> str:
         return str(gid)
 
 
-def group_name(gid: int, root: Path | None = None) -> str:
-    """The group's name, as `_group_name` finds it."""
-    return _group_name(gid, root)
-
-
 def _can_open(info: os.stat_result, uid: int, gids: tuple[int, ...]) -> bool:
     """Read-write by the mode bits, as the kernel decides it for `uid` in `gids` (root
     passes; a cgroup that denies the device is NVML's OPERATING_SYSTEM/UNKNOWN instead)."""

@@ -1,5 +1,7 @@
-"""NVML's return codes (nvml.h `nvmlReturn_t`, nvidia-ml-py's `NVML_ERROR_*`), each with
-what it says is broken, its generic cause and its fix.
+"""NVML's return codes, each with what it says is broken, its cause and its fix.
+
+NVML's return codes (nvml.h `nvmlReturn_t`, nvidia-ml-py's `NVML_ERROR_*`), each with what it
+says is broken, its generic cause and its fix.
 
 `scope` is what the code says about the machine, which decides what the doctor does with it:
 

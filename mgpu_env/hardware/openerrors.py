@@ -1,5 +1,7 @@
-"""Every errno an open of an NVIDIA device file can give, each with what it means there and
-the fix, judged from what sits between the process and the file (`OpenContext`).
+"""Every errno an open of an NVIDIA device file can give, with its meaning and fix.
+
+Every errno an open of an NVIDIA device file can give, each with what it means there and the
+fix, judged from what sits between the process and the file (`OpenContext`).
 
 open(2) documents EACCES, EBADF, EBUSY, EDQUOT, EEXIST, EFAULT, EFBIG, EINTR, EINVAL, EISDIR,
 ELOOP, EMFILE, ENAMETOOLONG, ENFILE, ENODEV, ENOENT, ENOMEM, ENOSPC, ENOTDIR, ENXIO,

@@ -1,5 +1,7 @@
-"""The first layers under a GPU: the PCI functions of NVIDIA's display and 3D class, the
-kernel driver bound to each, and what the `nvidia` module says it attached.
+"""The first layers under a GPU: its PCI function and the kernel driver bound to it.
+
+The first layers under a GPU: the PCI functions of NVIDIA's display and 3D class, the kernel
+driver bound to each, and what the `nvidia` module says it attached.
 
 - `/sys/bus/pci/devices/<bus id>/{vendor,class,device}` and the `driver` link: which driver
   holds each function (nvidia, nouveau, vfio-pci, pci-stub, none, anything else);

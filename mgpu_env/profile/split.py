@@ -1,4 +1,6 @@
-"""The step-time split of TensorFlow's profiler: its overview page's per-step breakdown
+"""The step-time split of TensorFlow's profiler, read from its own converter.
+
+The step-time split of TensorFlow's profiler: its overview page's per-step breakdown
 (`GenericStepTimeBreakdown`, the input pipeline analyzer's step-time graph), read from the
 profile plugin's own converter (`xprof`), not timed by hand.
 

@@ -1,4 +1,6 @@
-"""A trainer's replica step profiled: `mgpu bench --explain`'s points and `mgpu train
+"""A trainer's replica step, profiled.
+
+A trainer's replica step profiled: `mgpu bench --explain`'s points and `mgpu train
 --profile STEPS` (PROFILE=STEPS) both come here.
 
 The profiled steps call the trainer's replica step once per `tf.function` call (the
@@ -15,6 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +25,30 @@ SYNTHETIC_INPUT = "none: one batch already on each device"
 DATA_INPUT = "a per-step tf.data iterator over the training arrays (batch, prefetch)"
 
 
+@dataclass(frozen=True)
+class StepSource:
+    """Where the profiled steps' batches come from: `batch`, per-replica values already on
+    the devices (a synthetic point), else `arrays`' x_train/y_train in batches of
+    `global_batch`."""
+
+    batch: Any = None
+    arrays: Any = None
+    global_batch: int = 0
+
+
 def profile_replica_step(
-    strategy: Any, trainer: Any, logdir: Path, steps: int, *, batch: Any = None,
-    arrays: Any = None, global_batch: int = 0, keep_weights: bool = False,
+    trainer: Any, logdir: Path, steps: int, source: StepSource, *, keep_weights: bool = False,
 ) -> dict[str, Any]:
-    """Profile `steps` replica steps into `logdir` (`batch`: per-replica values already on
-    the devices; else `arrays`' x_train/y_train in batches of `global_batch`). Returns the
-    split (`StepSplit.as_dict`), the unprofiled step time and the profiler's overhead, or
-    the reason the profile could not be split under "error"."""
+    """Profile `steps` of the trainer's replica steps into `logdir`, fed from `source`.
+    Returns the split (`StepSplit.as_dict`), the unprofiled step time and the profiler's
+    overhead, or the reason the profile could not be split under "error"."""
     import tensorflow as tf
 
     from mgpu_env.profile.split import NoSteps
     from mgpu_env.profile.trace import profile_split
 
-    iterator, profiled_input = _iterator(strategy, batch, arrays, global_batch)
+    strategy = trainer.strategy
+    iterator, profiled_input = _iterator(strategy, source)
     variables = [*trainer.model.variables, *trainer.optimizer.variables]
     saved = [variable.numpy() for variable in variables] if keep_weights else []
 
@@ -65,13 +78,15 @@ def profile_replica_step(
     return result
 
 
-def _iterator(strategy: Any, batch: Any, arrays: Any, global_batch: int) -> tuple[Any, str]:
+def _iterator(strategy: Any, source: StepSource) -> tuple[Any, str]:
     import tensorflow as tf
 
-    if batch is not None:
-        return _SameBatch(batch), SYNTHETIC_INPUT
+    if source.batch is not None:
+        return _SameBatch(source.batch), SYNTHETIC_INPUT
+    arrays = source.arrays
     dataset = tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train)).repeat()
-    dataset = dataset.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.batch(source.global_batch, drop_remainder=True).prefetch(
+        tf.data.AUTOTUNE)
     return iter(strategy.experimental_distribute_dataset(dataset)), DATA_INPUT
 
 
@@ -160,6 +175,6 @@ def profile_training(strategy: Any, trainer: Any, logdir: Path, steps: int, data
         per_replica = global_batch // strategy.num_replicas_in_sync
         batch = strategy.experimental_distribute_values_from_function(
             lambda _: (tf.zeros((per_replica, *shape)), tf.zeros((per_replica,), tf.int32)))
-    result = profile_replica_step(strategy, trainer, logdir, steps, batch=batch, arrays=data,
-                                  global_batch=global_batch, keep_weights=True)
+    result = profile_replica_step(trainer, logdir, steps,
+                                  StepSource(batch, data, global_batch), keep_weights=True)
     return split_lines(result)

@@ -1,5 +1,7 @@
-"""A few steps traced by TensorFlow's profiler (`tf.profiler.experimental`), each inside a
-step marker the profiler's converter finds (`Trace("train", step_num=..., _r=1)`, as Keras'
+"""A few steps traced by TensorFlow's profiler, where TensorBoard reads them.
+
+A few steps traced by TensorFlow's profiler (`tf.profiler.experimental`), each inside a step
+marker the profiler's converter finds (`Trace("train", step_num=..., _r=1)`, as Keras'
 TensorBoard callback marks its steps), written where TensorBoard's Profile tab reads it:
 `<logdir>/plugins/profile/<time>/<host>.xplane.pb`.
 

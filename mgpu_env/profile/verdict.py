@@ -1,4 +1,6 @@
-"""The bottleneck named from the step's split, with what helps; pure.
+"""The bottleneck named from the step's split, with what helps.
+
+Pure.
 
 One of four, tested in this order:
 - input-bound: the step waits for its input (the profiler's `input` share, from

@@ -1,5 +1,6 @@
-"""The share of a traced interval its steps spent waiting for their input, read from
-TensorFlow's profiler trace (the XSpace files `tf.profiler.experimental` writes).
+"""The share of a traced interval its steps spent waiting for their input.
+
+Read from TensorFlow's profiler trace (the XSpace files `tf.profiler.experimental` writes).
 
 The step-time split (`split`) needs steps the converter can find: calls with no
 `tf.while_loop` inside (`trace`). Training's calls and `mgpu bench`'s timed intervals take

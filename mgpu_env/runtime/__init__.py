@@ -3,7 +3,8 @@
     runtime = build_runtime(resolved)    # NVML snapshot, GPU selection, device split,
                                          # precision, strategy plan, cluster, environment
     runtime.apply()                      # the process environment TensorFlow will read
-    strategy = runtime.execution.start()  # TensorFlow: device split, precision, strategy
+    runtime.execution.prepare_tensorflow()  # TensorFlow: device split, precision, Keras
+    strategy = runtime.execution.make_strategy()  # the tf.distribute strategy planned
 
 `mgpu train`, `mgpu bench` (the parent, and each child through `Execution`), the doctor's
 pre-flight and `mgpu run` all take a `Runtime`; nothing downstream selects GPUs, splits

@@ -1,6 +1,8 @@
-"""`Execution`: the part of the runtime another process needs to start TensorFlow the
-decided way (the environment, the device split, the precision, the strategy plan, the
-Keras); it travels as JSON to `mgpu bench`'s children and `mgpu run`'s script."""
+"""`Execution`: what another process needs to start TensorFlow the decided way.
+
+`Execution`: the part of the runtime another process needs to start TensorFlow the decided way
+(the environment, the device split, the precision, the strategy plan, the Keras); it travels as
+JSON to `mgpu bench`'s children and `mgpu run`'s script."""
 
 from __future__ import annotations
 
@@ -68,11 +70,6 @@ class Execution:
         from mgpu_env.runtime.strategy import make_strategy
 
         return make_strategy(self.strategy)
-
-    def start(self) -> Any:
-        """`prepare_tensorflow`, then the strategy: what a single-process user needs."""
-        self.prepare_tensorflow()
-        return self.make_strategy()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

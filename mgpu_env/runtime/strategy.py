@@ -102,8 +102,13 @@ def plan_strategy(
         raise ConfigError("No device to train on: TensorFlow lists no CPU or GPU.")
     devices = tuple(devices)
     if role is not None:
-        return _multi_worker_plan(requested, devices, device_type, physical_devices,
-                                  nccl_available, role)
+        ops, note = _between_workers(requested, device_type == "GPU",
+                                     len(devices) > physical_devices, nccl_available)
+        return StrategyPlan(
+            "multi_worker", devices, device_type, physical_devices, ops,
+            f"the cluster has {role.num_workers} worker(s); collectives use {ops}", role,
+            note=note,
+        )
     if len(devices) == 1:
         return StrategyPlan(
             "mirrored", devices, device_type, physical_devices, "none",
@@ -123,28 +128,18 @@ def plan_strategy(
     return StrategyPlan("mirrored", devices, device_type, physical_devices, chosen, why)
 
 
-def _multi_worker_plan(
-    requested: str,
-    devices: tuple[str, ...],
-    device_type: str,
-    physical_devices: int,
-    nccl_available: bool,
-    role: WorkerRole,
-) -> StrategyPlan:
-    """Between workers, MultiWorkerMirroredStrategy's collectives use NCCL on GPUs and ring
-    all-reduce otherwise; CROSS_DEVICE_OPS=nccl forces NCCL."""
-    on_gpu = device_type == "GPU"
+def _between_workers(
+    requested: str, on_gpu: bool, shared: bool, nccl_available: bool
+) -> tuple[str, str]:
+    """The collectives between workers, and a note when CROSS_DEVICE_OPS asked for others:
+    MultiWorkerMirroredStrategy's collectives use NCCL on GPUs that are not shared (split by
+    VIRTUAL_DEVICES) and ring all-reduce otherwise; CROSS_DEVICE_OPS=nccl forces NCCL."""
     if requested == "nccl" and not (on_gpu and nccl_available):
         raise _invalid(requested, "NCCL needs GPUs and a Linux CUDA build", ["auto"])
-    shared = len(devices) > physical_devices
     ops = "nccl" if on_gpu and nccl_available and not shared else "ring"
     ignored = requested not in ("auto", ops)
-    return StrategyPlan(
-        "multi_worker", devices, device_type, physical_devices, ops,
-        f"the cluster has {role.num_workers} worker(s); collectives use {ops}", role,
-        note=(f"CROSS_DEVICE_OPS={requested} is not used: between workers the "
-              f"collectives use {ops}") if ignored else "",
-    )
+    return ops, (f"CROSS_DEVICE_OPS={requested} is not used: between workers the "
+                 f"collectives use {ops}") if ignored else ""
 
 
 def _check_nccl(

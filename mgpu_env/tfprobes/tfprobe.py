@@ -1,5 +1,7 @@
-"""The TensorFlow probe: its build (CUDA, cuDNN, compute capabilities), the GPUs it lists,
-and the cuDNN library the process can load.
+"""The TensorFlow probe, run in a child: its build and the GPUs it lists.
+
+The TensorFlow probe: its build (CUDA, cuDNN, compute capabilities), the GPUs it lists, and the
+cuDNN library the process can load.
 
 Importing TensorFlow takes seconds and can hang or crash on a broken driver, so `mgpu
 doctor` runs `collect_in_process` in a child process (`collect`), with the GPU selection

@@ -1,5 +1,7 @@
-"""The packaged training: plan, loop, steps, signals, run folder, data, model, precision,
-strategy and multi-worker. TensorFlow is imported inside functions, after GPU selection.
+"""The packaged training, from the plan to the finished run.
+
+The packaged training: plan, loop, steps, signals, run folder, data, model, precision, strategy
+and multi-worker. TensorFlow is imported inside functions, after GPU selection.
 
 `train(runtime, preflight=...)` and `dry_run(runtime, preflight=...)` are `mgpu train` as
 library calls (`run/sequence.py`); they are loaded on first use, so importing a module of

@@ -24,12 +24,13 @@ from mgpu_env.bench import sweep as bench
 from mgpu_env.bench.input_alone import (
     KEPT_REASON,
     MIN_TIMED_ELEMENTS,
+    SampleBudget,
     element_samples,
     measure_input_alone,
     time_dataset,
 )
 from mgpu_env.bench.plot import draw_bench, plot_bench
-from mgpu_env.bench.rounds import lead_in_steps, round_orders, time_interleaved
+from mgpu_env.bench.rounds import Schedule, lead_in_steps, round_orders, time_interleaved
 from mgpu_env.bench.sweep import (
     Group,
     PointSpec,
@@ -580,7 +581,7 @@ def test_two_variants_swap_every_round() -> None:
 
 def test_a_variant_alone_runs_its_intervals_back_to_back() -> None:
     log: list[int] = []
-    time_interleaved([log.append], 0, 5, 3, clock=lambda: 0.0)
+    time_interleaved([log.append], Schedule(0, 5, 3), clock=lambda: 0.0)
     # No other variant breaks its run: no lead-in, the untimed round and 3 timed intervals.
     assert log == [5] * 4
     assert lead_in_steps(1, 5) == 0 and lead_in_steps(2, 5) == 5
@@ -598,7 +599,7 @@ def test_interleaved_rounds_time_one_interval_of_each_variant_in_turn() -> None:
 
     names = ["synthetic", "real", "stream"]
     runs = [steps_of(n, s) for n, s in zip(names, [1.0, 1.25, 1.5], strict=True)]
-    timings = time_interleaved(runs, 7, 5, 4, clock=lambda: now[0])
+    timings = time_interleaved(runs, Schedule(7, 5, 4), clock=lambda: now[0])
     # Warm-up: each variant on its own, 7 steps rounded up to whole intervals (a stream's
     # timed intervals then start at a chunk's start); one untimed round; the timed rounds.
     assert log[:6] == [("synthetic", 5), ("synthetic", 5), ("real", 5), ("real", 5),
@@ -645,16 +646,16 @@ def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_
     assert (feed.steps_per_epoch, feed.steps_per_chunk) == (12, 5)
     # 2 epochs: 24 batches but 5 elements (chunks of 5, 5, 5, 5 and 4 steps per replica).
     # The first is the warm-up; the budget is never reached: the stream ends first.
-    timed = time_dataset(feed.dataset(Position(0), 2), strategy, True, 1, 10**9)
+    timed = time_dataset(feed.dataset(Position(0), 2), strategy, True, SampleBudget(1, 10**9))
     assert (timed["elements"], timed["samples"]) == (4, (5 + 5 + 5 + 4) * 8)
     assert timed["samples_per_s"] > 0
     # Sized by measure_input_alone: enough epochs for the least elements it times.
-    alone = measure_input_alone(feed, strategy, 8, 0)
+    alone = measure_input_alone(feed, strategy, SampleBudget(8, 0))
     assert (alone["elements"], alone["samples"]) == (MIN_TIMED_ELEMENTS, 32 * 5 * 8)
     # One element of a stream with nothing after it: nothing to time, and no error.
     short = time_dataset(stream.StreamFeed(strategy, small_arrays(20), 8, 42,
                                           steps_per_epoch=20 // 8).dataset(Position(0), 1),
-                         strategy, True, 1, 10**9)
+                         strategy, True, SampleBudget(1, 10**9))
     assert short["samples_per_s"] is None and "warm-up" in short["skipped"]
 
 
@@ -670,11 +671,11 @@ def test_a_loaders_stream_alone_counts_per_replica_batches(
     rows = tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train))
     feed = RowStreamFeed(strategy, rows, arrays.train_size, 8, 42,
                          steps_per_epoch=arrays.train_size // 8)
-    alone = measure_input_alone(feed, strategy, 8, 80)
+    alone = measure_input_alone(feed, strategy, SampleBudget(8, 80))
     # Each element is one global batch, 4 rows on each of the 2 replicas.
     assert (alone["elements"], alone["samples"]) == (MIN_TIMED_ELEMENTS, 32 * 8)
     resident = ResidentFeed.place(strategy, arrays, 8, 42, steps_per_epoch=arrays.train_size // 8)
-    kept = measure_input_alone(resident, strategy, 8, 80)
+    kept = measure_input_alone(resident, strategy, SampleBudget(8, 80))
     assert kept == {"samples_per_s": None, "skipped": KEPT_REASON}
     assert element_samples([(tf.zeros((3, 4, 2)), tf.zeros((3, 4)))], chunked=True) == 12
     assert element_samples([(tf.zeros((3, 4, 2)), tf.zeros((3, 4)))], chunked=False) == 3

@@ -126,7 +126,7 @@ def test_a_slow_input_is_input_bound_and_the_split_adds_up(
     from mgpu_env.profile import steps
     from mgpu_env.profile.verdict import judge
 
-    strategy, trainer = two_replica_trainer(logical_cpus)
+    _, trainer = two_replica_trainer(logical_cpus)
 
     def slow(x: Any) -> Any:
         time.sleep(0.1)
@@ -134,17 +134,17 @@ def test_a_slow_input_is_input_bound_and_the_split_adds_up(
 
     real_iterator = steps._iterator
 
-    def slow_iterator(strategy: Any, batch: Any, arrays: Any, global_batch: int
-                      ) -> tuple[Any, str]:
+    def slow_iterator(strategy: Any, source: steps.StepSource) -> tuple[Any, str]:
+        arrays = source.arrays
         dataset = tf.data.Dataset.from_tensor_slices((arrays.x_train, arrays.y_train))
-        dataset = dataset.repeat().batch(global_batch, drop_remainder=True).map(
+        dataset = dataset.repeat().batch(source.global_batch, drop_remainder=True).map(
             lambda x, y: (tf.ensure_shape(tf.numpy_function(slow, [x], tf.float32), x.shape),
                           y))
         return iter(strategy.experimental_distribute_dataset(dataset)), "slow"
 
     monkeypatch.setattr(steps, "_iterator", slow_iterator)
-    result = steps.profile_replica_step(strategy, trainer, tmp_path / "slow", PROFILED_STEPS,
-                                        arrays=SlowRows(), global_batch=128)
+    result = steps.profile_replica_step(trainer, tmp_path / "slow", PROFILED_STEPS,
+                                        steps.StepSource(arrays=SlowRows(), global_batch=128))
     monkeypatch.setattr(steps, "_iterator", real_iterator)
     split = result["split"]
     assert split["steps"] == PROFILED_STEPS, split["per_step"]
@@ -245,11 +245,12 @@ def test_explain_predicts_the_all_reduce_from_the_real_gradient(
 ) -> None:
     from mgpu_env.bench.explain import explain_variant
     from mgpu_env.bench.synthetic import SameBatchFeed
+    from mgpu_env.profile.steps import StepSource
 
     strategy, trainer = two_replica_trainer(logical_cpus)
     feed = SameBatchFeed.make(strategy, 64, (784,), 10, 1)
     spec = type("Spec", (), {"replicas": 2, "global_batch": 128, "per_replica_batch": 64})()
-    explained = explain_variant(spec, strategy, trainer, feed.batches.batch, None, tmp_path)
+    explained = explain_variant(spec, trainer, StepSource(feed.batches.batch), tmp_path)
     real_bytes = sum(v.numpy().nbytes for v in trainer.model.trainable_variables)
     assert explained["gradient_bytes"] == real_bytes == 55_050 * 4
     assert [size for size, _ in explained["busbw_sweep"]] == [1 << 20, 16 << 20, 64 << 20]
@@ -269,12 +270,13 @@ def test_explain_predicts_the_all_reduce_from_the_real_gradient(
 def test_profiled_steps_leave_the_weights_as_they_were(
     logical_cpus: tuple[str, ...], tmp_path: Path
 ) -> None:
-    from mgpu_env.profile.steps import profile_replica_step
+    from mgpu_env.profile.steps import StepSource, profile_replica_step
 
-    strategy, trainer = two_replica_trainer(logical_cpus)
+    _, trainer = two_replica_trainer(logical_cpus)
     before = [v.numpy().copy() for v in [*trainer.model.variables, *trainer.optimizer.variables]]
-    result = profile_replica_step(strategy, trainer, tmp_path, 2, arrays=SlowRows(),
-                                  global_batch=128, keep_weights=True)
+    result = profile_replica_step(trainer, tmp_path, 2,
+                                  StepSource(arrays=SlowRows(), global_batch=128),
+                                  keep_weights=True)
     after = [v.numpy() for v in [*trainer.model.variables, *trainer.optimizer.variables]]
     assert "split" in result
     assert all((b == a).all() for b, a in zip(before, after, strict=True))

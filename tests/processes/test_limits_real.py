@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from mgpu_env.doctor.demand import estimate
+from mgpu_env.doctor.demand import Sizing, demand_for
 
 pytest.importorskip("tensorflow")
 
@@ -46,7 +46,7 @@ def run_under(address_space: int) -> subprocess.CompletedProcess[str]:
 def test_tensorflow_runs_within_the_estimate_and_not_under_half_of_it() -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
     stack = None if soft == resource.RLIM_INFINITY else soft
-    need = estimate(len(os.sched_getaffinity(0)), 0, stack_soft=stack).address_space
+    need = demand_for(Sizing(len(os.sched_getaffinity(0)), 0, stack_soft=stack)).address_space
     within = run_under(need)
     assert within.returncode == 0 and "fitted" in within.stdout, within.stderr[-2000:]
     under = run_under(need // 2)

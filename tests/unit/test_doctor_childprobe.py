@@ -57,5 +57,5 @@ def test_a_phase_without_progress_is_a_hang() -> None:
             "time.sleep(0.1); sys.stderr.write('PHASE all-reduce\\n'); sys.stderr.flush(); "
             "time.sleep(60)")
     done = _run(code, timeout_s=30,
-                progress=childprobe.Progress("PHASE ", 0.5, ("all-reduce",)))
+                phases=childprobe.PhaseWatch("PHASE ", 0.5, ("all-reduce",)))
     assert done.timed_out and done.hung_in == "all-reduce"

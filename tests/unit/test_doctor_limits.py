@@ -16,7 +16,7 @@ import pytest
 
 from mgpu_env.doctor.checks import Check, run_checks
 from mgpu_env.doctor.checks.processlimits import check_threads, demand_of
-from mgpu_env.doctor.demand import NCCL_SHM_SEGMENT, estimate
+from mgpu_env.doctor.demand import NCCL_SHM_SEGMENT, Sizing, demand_for
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware import limits as machine_limits
 from mgpu_env.hardware.cgroups import cpu_list_count, parse_proc_cgroup
@@ -103,7 +103,8 @@ KINDS = {
 
 
 # The fake machine's demand: lay_out's 8 CPUs, 64 MiB stack and 64 GiB, 4 fake 80 GiB GPUs.
-DEMAND = estimate(8, GPUS, stack_soft=64 * MIB, host_memory=64 * GIB, gpu_memory=GPUS * 80 * GIB)
+DEMAND = demand_for(Sizing(8, GPUS, stack_soft=64 * MIB, host_memory=64 * GIB,
+                           gpu_memory=GPUS * 80 * GIB))
 
 
 def test_the_demand_is_made_from_the_machine(use_fake_nvml: Install, tmp_path: Path) -> None:
@@ -209,7 +210,7 @@ def test_capability_sys_resource_lifts_rlimit_nproc(tmp_path: Path) -> None:
 
 def test_the_users_pools_shrink_the_demand(use_fake_nvml: Install, tmp_path: Path) -> None:
     use_fake_nvml(fake_with(GPUS))
-    need = estimate(8, GPUS).threads
+    need = demand_for(Sizing(8, GPUS)).threads
     small = need - 6  # room for 2 + 2 pool threads instead of 8 + 8
     facts = facts_on(tmp_path, rlimits={"nproc": (small + USED, small + USED)},
                      environ={"TF_NUM_INTEROP_THREADS": "2", "TF_NUM_INTRAOP_THREADS": "2"})

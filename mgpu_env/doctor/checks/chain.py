@@ -1,7 +1,8 @@
-"""The chain from the PCI bus to TensorFlow (`doctor.chain`), judged: one line with the count
-at every layer, one error for each drop nobody asked for (its GPUs, its layer, its cause and
-fix), and the job's warnings (other processes' memory, a container seeing more than it was
-given). `ready` needs the counts to agree for the GPUs training will use."""
+"""The chain from the PCI bus to TensorFlow (`doctor.chain`), judged.
+
+One line with the count at every layer, one error for each drop nobody asked for (its GPUs, its
+layer, its cause and fix), and the job's warnings (other processes' memory, a container seeing
+more than it was given). `ready` needs the counts to agree for the GPUs training will use."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The machine or container around the GPUs: device files, the user, whether the run
-folder can be written. Its limits (/dev/shm, memlock, stack, threads, memory) are judged by
-`limits` and `gpulimits` against what TensorFlow will ask for."""
+"""The checks of the machine or container around the GPUs.
+
+The machine or container around the GPUs: device files, the user, whether the run folder can be
+written. Its limits (/dev/shm, memlock, stack, threads, memory) are judged by `limits` and
+`gpulimits` against what TensorFlow will ask for."""
 
 from __future__ import annotations
 

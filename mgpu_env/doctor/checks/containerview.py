@@ -1,6 +1,7 @@
-"""The container's view of the GPUs, as the NVIDIA Container Toolkit set it up: which driver
-capabilities it mounted (`NVIDIA_DRIVER_CAPABILITIES`: training needs `compute`, which is
-libcuda.so.1; `utility` is NVML and nvidia-smi), and which GPUs it was asked to give
+"""The container's view of the GPUs, as the NVIDIA Container Toolkit set it up.
+
+Which driver capabilities it mounted (`NVIDIA_DRIVER_CAPABILITIES`: training needs `compute`,
+which is libcuda.so.1; `utility` is NVML and nvidia-smi), and which GPUs it was asked to give
 (`NVIDIA_VISIBLE_DEVICES`: `all`, `none`, `void`, indices, UUIDs, MIG devices).
 
 The toolkit's default for an unset NVIDIA_DRIVER_CAPABILITIES is `utility,compute`; NVIDIA's

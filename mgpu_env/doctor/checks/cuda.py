@@ -1,5 +1,7 @@
-"""TensorFlow's CUDA stack: its build, and the libraries, cuDNN, NCCL, ptxas and libdevice
-it will really open here (`mgpu_env.hardware.cudalibs`)."""
+"""The checks of TensorFlow's CUDA stack, as it will really open here.
+
+TensorFlow's CUDA stack: its build, and the libraries, cuDNN, NCCL, ptxas and libdevice it will
+really open here (`mgpu_env.hardware.cudalibs`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Docker's host side, judged where the GPU compose file is selected on a host (not in a
+"""Docker's host side, judged: whether Docker can give a container the GPUs.
+
+Docker's host side, judged where the GPU compose file is selected on a host (not in a
 container): whether Docker can give a container GPUs at all, each combination of the daemon
 (rootless or rootful, its cgroup driver and version) and the NVIDIA Container Toolkit's
 settings that cannot, and whether the CDI specs still match the GPUs and the driver.

@@ -1,6 +1,8 @@
-"""The limits GPUs and NCCL meet: /dev/shm (NCCL's shared-memory segments), locked memory
-(pinned host memory, InfiniBand registration) and the stack, each against what this machine's
-GPU count asks for (`doctor.demand`).
+"""The limits GPUs and NCCL meet, against what this machine's GPU count asks for.
+
+The limits GPUs and NCCL meet: /dev/shm (NCCL's shared-memory segments), locked memory (pinned
+host memory, InfiniBand registration) and the stack, each against what this machine's GPU count
+asks for (`doctor.demand`).
 
 NVIDIA's containers ask for `--ipc=host` (or a large /dev/shm), `--ulimit memlock=-1` and
 `--ulimit stack=67108864` (the NGC containers' start-up banner and their user guide); NCCL's

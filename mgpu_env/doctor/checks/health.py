@@ -1,8 +1,10 @@
-"""Each GPU's health, in nvidia-smi's words (`nvidia-smi -q`): what makes training fail
-(uncorrectable ECC errors, a retired page or a row remapping waiting for a reset) is an
-error; what makes it slow or fragile (a display's watchdog, clocks held down, a PCIe link
-trained narrower than the slot, persistence off) a warning. A field the board does not
-report is "could not collect (why)", never a failure."""
+"""Each GPU's health, in nvidia-smi's words.
+
+As `nvidia-smi -q` reports it: what makes training fail (uncorrectable ECC errors, a retired
+page or a row remapping waiting for a reset) is an error; what makes it slow or fragile (a
+display's watchdog, clocks held down, a PCIe link trained narrower than the slot, persistence
+off) a warning. A field the board does not report is "could not collect (why)", never a
+failure."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The host around the GPUs: what can break P2P between GPUs. (Docker's host side is
-`dockerhost`.)"""
+"""The host around the GPUs: what can break P2P between GPUs.
+
+Docker's host side is `dockerhost`."""
 
 from __future__ import annotations
 

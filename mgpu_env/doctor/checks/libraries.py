@@ -1,7 +1,9 @@
-"""The CUDA library files TensorFlow really loads (its /proc/self/maps after it listed its
-GPUs) against the NVIDIA wheels its RUNPATH points to: what shadowed them (an LD_LIBRARY_PATH
-entry, a conda environment, another package's wheel, /usr/local/cuda) and the fix that
-removes it; a TensorFlow whose RUNPATH misses the wheels (tensorflow#63362)."""
+"""The CUDA library files TensorFlow really loads, against the NVIDIA wheels it expects.
+
+The CUDA library files TensorFlow really loads (its /proc/self/maps after it listed its GPUs)
+against the NVIDIA wheels its RUNPATH points to: what shadowed them (an LD_LIBRARY_PATH entry,
+a conda environment, another package's wheel, /usr/local/cuda) and the fix that removes it; a
+TensorFlow whose RUNPATH misses the wheels (tensorflow#63362)."""
 
 from __future__ import annotations
 

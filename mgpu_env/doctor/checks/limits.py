@@ -1,8 +1,9 @@
-"""Every limit that stops TensorFlow, reported as one line where each holds what this machine
+"""Every limit that stops TensorFlow, reported together.
+
+Every limit that stops TensorFlow, reported as one line where each holds what this machine
 makes TensorFlow ask for (a healthy machine stays quiet), each on its own line otherwise:
 threads, memory, address space and open files (`processlimits`), /dev/shm, memlock and the
-stack (`gpulimits`).
-"""
+stack (`gpulimits`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""NCCL's variables against this machine: interfaces and HCAs that exist, values NCCL
-documents, names NCCL knows (`mgpu_env.hardware.ncclenv` holds the model)."""
+"""NCCL's variables, checked against this machine.
+
+NCCL's variables against this machine: interfaces and HCAs that exist, values NCCL documents,
+names NCCL knows (`mgpu_env.hardware.ncclenv` holds the model)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Why NVML failed here: its return code (`nvmlerrors`) decided with the machine's own facts
+"""Why NVML failed here, decided from its return code and the machine's own facts.
+
+Why NVML failed here: its return code (`nvmlerrors`) decided with the machine's own facts
 (`nvidiahost`): the kernel module's version against the NVML library's, nouveau, the GPUs on
 the PCI bus, /dev/nvidia* and their permissions, the user's groups, the container.
 

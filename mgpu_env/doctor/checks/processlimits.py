@@ -1,8 +1,10 @@
-"""The process limits TensorFlow meets when it starts its pools and allocates, each against
-what this machine's CPU and GPU count make it ask for (`doctor.demand`): threads (RLIMIT_NPROC,
-the cgroup's pids.max, the kernel's threads-max and pid_max), host memory (the cgroup's
-memory.max and memory.high, RLIMIT_DATA), address space (RLIMIT_AS), open files
-(RLIMIT_NOFILE). `limits` reports them with `gpulimits`' (/dev/shm, memlock, stack).
+"""The process limits TensorFlow meets, against what this machine makes it ask for.
+
+The process limits TensorFlow meets when it starts its pools and allocates, each against what
+this machine's CPU and GPU count make it ask for (`doctor.demand`): threads (RLIMIT_NPROC, the
+cgroup's pids.max, the kernel's threads-max and pid_max), host memory (the cgroup's memory.max
+and memory.high, RLIMIT_DATA), address space (RLIMIT_AS), open files (RLIMIT_NOFILE). `limits`
+reports them with `gpulimits`' (/dev/shm, memlock, stack).
 
 Each check says the value read, what TensorFlow will ask for and how that number was made, what
 TensorFlow prints when the limit stops it, and the setting that lifts it where the limit is set
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mgpu_env.doctor.checks.common import Check, CheckId, Skipped, Status
-from mgpu_env.doctor.demand import Demand, estimate, size_text
+from mgpu_env.doctor.demand import Demand, Sizing, demand_for, size_text
 from mgpu_env.doctor.facts import Facts
 from mgpu_env.hardware.limits import MachineLimits, Rlimit
 
@@ -59,9 +61,9 @@ def demand_of(facts: Facts, limits: MachineLimits) -> Demand:
     total = limits.meminfo.value[0] if limits.meminfo.ok and limits.meminfo.value else 0
     gpu_memory = sum((g.memory_total_mib.value or 0) * 1024 * 1024 for g in facts.selected)
     pools = _pools(facts.environ)
-    return estimate(cpus, len(facts.selected), stack_soft=stack, host_memory=total,
-                    gpu_memory=gpu_memory, shm_disabled=facts.environ.get(
-                        "NCCL_SHM_DISABLE", "").strip() == "1", pools=pools)
+    return demand_for(Sizing(
+        cpus, len(facts.selected), stack_soft=stack, host_memory=total, gpu_memory=gpu_memory,
+        shm_disabled=facts.environ.get("NCCL_SHM_DISABLE", "").strip() == "1", pools=pools))
 
 
 def _pools(environ: dict[str, str]) -> tuple[int, int] | None:

@@ -1,5 +1,7 @@
-"""Python, TensorFlow, Keras and the rest against the compatibility table and the lock; and
-which Keras `tf.keras` will be (KERAS)."""
+"""The versions of Python, TensorFlow, Keras and the rest, against the compatibility table.
+
+Python, TensorFlow, Keras and the rest against the compatibility table and the lock; and which
+Keras `tf.keras` will be (KERAS)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Which GPUs the run gets: GPUS against the machine, the visibility variables, and what
+"""Which GPUs the run gets, from GPUS to what TensorFlow lists.
+
+Which GPUs the run gets: GPUS against the machine, the visibility variables, and what
 TensorFlow finally lists."""
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""The cluster, decided once from whatever engine started this process.
+"""The cluster this process belongs to: what the package offers, named from its modules.
 
-One small reader per engine, all returning the same `Cluster` (the shape of TensorFlow's
-cluster resolvers), tried in this order; the first that describes a cluster wins:
-
-1. `TF_CONFIG` (explicit; also what Kubeflow's TFJob operator writes),
-2. `WORKER_HOSTS` + `WORKER_INDEX` (explicit),
-3. Slurm's `srun` step variables (`slurm.py`),
-4. a Kubernetes Indexed Job's variables (`kubernetes.py`),
-5. none of them: one process (`None`).
-
-An engine's variables that lose to an explicit setting are named in a note, so a user who
-set WORKER_HOSTS inside a Slurm job knows Slurm's layout was not used. Pure: reads only the
-settings and the environment given, imports no TensorFlow.
+`decide` decides it (`decide_cluster`), one reader per engine (`explicit`, `slurm`,
+`kubernetes`) returns the one shape `model` defines, `peers` asks whether the others can be
+reached, `local` starts several workers on this machine.
 """
 
+<<<<<<< HEAD
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -27,8 +19,10 @@ from mgpu_env.runtime.cluster.kubernetes import (
     in_indexed_job,
     unused_index_note,
 )
+=======
+from mgpu_env.runtime.cluster.decide import ClusterDecision, decide_cluster
+>>>>>>> shapes
 from mgpu_env.runtime.cluster.model import ENGINE_NAMES, ENGINES, Cluster, NodeShare
-from mgpu_env.runtime.cluster.slurm import batch_script_note, from_slurm, in_slurm_step
 
 __all__ = [
     "ENGINES",
@@ -38,6 +32,7 @@ __all__ = [
     "NodeShare",
     "decide_cluster",
 ]
+<<<<<<< HEAD
 
 
 @dataclass(frozen=True)
@@ -78,3 +73,5 @@ def decide_cluster(settings: Settings, environ: Mapping[str, str]) -> ClusterDec
         return ClusterDecision(kubernetes)
     notes = tuple(n for n in (batch_script_note(environ), unused_index_note(environ)) if n)
     return ClusterDecision(None, notes)
+=======
+>>>>>>> shapes

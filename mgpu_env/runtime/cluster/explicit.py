@@ -1,6 +1,8 @@
-"""Clusters the user (or a launcher such as Kubeflow's TFJob operator) wrote down:
-TF_CONFIG, or WORKER_HOSTS + WORKER_INDEX. Each setting was checked alone when it was
-resolved (`config.parsers`); these check them together."""
+"""The clusters the user (or a launcher) wrote down.
+
+Clusters the user (or a launcher such as Kubeflow's TFJob operator) wrote down: TF_CONFIG, or
+WORKER_HOSTS + WORKER_INDEX. Each setting was checked alone when it was resolved
+(`config.parsers`); these check them together."""
 
 from __future__ import annotations
 

@@ -1,2 +1,4 @@
-"""What the training folders share, below all of them: message pieces, atomic writes, the
-tutorial data's shape. Imports nothing of input/, step/, run/ or multiworker/."""
+"""What the training folders share, below all of them.
+
+Message pieces, atomic writes, the tutorial data's shape. Imports nothing of input/, step/,
+run/ or multiworker/."""

@@ -1,7 +1,9 @@
-"""Writes that cannot tear: a temporary file in the same folder, then `os.replace`d over
-the old one, which is atomic on POSIX filesystems; a kill -9 at any moment leaves either
-the old file or the new one, never half of one. The run folder's files (`run.rundir`), a
-folder's count cache (`input.data.files`) and mgpu bench's results (bench.json) use them."""
+"""Writes that cannot tear.
+
+A temporary file in the same folder, then `os.replace`d over the old one, which is atomic on
+POSIX filesystems; a kill -9 at any moment leaves either the old file or the new one, never
+half of one. The run folder's files (`run.rundir`), a folder's count cache (`input.data.files`)
+and mgpu bench's results (bench.json) use them."""
 
 from __future__ import annotations
 

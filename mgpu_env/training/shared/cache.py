@@ -1,7 +1,8 @@
-"""The user's cache folder for what mgpu keeps between starts: $XDG_CACHE_HOME, else
-~/.cache, then mgpu/<what> (a folder's counts: `input.data.files`; a built-in model's memory
-estimate: `step.memprobe`). In the image XDG_CACHE_HOME is /cache, the compose file's
-volume, so the cache outlives `docker compose run`'s containers."""
+"""The user's cache folder for what mgpu keeps between starts.
+
+$XDG_CACHE_HOME, else ~/.cache, then mgpu/<what> (a folder's counts: `input.data.files`; a
+built-in model's memory estimate: `step.memprobe`). In the image XDG_CACHE_HOME is /cache, the
+compose file's volume, so the cache outlives `docker compose run`'s containers."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Small pieces of the messages a run prints: counts with their nouns, file kinds by name,
-and the causes behind a file that cannot be read, said without the library's internals."""
+"""Small pieces of the messages a run prints.
+
+Counts with their nouns, file kinds by name, and the causes behind a file that cannot be read,
+said without the library's internals."""
 
 from __future__ import annotations
 
