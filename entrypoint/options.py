@@ -351,7 +351,8 @@ def supervise_train(flags: SettingFlags, resolved: ResolvedSettings, dry_run: bo
     assert folder is not None  # decided by `resolve_run_settings`
     recovering = Recovering(
         folder, devices, runtime.strategy_plan.cross_device_ops, settings.cross_device_ops,
-        settings.min_gpus, say=lambda line: say(f"mgpu: {line}", err=True))
+        settings.min_gpus, say=lambda line: say(f"mgpu: {line}", err=True),
+        max_restarts=settings.max_restarts)
     if not settings.quiet:
         say(f"mgpu train --max-restarts {settings.max_restarts}: the run is supervised, "
             f"restarted from its last checkpoint if it dies or stalls (MIN_GPUS="
@@ -363,8 +364,7 @@ def supervise_train(flags: SettingFlags, resolved: ResolvedSettings, dry_run: bo
 
     with hold_run_folder(folder):
         environ[HELD_BY_ENV] = str(os.getpid())
-        return supervise_run([sys.executable, "-m", "entrypoint", *argv], environ, recovering,
-                             max_restarts=settings.max_restarts)
+        return supervise_run([sys.executable, "-m", "entrypoint", *argv], environ, recovering)
 
 
 @contextlib.contextmanager

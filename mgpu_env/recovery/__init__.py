@@ -1,6 +1,8 @@
-"""Recovery of a supervised run: restarts from the last checkpoint, another all-reduce
-after a stall in the collectives, and the GPUs that remain after one fails (`supervise`,
-`decide`, `health`)."""
+"""Recovery of a supervised run, from its last checkpoint.
+
+A restart after a crash or a stall, another all-reduce after a stall in the collectives,
+and the GPUs that remain after one fails (`supervise`, `decide`, `health`).
+"""
 
 from mgpu_env.recovery.decide import Kept, RunDevices, Stop, keep_devices
 from mgpu_env.recovery.supervise import Recovering, supervise_run

@@ -1,5 +1,8 @@
-"""The GPUs a run used, judged by the doctor's own health check on a fresh NVML snapshot
-(`hardware.nvml.snapshot`, `doctor.checks.health.failing`): which failed it, and why."""
+"""Which of the GPUs a run used fail the doctor's health check, and why.
+
+The doctor's own check (`doctor.checks.health.failing`) on a fresh NVML snapshot
+(`hardware.nvml.snapshot`).
+"""
 
 from __future__ import annotations
 

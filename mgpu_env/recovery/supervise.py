@@ -1,4 +1,6 @@
-"""`mgpu train --max-restarts K` in one process: the run is a child of a small supervisor
+"""`mgpu train --max-restarts K` in one process, under a supervisor that restarts it.
+
+The run is a child of a small supervisor
 (`runtime.cluster.local.supervise`, the machinery `--workers` uses: its signals pass
 through, it is killed with the supervisor, its exit codes follow the same rules), restarted
 from its last checkpoint after a crash or a stall (exit 3), up to K times.
@@ -30,7 +32,7 @@ from mgpu_env.recovery.decide import (
     stalled_phase,
 )
 from mgpu_env.recovery.health import failing_gpus
-from mgpu_env.runtime.cluster.local import STOP_GRACE_S, Ended, Supervised, supervise
+from mgpu_env.runtime.cluster.local import Ended, Supervised, supervise
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.state import check_run_state
 from mgpu_env.training.shared.atomic import atomic_write_json
@@ -72,6 +74,7 @@ class Recovering:
     requested_all_reduce: str
     min_gpus: int
     say: Callable[[str], None]
+    max_restarts: int = 0  # MAX_RESTARTS: how many attempts after the first
     events: list[dict[str, Any]] = field(default_factory=list)
     attempt: int = 0
 
@@ -174,14 +177,14 @@ class Recovering:
 
 
 def supervise_run(command: Sequence[str], environ: Mapping[str, str], recovering: Recovering,
-                  *, max_restarts: int, stdout: IO[str] | None = None,
-                  stderr: IO[str] | None = None, grace_s: float = STOP_GRACE_S) -> int:
-    """Run `command` (an `mgpu train`) under supervision with up to `max_restarts`
-    restarts; return its exit code by `local.supervise`'s rules. The child trains without a
-    supervisor of its own (MAX_RESTARTS=0) in the folder decided here (OUTPUT_DIR)."""
+                  *, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
+    """Run `command` (an `mgpu train`) under supervision with up to
+    `recovering.max_restarts` restarts; return its exit code by `local.supervise`'s rules.
+    The child trains without a supervisor of its own (MAX_RESTARTS=0) in the folder
+    decided here (OUTPUT_DIR)."""
     env = {**environ, "MAX_RESTARTS": "0", "OUTPUT_DIR": str(recovering.folder)}
-    code = supervise(OneRun(), command, env, max_restarts=max_restarts, stdout=stdout,
-                     stderr=stderr, recovery=recovering, grace_s=grace_s)
+    code = supervise(OneRun(), command, env, max_restarts=recovering.max_restarts,
+                     stdout=stdout, stderr=stderr, recovery=recovering)
     recovering.record()
     for line in recovering.end_lines():
         recovering.say(line)

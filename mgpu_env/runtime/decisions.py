@@ -41,24 +41,34 @@ def global_batch_size(per_replica_batch: int, replicas: int) -> int:
     return per_replica_batch * replicas
 
 
-def describe_decisions(
-    selection: GpuSelection | None, split: DeviceSplit | None,
-    precision: PrecisionChoice | None, strategy: StrategyPlan | None,
-    cluster: Cluster | None, keras: KerasChoice | None,
-) -> dict[str, Any]:
-    """`"decisions"` in `mgpu doctor --json`, `mgpu train --dry-run --json` and `mgpu bench
-    --dry-run --json`: the GPUs (NVML indices), the devices and replicas, the precision,
-    the cluster and the Keras, in one shape; null where a part was not decided."""
-    return {
-        "gpus": None if selection is None else [gpu.index for gpu in selection.gpus],
-        "device_type": None if split is None else split.device_type,
-        "devices": None if split is None else list(split.names),
-        "replicas": None if strategy is None else
-        strategy.local_replicas * strategy.role.num_workers,
-        "precision": None if precision is None else precision.policy,
-        "cluster": None if cluster is None else cluster.describe(),
-        "keras": None if keras is None else keras.version,
-    }
+@dataclass(frozen=True)
+class DecidedParts:
+    """The parts every command states alike; None where a part was not decided (the
+    runtime's are all decided, a failed record's not)."""
+
+    selection: GpuSelection | None
+    split: DeviceSplit | None
+    precision: PrecisionChoice | None
+    strategy: StrategyPlan | None
+    cluster: Cluster | None
+    keras: KerasChoice | None
+
+    def describe(self) -> dict[str, Any]:
+        """`"decisions"` in `mgpu doctor --json`, `mgpu train --dry-run --json` and `mgpu
+        bench --dry-run --json`: the GPUs (NVML indices), the devices and replicas, the
+        precision, the cluster and the Keras, in one shape; null where not decided."""
+        selection, split, precision = self.selection, self.split, self.precision
+        strategy, cluster, keras = self.strategy, self.cluster, self.keras
+        return {
+            "gpus": None if selection is None else [gpu.index for gpu in selection.gpus],
+            "device_type": None if split is None else split.device_type,
+            "devices": None if split is None else list(split.names),
+            "replicas": None if strategy is None else
+            strategy.local_replicas * strategy.role.num_workers,
+            "precision": None if precision is None else precision.policy,
+            "cluster": None if cluster is None else cluster.describe(),
+            "keras": None if keras is None else keras.version,
+        }
 
 
 @dataclass(frozen=True)
@@ -117,9 +127,9 @@ class Runtime:
         return self.execution.environment
 
     def decided(self) -> dict[str, Any]:
-        """The decisions every command states alike (`describe_decisions`)."""
-        return describe_decisions(self.selection, self.split, self.precision,
-                                  self.strategy_plan, self.cluster, self.keras)
+        """The decisions every command states alike (`DecidedParts.describe`)."""
+        return DecidedParts(self.selection, self.split, self.precision,
+                            self.strategy_plan, self.cluster, self.keras).describe()
 
     def cluster_description(self) -> dict[str, Any] | None:
         """`"cluster"` in the JSON outputs: engine, workers, index, chief; None for one

@@ -1,4 +1,6 @@
-"""The decisions as one record, part by part: `decide` makes each part of the runtime by its
+"""The decisions as one record, part by part.
+
+`decide` makes each part of the runtime by its
 one rule (the cluster, the GPUs, the Keras, the device split, the precision, the
 all-reduce) and keeps why a part could not be made, so the doctor judges the settings from
 the same record training starts from (`Decisions.runtime()`, which `decide_runtime` and
@@ -25,7 +27,7 @@ from mgpu_env.hardware.devices import (
 )
 from mgpu_env.hardware.nvml import GpuInfo
 from mgpu_env.runtime.cluster import Cluster, ClusterDecision, decide_cluster
-from mgpu_env.runtime.decisions import Machine, Runtime, describe_decisions, probe_machine
+from mgpu_env.runtime.decisions import DecidedParts, Machine, Runtime, probe_machine
 from mgpu_env.runtime.execution import DEFAULT_TF_LOG_LEVEL, Execution
 from mgpu_env.runtime.keras import LEGACY_VARIABLE, Command, KerasChoice, choose_keras
 from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
@@ -132,11 +134,11 @@ class Decisions:
             str(failure))])
 
     def decided(self) -> dict[str, Any]:
-        """What was decided, as every command states it (`describe_decisions`), and why
+        """What was decided, as every command states it (`DecidedParts.describe`), and why
         each part that failed did (`"errors"`, by part)."""
         cluster = self.cluster.cluster if self.cluster is not None else None
-        return {**describe_decisions(self.selection, self.split, self.precision,
-                                     self.strategy, cluster, self.keras),
+        return {**DecidedParts(self.selection, self.split, self.precision,
+                               self.strategy, cluster, self.keras).describe(),
                 "errors": {part: self.error(part) for part in self.failures}}
 
     def keras_for(self, command: Command) -> KerasChoice:

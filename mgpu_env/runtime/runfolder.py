@@ -1,5 +1,6 @@
-"""The run folder: where a command writes, by one rule for `mgpu train`, `mgpu run`, `mgpu
-bench`, the local launcher and the doctor.
+"""The run folder a command writes to, by one rule for every command.
+
+One rule for `mgpu train`, `mgpu run`, `mgpu bench`, the local launcher and the doctor.
 
 OUTPUT_DIR when set; else runs/<RUN_NAME>; else runs/<UTC timestamp> (`run_name`), read
 from the clock once: `mgpu train` fills the folder into its settings when it starts

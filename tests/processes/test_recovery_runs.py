@@ -102,10 +102,10 @@ def _supervised(folder: Path, environ: dict[str, str], said: list[str]) -> int:
     recovering = Recovering(
         folder, RunDevices((0, 1, 2, 3), 1, 12, setting="VIRTUAL_DEVICES"),
         all_reduce="reduction_to_one", requested_all_reduce="auto", min_gpus=2,
-        say=said.append)
+        say=said.append, max_restarts=1)
     out, err = io.StringIO(), io.StringIO()
     code = supervise_run([sys.executable, "-m", "entrypoint", "train"], environ, recovering,
-                         max_restarts=1, stdout=out, stderr=err)
+                         stdout=out, stderr=err)
     said.append(err.getvalue())
     return code
 

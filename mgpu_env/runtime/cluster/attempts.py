@@ -1,4 +1,6 @@
-"""What `local.supervise` starts and restarts, and what it hands a recovery: the shape every
+"""What `local.supervise` starts and restarts, and what it hands a recovery.
+
+The shape every
 supervised plan has (`Supervised`: `--workers N`'s `LocalWorkers`, one supervised
 `mgpu train`), the failure that ended an attempt (`Ended`) and the decision of the next one
 (`Recovery`)."""
