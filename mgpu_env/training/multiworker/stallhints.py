@@ -23,7 +23,11 @@ FIRST_STEP = "the first step (tracing, compiling, the collectives' set-up)"
 STEPS = "training steps"
 SAVING = "saving the checkpoint"
 EVALUATING = "evaluating"
-PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING)
+# `mgpu run`: a script's own code between what the watch sees of TensorFlow (its data's
+# load, its model's build, its work after training) has no bound: nothing there is known
+# to be TensorFlow's, and a script may take hours over it.
+SCRIPT_CODE = "the script's own code"
+PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING, SCRIPT_CODE)
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,11 @@ def _collective_hint(devices: Devices) -> tuple[str, str]:
                "stops; disabling ACS or the IOMMU (iommu=pt) is the lasting fix")
         return meaning, fix
     if devices.collectives:
+        other = "" if devices.cross_device_ops == "reduction_to_one" else (
+            "CROSS_DEVICE_OPS=reduction_to_one, or ")
         return (f"the all-reduce ({devices.cross_device_ops}) across {devices.replicas} "
                 f"{devices.device_type} replicas, or a replica's input, never completed",
-                "CROSS_DEVICE_OPS=reduction_to_one, or fewer replicas, to find which part hangs")
+                f"{other}fewer replicas, to find which part hangs")
     return ("one replica: no collective is involved, so the step itself (the model's code, "
             "a py_function, the input pipeline) is blocked", "see the main thread's stack")
 
