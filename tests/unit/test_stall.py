@@ -18,6 +18,7 @@ from mgpu_env.training.multiworker.stallhints import (
     MODEL,
     PHASES,
     SAVING,
+    SCRIPT_CODE,
     STARTING,
     STEPS,
     STRATEGY,
@@ -145,3 +146,27 @@ def test_a_real_stall_is_reported_with_its_phase_and_every_threads_stack() -> No
     assert "NCCL_P2P_DISABLE=1" in report and "OUTPUT_DIR=x mgpu train" in report
     assert "Thread stepper:" in report and "in stuck_in_a_step" in report
     assert "Thread MainThread:" in report and "mgpu-watchdog" not in report
+
+
+def test_a_scripts_own_code_is_unbounded_and_the_next_phase_bounds_again() -> None:
+    """`mgpu run`: the script's own code (its data's load, its work after training) is
+    never a stall; the next phase the watch sees is bounded from its own start."""
+    reports: list[str] = []
+    one = stall.StallWatch(StallTimeout(1.0), ONE_CPU, "", on_stall=reports.append,
+                           saved="the script's checkpoints are its own", who="worker 1")
+    try:
+        one.phase(SCRIPT_CODE)
+        assert one.bound(SCRIPT_CODE) == float("inf")
+        time.sleep(1.6)
+        assert not reports
+        one.phase(STRATEGY)
+        started = time.monotonic()
+        while not reports and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+    finally:
+        one.stop()
+    assert 1.0 <= took < 2.5, took
+    assert reports[0].startswith(f"worker 1: the run stalled: no progress for 1 s "
+                                 f"(STALL_TIMEOUT=1s) in {STRATEGY}.")
+    assert "the script's checkpoints are its own" in reports[0]

@@ -27,7 +27,8 @@ EVALUATING = "evaluating"
 # load, its model's build, its work after training) has no bound: nothing there is known
 # to be TensorFlow's, and a script may take hours over it.
 SCRIPT_CODE = "the script's own code"
-PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING, SCRIPT_CODE)
+# The bounded ones.
+PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING)
 
 
 @dataclass(frozen=True)
