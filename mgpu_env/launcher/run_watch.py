@@ -78,8 +78,8 @@ def start_watch(runtime: Runtime) -> StallWatch:
     """Watch this process's run (STALL_TIMEOUT), on the planned devices, from STARTING;
     call before TensorFlow starts. A worker's report names the worker."""
     plan, cluster = runtime.strategy_plan, runtime.cluster
-    devices = Devices(plan.local_replicas, runtime.device_type, plan.cross_device_ops,
-                      nccl_variables())
+    devices = Devices(runtime.replicas, runtime.device_type, plan.cross_device_ops,
+                      nccl_variables(), plan.role.num_workers)
     watch = StallWatch(runtime.settings.stall_timeout, devices, "", saved=SAVED,
                        who=cluster.name if cluster is not None else "",
                        tag=cluster.line_tag if cluster is not None else "")

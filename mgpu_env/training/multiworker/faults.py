@@ -190,7 +190,7 @@ class Watchdog:
                 exit=True,
             )
             if helper is not None:
-                helper.progress(self._phase)
+                helper.progress(self._phase, self._bound_s)
 
     def _backstop_helper(self) -> Backstop | None:
         """The helper that puts the backstop's dump in words, started once; None (the

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from mgpu_env.config.exitcodes import EXIT_STALLED
 from mgpu_env.config.stalltime import StallTimeout
@@ -111,13 +111,17 @@ class StallWatch:
 
     `resume`: how to start again (`mgpu train`'s command); `saved`, in its place, what
     was saved and how to go on (`mgpu run`: the script's own checkpoints). `who` ("worker
-    1") and `tag` ("[worker 1] ") name a worker of several in the report and its lines.
+    1") and `tag` ("[worker 1] ") name a worker of several in the report and its lines;
+    `peers` (name -> address) are the other workers, whom the GIL-free backstop asks
+    whether they listen (`backstop.Backstop`); `worker_timeout_s` (WORKER_TIMEOUT) caps
+    every phase after the start: each waits on the other workers too.
     """
 
     def __init__(self, timeout: StallTimeout, devices: Devices, resume: str,
                  on_stall: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, *, saved: str | None = None,
-                 who: str = "", tag: str = "") -> None:
+                 who: str = "", tag: str = "", peers: Mapping[str, str] | None = None,
+                 worker_timeout_s: float | None = None) -> None:
         self.timeout = timeout
         self.devices = devices
         self._saved = saved if saved is not None else (
@@ -125,6 +129,7 @@ class StallWatch:
             "starting again with the same OUTPUT_DIR resumes from the last complete one "
             f"(or starts afresh if there is none): {resume}")
         self._who = who
+        self._cap_s = worker_timeout_s
         self._clock = clock
         self._calls: collections.deque[float] = collections.deque(maxlen=101)
         self._last: float | None = None
@@ -140,7 +145,8 @@ class StallWatch:
                 first, who or "this run",
                 on_stall or functools.partial(stop_stalled, fd=self._stderr, tag=tag),
                 clock=clock, poll_s=min(1.0, (timeout.seconds or first) / 10),
-                explain=self._report, dump_fd=self._stderr, rearm_s=REARM_S)
+                explain=self._report, dump_fd=self._stderr, rearm_s=REARM_S,
+                peers=peers, tag=tag)
 
     @property
     def current(self) -> str:
@@ -149,6 +155,12 @@ class StallWatch:
 
     def bound(self, phase: str) -> float:
         """How long `phase` may go without progress (`math.inf`: no bound)."""
+        own = self._own_bound(phase)
+        if self._cap_s is not None and phase != STARTING:
+            return min(own, self._cap_s)
+        return own
+
+    def _own_bound(self, phase: str) -> float:
         if phase == SCRIPT_CODE:
             return math.inf
         if self.timeout.seconds is not None and phase != STARTING:
@@ -193,6 +205,8 @@ class StallWatch:
         meaning, fix = hint(phase, self.devices)
         how = ("STALL_TIMEOUT=auto's bound for this phase" if self.timeout.auto
                else f"STALL_TIMEOUT={self.timeout}")
+        if self._cap_s is not None and bound_s == self._cap_s < self._own_bound(phase):
+            how = f"WORKER_TIMEOUT={self._cap_s:g}: how long a worker waits for the others"
         measured = (f" (a call of steps took {statistics.median(self._calls):.3g} s, median "
                     f"of {len(self._calls)})" if phase == STEPS and self._calls else "")
         logs = "\n".join(f"  {line}" for line in self._log.lines) or (

@@ -33,13 +33,14 @@ PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING)
 
 @dataclass(frozen=True)
 class Devices:
-    """What the hints need to know of the run: its replicas, their device type and the
-    all-reduce, and the NCCL variables set (name -> value)."""
+    """What the hints need to know of the run: its replicas (every worker's), their device
+    type and the all-reduce, the NCCL variables set (name -> value) and its workers."""
 
     replicas: int
     device_type: str  # "GPU" or "CPU"
-    cross_device_ops: str  # nccl, hierarchical_copy, reduction_to_one, ring, none
+    cross_device_ops: str  # nccl, hierarchical_copy, reduction_to_one, ring, auto, none
     nccl: Mapping[str, str]
+    workers: int = 1
 
     @property
     def collectives(self) -> bool:
@@ -54,6 +55,14 @@ NCCL_THREADS = "tensorflow#60363, #44976, #22889"
 
 
 def _collective_hint(devices: Devices) -> tuple[str, str]:
+    if devices.workers > 1:
+        return (f"the all-reduce between the {devices.workers} workers ({devices.replicas} "
+                f"replicas) never completed: another worker is stuck, stopped or cannot be "
+                "reached (its own report names its phase), or NCCL between the machines "
+                "hangs (tensorflow#60363)",
+                "read every worker's report: the one stuck elsewhere is the cause; check the "
+                "workers reach each other (WORKER_HOSTS); NCCL_DEBUG=INFO shows where NCCL "
+                "stops; NCCL_P2P_DISABLE=1 or NCCL_IB_DISABLE=1 to rule out a transport")
     if devices.nccl_all_reduce:
         p2p = devices.nccl.get("NCCL_P2P_DISABLE")
         meaning = (
@@ -83,6 +92,12 @@ def hint(phase: str, devices: Devices) -> tuple[str, str]:
                 "or hung network file system, a DATASET loader that waits, or a driver "
                 "that does not answer (`nvidia-smi` hangs too)",
                 "run `mgpu doctor`; check the data's folder can be read (`ls` it)")
+    if phase == STRATEGY and devices.workers > 1:
+        return (f"the {devices.workers} workers did not all join: MultiWorkerMirroredStrategy "
+                "waits for every worker in WORKER_HOSTS before it is built, so one is not "
+                "started, cannot be reached, or is stuck before its strategy",
+                "start every worker with the same WORKER_HOSTS; check each one's address can "
+                "be reached from here")
     if phase == STRATEGY:
         return ("the strategy's devices did not come up: a GPU or its driver that does not "
                 "answer, or one held by another process",
