@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import IO
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, exit_for_signal
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, EXIT_STALLED, exit_for_signal
 from mgpu_env.runtime.cluster.model import line_tag
 from mgpu_env.runtime.cluster.scratch import OwnedFolder, owned_folder, sweep_abandoned
 
@@ -207,11 +207,15 @@ def die_with_launcher(launcher_pid: int) -> Callable[[], None] | None:
     return preexec
 
 
-def _pump(stream: IO[str], tag: str, out: IO[str], lock: threading.Lock) -> None:
+def _pump(stream: IO[str], tag: str, out: IO[str], lock: threading.Lock,
+          errors: list[str] | None = None) -> None:
     """Copy a worker's lines to `out`, each with its tag. mgpu's own lines carry it
-    already (the worker knows its index); a script's and TensorFlow's do not."""
+    already (the worker knows its index); a script's and TensorFlow's do not. The first
+    `error: ` line (a stall's names the phase) is kept in `errors`."""
     for line in stream:
         text = line if line.startswith(tag) else tag + line
+        if errors is not None and not errors and text.startswith(f"{tag}error: "):
+            errors.append(text[len(tag) + len("error: "):].rstrip())
         with lock:
             out.write(text if text.endswith("\n") else text + "\n")
             out.flush()
@@ -309,6 +313,7 @@ class _Workers:
     # of two failed workers, the one that failed first is the cause, even when both are
     # seen in one look (a worker whose peer dies follows it within milliseconds).
     ended: dict[int, float] = field(default_factory=dict)
+    errors: dict[int, list[str]] = field(default_factory=dict)  # each one's first error line
 
     def say(self, line: str) -> None:
         with self.lock:
@@ -319,7 +324,7 @@ class _Workers:
                   environ: Mapping[str, str]) -> None:
         """Start every worker of `plan`, a new attempt: the last one's record cleared."""
         self.processes, self.pumps, self.failed, self.stopping_since = [], [], [], []
-        self.ended = {}
+        self.ended, self.errors = {}, {}
         preexec = die_with_launcher(os.getpid())
         for index in range(plan.count):
             if self.received:  # a signal came while they started: start no more
@@ -336,9 +341,11 @@ class _Workers:
         )
         self.processes.append(process)
         tag = line_tag(index)
+        self.errors[index] = []
         for stream, out in ((process.stdout, self.stdout), (process.stderr, self.stderr)):
             assert stream is not None
-            pump = threading.Thread(target=_pump, args=(stream, tag, out, self.lock),
+            errors = self.errors[index] if stream is process.stderr else None
+            pump = threading.Thread(target=_pump, args=(stream, tag, out, self.lock, errors),
                                     daemon=True)
             pump.start()
             self.pumps.append(pump)
@@ -369,7 +376,13 @@ class _Workers:
             index = failures[0][1]
             code = self.processes[index].returncode
             self.failed.append((index, code))
-            self.say(f"worker {index} {describe_exit(code)}; stopping the other workers")
+            if code == EXIT_STALLED:  # its report's last lines may still be in the pipe
+                for pump in self.pumps[2 * index:2 * index + 2]:
+                    pump.join(timeout=2)
+            said = self.errors.get(index)
+            # Which worker stalled, and in which phase: its report's first line, once more.
+            why = f" (stalled: {said[0]})" if said and code == EXIT_STALLED else ""
+            self.say(f"worker {index} {describe_exit(code)}{why}; stopping the other workers")
             self.stop_all(signal.SIGTERM)
             self.stopping_since.append(time.monotonic())
         if self.stopping_since and time.monotonic() - self.stopping_since[0] > grace_s:

@@ -118,7 +118,9 @@ def stuck_message(who: str, phase: str, waited_s: float, timeout_s: float, grace
     (name -> address)."""
     missing = [f"{name} ({peers[name]}): {found[name]}" for name in peers
                if found[name] != "listening"]
-    if phase.startswith("waiting for the other workers"):
+    # The stall watch's phase of the strategy's build (`stallhints.STRATEGY`) is the join
+    # too: MultiWorkerMirroredStrategy's constructor waits there for every worker.
+    if phase.startswith(("waiting for the other workers", "building the strategy")):
         head = f"{who} waited {waited_s:.0f} s for the other workers to join"
     else:
         head = f"{who} made no progress for {waited_s:.0f} s while {phase}"
