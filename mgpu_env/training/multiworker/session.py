@@ -31,6 +31,7 @@ from mgpu_env.training.multiworker.stallhints import (
     MODEL,
     SAVING,
     STEPS,
+    STOPPING,
     STRATEGY,
     Devices,
 )
@@ -115,10 +116,8 @@ class WorkerSession:
         if self._cluster is None:
             return
         others = ", ".join(f"{name} ({address})" for name, address in self._peers().items())
-        bound = self.stall.bound(STRATEGY) if self.watchdog is None and self.stall else (
-            self.timeout_s)
         sys.stderr.write(
-            f"{self.tag}{self.who}: waiting up to {bound:g} s "
+            f"{self.tag}{self.who}: waiting up to {self.timeout_s:g} s "
             f"(WORKER_TIMEOUT) for {others} to join; past that, this worker stops (exit 1) "
             "and says which did not answer.\n"
         )
@@ -198,5 +197,7 @@ class WorkerSession:
             self._scratch = None
         if self.stall is not None and (succeeded or not self.multi):
             self.stall.stop()
+        elif self.stall is not None and self.stall.current != STOPPING:
+            self.stall.phase(STOPPING)
         if succeeded and self.watchdog is not None:
             self.watchdog.stop()

@@ -38,6 +38,7 @@ from mgpu_env.training.multiworker.stallhints import (
     SCRIPT_CODE,
     STARTING,
     STEPS,
+    STOPPING,
     STRATEGY,
     Devices,
     hint,
@@ -156,6 +157,8 @@ class StallWatch:
     def bound(self, phase: str) -> float:
         """How long `phase` may go without progress (`math.inf`: no bound)."""
         own = self._own_bound(phase)
+        if self._cap_s is not None and phase in (STRATEGY, STOPPING):
+            return self._cap_s  # the wait for the others to start, or to end: theirs
         if self._cap_s is not None and phase != STARTING:
             return min(own, self._cap_s)
         return own
@@ -205,7 +208,7 @@ class StallWatch:
         meaning, fix = hint(phase, self.devices)
         how = ("STALL_TIMEOUT=auto's bound for this phase" if self.timeout.auto
                else f"STALL_TIMEOUT={self.timeout}")
-        if self._cap_s is not None and bound_s == self._cap_s < self._own_bound(phase):
+        if self._cap_s is not None and bound_s == self._cap_s != self._own_bound(phase):
             how = f"WORKER_TIMEOUT={self._cap_s:g}: how long a worker waits for the others"
         measured = (f" (a call of steps took {statistics.median(self._calls):.3g} s, median "
                     f"of {len(self._calls)})" if phase == STEPS and self._calls else "")

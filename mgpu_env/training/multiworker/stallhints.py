@@ -27,8 +27,10 @@ EVALUATING = "evaluating"
 # load, its model's build, its work after training) has no bound: nothing there is known
 # to be TensorFlow's, and a script may take hours over it.
 SCRIPT_CODE = "the script's own code"
+# A worker that failed (its error said): its shutdown may wait on a worker that is gone.
+STOPPING = "stopping after the error above"
 # The bounded ones.
-PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING)
+PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING, STOPPING)
 
 
 @dataclass(frozen=True)
@@ -121,4 +123,8 @@ def hint(phase: str, devices: Devices) -> tuple[str, str]:
     if phase == EVALUATING:
         meaning, fix = _collective_hint(devices)
         return f"the evaluation did not end: {meaning}", fix
+    if phase == STOPPING:
+        return ("the process's shutdown waits on a worker that is gone (TensorFlow's "
+                "collectives end with the cluster); the error above is the cause",
+                "act on that error; nothing more is wrong here")
     return ("no progress", "see the stacks")
