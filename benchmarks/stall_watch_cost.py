@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -152,6 +153,42 @@ print(f"{replicas} replica(s): {statistics.median(off):.1f} us/step without the 
 """
 
 
+def hook_per_call(calls: int) -> None:
+    """What `mgpu run`'s hook adds to one call of a step function (the wrapper over
+    tf.function's __call__, then `call_done`), on a plain callable: no TensorFlow noise."""
+    from mgpu_env.config.stalltime import StallTimeout
+    from mgpu_env.launcher import run_watch
+    from mgpu_env.training.multiworker.stall import StallWatch
+    from mgpu_env.training.multiworker.stallhints import STEPS, Devices
+
+    class Step:
+        def __call__(self, x: int) -> int:
+            return x
+
+    class Hooked:
+        __call__ = run_watch._function_wrapper(Step.__call__)
+
+    plain, hooked = Step(), Hooked()
+    watch = StallWatch(StallTimeout(), Devices(2, "CPU", "none", {}), "",
+                       on_stall=lambda report: None)
+    run_watch._STATE.watch = watch
+    run_watch._STATE.step_functions.add(id(hooked))
+    watch.phase(STEPS)
+
+    def timed(call: Callable[[int], int]) -> float:
+        started = time.perf_counter()
+        for _ in range(calls):
+            call(1)
+        return (time.perf_counter() - started) / calls * 1e6
+
+    rounds = [(timed(plain), timed(hooked)) for _ in range(5)]
+    watch.stop()
+    run_watch._STATE.watch = None
+    off, on = (statistics.median(r[i] for r in rounds) for i in (0, 1))
+    print(f"mgpu run, per call of a step function: {off:.2f} us plain, {on:.2f} us hooked "
+          f"and watched ({on - off:+.2f} us; median of 5 x {calls:,})")
+
+
 def run_hooks(replicas: int, steps: int, rounds: int) -> None:
     result = subprocess.run([sys.executable, "-c", HOOK_COST, str(replicas), str(steps),
                              str(rounds)], capture_output=True, text=True, check=False,
@@ -217,6 +254,7 @@ def main() -> None:
                 end_to_end(folder, count, args.epochs, args.rounds)
             stall_to_report(folder, args.stall_timeout)
         if args.only != "train":
+            hook_per_call(args.calls)
             for count in replicas:
                 run_hooks(count, args.steps, args.rounds)
             run_stall_to_report(folder, args.stall_timeout)
