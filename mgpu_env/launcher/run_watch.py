@@ -74,9 +74,24 @@ class _State:
 _STATE = _State()
 
 
+@contextlib.contextmanager
+def stall_watch(runtime: Runtime) -> Iterator[StallWatch]:
+    """Watch this process's run (STALL_TIMEOUT) inside, from STARTING: enter before
+    TensorFlow starts (`prepare`), leave after the script; disarmed however it is left."""
+    watch = start_watch(runtime)
+    try:
+        yield watch
+    finally:
+        watch.stop()
+        if _STATE.watch is watch:
+            _STATE.watch = None
+
+
 def start_watch(runtime: Runtime) -> StallWatch:
-    """Watch this process's run (STALL_TIMEOUT), on the planned devices, from STARTING;
-    call before TensorFlow starts. A worker's report names the worker."""
+    """The run's watch, on the planned devices, in STARTING (a watch left armed before is
+    stopped). A worker's report names the worker."""
+    if _STATE.watch is not None:
+        _STATE.watch.stop()
     plan, cluster = runtime.strategy_plan, runtime.cluster
     devices = Devices(runtime.replicas, runtime.device_type, plan.cross_device_ops,
                       nccl_variables(), plan.role.num_workers)
@@ -95,7 +110,7 @@ def watching() -> StallWatch | None:
 @contextlib.contextmanager
 def script_running() -> Iterator[None]:
     """The script runs inside, from its own code (unbounded); its end, however it ends,
-    disarms the watch."""
+    disarms the watch (before mgpu's notes after it)."""
     _phase(SCRIPT_CODE)
     try:
         yield
@@ -304,5 +319,5 @@ def nccl_variables() -> dict[str, str]:
 
 
 __all__ = ["Devices", "eager_run_done", "hook_keras", "hook_tensorflow",
-           "nccl_variables", "saving", "script_running", "start_watch", "step_seen",
+           "nccl_variables", "saving", "script_running", "stall_watch", "start_watch", "step_seen",
            "strategy_built", "watching"]

@@ -54,7 +54,7 @@ from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import with_role
 from mgpu_env.launcher.run_observer import observe
-from mgpu_env.launcher.run_watch import hook_tensorflow, script_running, start_watch
+from mgpu_env.launcher.run_watch import hook_tensorflow, script_running
 from mgpu_env.launcher.source_scan import ScriptScan, error_note, scan_script, script_roots
 from mgpu_env.launcher.strategy_watch import PlannedReplicas, planned_replicas, watch
 from mgpu_env.launcher.what_ran import ran_notes, unscaled_loop_warning
@@ -162,13 +162,12 @@ def prepare(runtime: Runtime) -> None:
     """
     from mgpu_env.doctor import require_ready
 
-    start_watch(runtime)
     require_ready(runtime)
     runtime.execution.prepare_tensorflow()
     _plan_mirrored_defaults(runtime.strategy_plan)
     watch(planned(runtime), quiet=runtime.settings.quiet)
     observe()
-    hook_tensorflow()
+    hook_tensorflow()  # the stall watch's, when `run_watch.stall_watch` is on
     if runtime.cluster is not None and runtime.keras.version == "2":
         _true_batch_metrics_between_workers()
     api.adopt(runtime, tensorflow_prepared=True)
