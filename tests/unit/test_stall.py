@@ -170,3 +170,36 @@ def test_a_scripts_own_code_is_unbounded_and_the_next_phase_bounds_again() -> No
     assert reports[0].startswith(f"worker 1: the run stalled: no progress for 1 s "
                                  f"(STALL_TIMEOUT=1s) in {STRATEGY}.")
     assert "the script's checkpoints are its own" in reports[0]
+
+
+def test_a_workers_bounds_are_capped_by_worker_timeout_and_its_join_is_worker_timeouts() -> None:
+    two = Devices(2, "CPU", "ring", {}, workers=2)
+    auto = stall.StallWatch(StallTimeout(), two, "", on_stall=lambda report: None,
+                            worker_timeout_s=300.0)
+    short = stall.StallWatch(StallTimeout(4.0), two, "", on_stall=lambda report: None,
+                             worker_timeout_s=300.0)
+    try:
+        # The join waits for the others' start: WORKER_TIMEOUT's, whatever STALL_TIMEOUT.
+        assert auto.bound(STRATEGY) == short.bound(STRATEGY) == 300.0
+        assert auto.bound(FIRST_STEP) == 300.0 and short.bound(FIRST_STEP) == 4.0
+        assert short.bound(STARTING) == stall.AUTO_BOUNDS_S[STARTING] + stall.PER_REPLICA_S
+        report = auto._report(FIRST_STEP, 300.0)
+        assert "(WORKER_TIMEOUT=300: how long a worker waits for the others)" in report
+        assert "the all-reduce between the 2 workers (2 replicas) never completed" in report
+        assert "(STALL_TIMEOUT=4s)" in short._report(FIRST_STEP, 4.0)
+    finally:
+        auto.stop()
+        short.stop()
+    meaning, fix = hint(STRATEGY, two)
+    assert "did not all join" in meaning and "WORKER_HOSTS" in fix
+
+
+def test_the_backstop_calls_a_stuck_strategy_build_a_join() -> None:
+    """Between workers the stall watch's phase of the strategy's build is the join: the
+    backstop helper (stdlib only, so it matches the words) says so."""
+    from mgpu_env.training.multiworker.backstop import stuck_message
+
+    message = stuck_message("worker 0 (h:1)", STRATEGY, 16.2, 10, 5, {"worker 1": "h:2"},
+                            {"worker 1": "nothing listens there"})
+    assert message.startswith("worker 0 (h:1) waited 16 s for the other workers to join: "
+                              "worker 1 (h:2): nothing listens there.")
