@@ -17,7 +17,7 @@ passes through:
   loop's `@tf.function def train_step`), or an eager `strategy.run`; other tf.functions
   (a metric's, a data map's) are not steps;
 - evaluating: inside Keras' `Model.evaluate` (fit's validation calls it too: its data's
-  first batch is fetched as the iterator is made, before `on_test_begin`);
+  first batch is fetched as the iterator is made, before `on_test_begin`) and `predict`;
 - saving the checkpoint: inside `tf.train.Checkpoint._write` (what `save`, `write` and
   CheckpointManager all call) and Keras' `Model.save` / `save_weights` (ModelCheckpoint's);
 - the script's own code: before its first strategy, between a `fit` and the next, after its
@@ -301,7 +301,8 @@ def hook_keras() -> None:
             _wrap(CallbackList, event, _callback_wrapper(event))
         for name in ("save", "save_weights"):
             _wrap(Model, name, _saving_wrapper)
-        _wrap(Model, "evaluate", _evaluate_wrapper)
+        for name in ("evaluate", "predict"):
+            _wrap(Model, name, _evaluate_wrapper)
     if "tf_keras.src.callbacks" in modules and "tf_keras.src.engine.training" in modules:
         from tf_keras.src.callbacks import CallbackList as CallbackList2
         from tf_keras.src.engine.training import Model as Model2
@@ -310,7 +311,8 @@ def hook_keras() -> None:
             _wrap(CallbackList2, event, _callback_wrapper(event))
         for name in ("save", "save_weights"):
             _wrap(Model2, name, _saving_wrapper)
-        _wrap(Model2, "evaluate", _evaluate_wrapper)
+        for name in ("evaluate", "predict"):
+            _wrap(Model2, name, _evaluate_wrapper)
 
 
 def nccl_variables() -> dict[str, str]:

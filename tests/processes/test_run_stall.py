@@ -17,7 +17,7 @@ import pytest
 from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, EXIT_STALLED
 from mgpu_env.training.multiworker.stallhints import EVALUATING, FIRST_STEP, SAVING, STEPS
 from tests.support.children import REPO
-from tests.support.run_process import mgpu
+from tests.support.run_process import mgpu, write
 
 SCRIPT = REPO / "tests" / "fixtures" / "stall" / "stallscript.py"
 TIMEOUT_S = 4.0
@@ -96,6 +96,35 @@ def test_a_script_that_does_not_block_runs_to_its_end_under_a_short_bound(
                   STALL_AT="0", STALL_TIMEOUT="4")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("finished")
+
+
+# A script that waits longer than the bound in its own code, in each place it can: before
+# its strategy, between it and its model, after fit, after predict.
+OWN_CODE = """\
+import time
+import numpy as np
+import tensorflow as tf
+time.sleep(6)
+strategy = tf.distribute.MirroredStrategy()
+time.sleep(6)
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+x = np.ones((64, 8), "float32")
+model.fit(x, np.ones((64, 2), "float32"), epochs=2, verbose=0)
+time.sleep(6)
+model.predict(x, verbose=0)
+time.sleep(6)
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_scripts_own_code_is_never_a_stall(tmp_path: Path) -> None:
+    write(tmp_path, "own.py", OWN_CODE)
+    result = mgpu(tmp_path, ["own.py"], VIRTUAL_DEVICES="2", STALL_TIMEOUT="4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "finished"
 
 
 @pytest.mark.parametrize("value", ["never", "0.5s"])
