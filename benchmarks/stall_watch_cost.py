@@ -2,7 +2,8 @@
 be reported.
 
     .venv/bin/python benchmarks/stall_watch_cost.py [--rounds 3] [--epochs 10]
-        [--replicas 1,2] [--calls 20000] [--stall-timeout 4]
+        [--replicas 1,2] [--calls 20000] [--stall-timeout 4] [--steps 2000]
+        [--only train|run]
 
 1. Per call of steps: `StallWatch.call_done()` (what each call's end adds: a lock, a
    deque, faulthandler's timer re-armed), timed `--calls` times in this process, no
@@ -16,6 +17,14 @@ be reported.
 3. Stall to report: the test hook that blocks (tests/fixtures/stall) in the model's build,
    the first step and the steps, STALL_TIMEOUT=`--stall-timeout`: the seconds from the
    block's start to the process's end, per phase.
+4. `mgpu run`: what the script's hooks (`launcher/run_watch.py`: every tf.function call
+   and strategy.run) add to a step: a tf.function step under MirroredStrategy on
+   `--replicas` logical CPU devices, called `--steps` times with the hooks and the watch
+   and without, alternating, `--rounds` each (in a child per replica count: the device
+   split is once per process); then the stall to report of a script that blocks
+   (tests/fixtures/stall/stallscript.py) in each phase, and of `mgpu train --workers 2`
+   whose worker 1 never joins the first all-reduce (STALL_TIMEOUT 20 there: a worker's
+   first step waits for the other's compile).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,6 +108,133 @@ def stall_to_report(folder: Path, timeout: float) -> None:
               f"the end (bound {timeout:g} s from the phase's last progress)\n  {named}")
 
 
+HOOK_COST = """
+import os, statistics, sys, time
+import tensorflow as tf
+replicas = int(sys.argv[1]); steps = int(sys.argv[2]); rounds = int(sys.argv[3])
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+strategy = tf.distribute.MirroredStrategy(
+    [f"/cpu:{i}" for i in range(replicas)],
+    cross_device_ops=tf.distribute.ReductionToOneDevice())
+with strategy.scope():
+    w = tf.Variable(tf.ones((64, 64)))
+def one(x):
+    w.assign_sub(0.001 * tf.matmul(tf.transpose(x), tf.matmul(x, w)))
+    return tf.reduce_sum(w)
+x = tf.ones((8, 64))
+def timed():
+    # A new step function each time: traced (and so seen as a step) under the hooks or not.
+    step = tf.function(lambda x: strategy.run(one, args=(x,)))
+    step(x)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step(x)
+    return (time.perf_counter() - started) / steps * 1e6
+from mgpu_env.config.stalltime import StallTimeout
+from mgpu_env.launcher import run_observer, run_watch
+from mgpu_env.training.multiworker.stall import StallWatch
+from mgpu_env.training.multiworker.stallhints import Devices, STEPS
+on, off = [], []
+for _ in range(rounds):
+    off.append(timed())
+    watch = StallWatch(StallTimeout(), Devices(replicas, "CPU", "reduction_to_one", {}), "")
+    run_watch._STATE.watch = watch
+    run_observer.observe(); run_watch.hook_tensorflow()
+    run_watch._STATE.step_functions.clear()
+    watch.phase(STEPS)
+    on.append(timed())
+    assert watch.current == STEPS and len(watch._calls) > 1, "the hook saw no step"
+    watch.stop(); run_watch._STATE.watch = None
+print(f"{replicas} replica(s): {statistics.median(off):.1f} us/step without the hooks, "
+      f"{statistics.median(on):.1f} us/step with them and the watch "
+      f"({statistics.median(on) - statistics.median(off):+.1f} us); off {off}, on {on}")
+"""
+
+
+def hook_per_call(calls: int) -> None:
+    """What `mgpu run`'s hook adds to one call of a step function (the wrapper over
+    tf.function's __call__, then `call_done`), on a plain callable: no TensorFlow noise."""
+    from mgpu_env.config.stalltime import StallTimeout
+    from mgpu_env.launcher import run_watch
+    from mgpu_env.training.multiworker.stall import StallWatch
+    from mgpu_env.training.multiworker.stallhints import STEPS, Devices
+
+    class Step:
+        def __call__(self, x: int) -> int:
+            return x
+
+    class Hooked:
+        __call__ = run_watch._function_wrapper(Step.__call__)
+
+    plain, hooked = Step(), Hooked()
+    watch = StallWatch(StallTimeout(), Devices(2, "CPU", "none", {}), "",
+                       on_stall=lambda report: None)
+    run_watch._STATE.watch = watch
+    run_watch._STATE.step_functions.add(id(hooked))
+    watch.phase(STEPS)
+
+    def timed(call: Callable[[int], int]) -> float:
+        started = time.perf_counter()
+        for _ in range(calls):
+            call(1)
+        return (time.perf_counter() - started) / calls * 1e6
+
+    rounds = [(timed(plain), timed(hooked)) for _ in range(5)]
+    watch.stop()
+    run_watch._STATE.watch = None
+    off, on = (statistics.median(r[i] for r in rounds) for i in (0, 1))
+    print(f"mgpu run, per call of a step function: {off:.2f} us plain, {on:.2f} us hooked "
+          f"and watched ({on - off:+.2f} us; median of 5 x {calls:,})")
+
+
+def run_hooks(replicas: int, steps: int, rounds: int) -> None:
+    result = subprocess.run([sys.executable, "-c", HOOK_COST, str(replicas), str(steps),
+                             str(rounds)], capture_output=True, text=True, check=False,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+                                 "PYTHONPATH": str(REPO)})
+    lines = result.stdout.strip().splitlines()
+    print(lines[-1] if lines else result.stderr[-2000:])
+
+
+RUN_STALLS = {"the first step": ("loop", 1), "training steps": ("fit-data", 5),
+              "evaluating": ("fit-eval", 0), "saving the checkpoint": ("save", 4)}
+
+
+def run_stall_to_report(folder: Path, timeout: float) -> None:
+    script = REPO / "tests" / "fixtures" / "stall" / "stallscript.py"
+    for phase, (mode, at) in RUN_STALLS.items():
+        work = folder / f"run-{mode}"
+        work.mkdir()
+        mark = work / "mark"
+        result = subprocess.run(
+            [sys.executable, "-m", "entrypoint", "run", str(script)], cwd=work,
+            capture_output=True, text=True, timeout=300, check=False,
+            env=env(folder, VIRTUAL_DEVICES="2", STALL_IN=mode, STALL_AT=str(at),
+                    STALL_MARK=str(mark), STALL_TIMEOUT=f"{timeout:g}"))
+        waited = time.time() - float(mark.read_text())
+        named = next((line for line in result.stderr.splitlines()
+                      if line.startswith("error:")), "")
+        print(f"mgpu run, stall in {phase}: exit {result.returncode}, {waited:.2f} s from "
+              f"the block to the end\n  {named[:160]}")
+    mark = folder / "mark-workers"
+    bound = 20
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "train", "--workers", "2"], cwd=folder,
+        capture_output=True, text=True, timeout=300, check=False,
+        env=env(folder, OUTPUT_DIR=str(folder / "workers"), EPOCHS="2",
+                PYTHONPATH=f"{REPO / 'tests' / 'fixtures' / 'stall'}:{REPO}",
+                MODEL="stallmodel:build", STALL_AT="2", STALL_WORKER="1",
+                STALL_MARK=str(mark), STALL_TIMEOUT=str(bound), WORKER_TIMEOUT="60"))
+    waited = time.time() - float(mark.read_text())
+    named = next((line for line in result.stderr.splitlines()
+                  if line.startswith("mgpu: worker")), "")
+    print(f"mgpu train --workers 2, worker 1 blocked in its first step: exit "
+          f"{result.returncode}, {waited:.2f} s from the block to the launcher's end (bound "
+          f"{bound} s)\n  {named[:200]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -105,13 +242,22 @@ def main() -> None:
     parser.add_argument("--replicas", default="1,2")
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--stall-timeout", type=float, default=4.0)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--only", choices=("train", "run"), default=None)
     args = parser.parse_args()
-    per_call(args.calls)
+    replicas = [int(r) for r in args.replicas.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for replicas in (int(r) for r in args.replicas.split(",")):
-            end_to_end(folder, replicas, args.epochs, args.rounds)
-        stall_to_report(folder, args.stall_timeout)
+        if args.only != "run":
+            per_call(args.calls)
+            for count in replicas:
+                end_to_end(folder, count, args.epochs, args.rounds)
+            stall_to_report(folder, args.stall_timeout)
+        if args.only != "train":
+            hook_per_call(args.calls)
+            for count in replicas:
+                run_hooks(count, args.steps, args.rounds)
+            run_stall_to_report(folder, args.stall_timeout)
 
 
 if __name__ == "__main__":

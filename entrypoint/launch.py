@@ -73,8 +73,10 @@ def command(
     runtime = start_process(resolved, "run",  # a GPU the machine lacks: exit 2
                             keras_2_code=scan.keras_2_evidence())
     TAG.set_for(runtime)
-    launcher.prepare(runtime)
-    if not resolved.settings.quiet:
-        for line in launcher.summary(runtime, run_target, scan):
-            say(line, err=True)
-    raise typer.Exit(code=launcher.run_target(run_target, runtime, scan))
+    with launcher.stall_watch(runtime):  # STALL_TIMEOUT: TensorFlow's start to the script's end
+        launcher.prepare(runtime)
+        if not resolved.settings.quiet:
+            for line in launcher.summary(runtime, run_target, scan):
+                say(line, err=True)
+        code = launcher.run_target(run_target, runtime, scan)
+    raise typer.Exit(code=code)

@@ -306,13 +306,13 @@ class Settings:
     )
     stall_timeout: StallTimeout = setting(
         "STALL_TIMEOUT", "auto",
-        "A run (one process) that makes no progress in a phase for this long stops as "
-        "stalled (exit 3), saying where it hung and what to try: auto bounds each phase from "
-        "this machine (start-up, compile, the measured step time); a time bounds every "
-        "phase; 0 turns the watchdog off.",
+        "A run (mgpu train, or mgpu run's script) that makes no progress in a phase for this "
+        "long stops as stalled (exit 3), saying where it hung and what to try: auto bounds "
+        "each phase from this machine (start-up, compile, the measured step time); a time "
+        "bounds every phase; 0 turns the watchdog off.",
         parse_stall_timeout, "auto, 0 (off), or a time from 1s to 168h: seconds (600) or "
         "ending in s, m or h (90s, 10m, 1h)",
-        metavar="TIME", scope=TRAIN, roles=("recorded",),
+        metavar="TIME", scope=("train", "run"), roles=("recorded",),
     )
     checkpoint_every: CheckpointInterval = setting(
         "CHECKPOINT_EVERY", "10m",

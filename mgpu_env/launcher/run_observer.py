@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from mgpu_env.launcher.run_watch import eager_run_done, step_seen
 from mgpu_env.launcher.strategy_watch import BuiltStrategy, describe_strategy, first_step
 
 # Keras' entry points whose steps call strategy.run: named as the script calls them.
@@ -199,7 +200,10 @@ def _run_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if id(self) not in _STEPPED:
             _quietly(_strategy_used, self, "strategy.run", True)
-        return original(self, *args, **kwargs)
+        step_seen()  # every call: each step function's trace marks it a step
+        result = original(self, *args, **kwargs)
+        eager_run_done()
+        return result
     return run
 
 

@@ -54,6 +54,7 @@ from mgpu_env import api
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.config.settings import with_role
 from mgpu_env.launcher.run_observer import observe
+from mgpu_env.launcher.run_watch import hook_tensorflow, script_running
 from mgpu_env.launcher.source_scan import ScriptScan, error_note, scan_script, script_roots
 from mgpu_env.launcher.strategy_watch import PlannedReplicas, planned_replicas, watch
 from mgpu_env.launcher.what_ran import ran_notes, unscaled_loop_warning
@@ -166,6 +167,7 @@ def prepare(runtime: Runtime) -> None:
     _plan_mirrored_defaults(runtime.strategy_plan)
     watch(planned(runtime), quiet=runtime.settings.quiet)
     observe()
+    hook_tensorflow()  # the stall watch's, when `run_watch.stall_watch` is on
     if runtime.cluster is not None and runtime.keras.version == "2":
         _true_batch_metrics_between_workers()
     api.adopt(runtime, tensorflow_prepared=True)
@@ -302,10 +304,11 @@ def run_target(
         # As `python script.py`: the script's folder first on sys.path.
         sys.path.insert(0, str(Path(target.name).resolve().parent))
     try:
-        if target.is_module:
-            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target.name, run_name="__main__")
+        with script_running():  # the stall watch: the script's own code, then disarmed
+            if target.is_module:
+                runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target.name, run_name="__main__")
     except SystemExit as stop:
         code = _exit_status(stop.code)
         _end_notes(runtime, scan, None, failed=code != 0)

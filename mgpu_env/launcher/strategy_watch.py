@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from mgpu_env.launcher.run_watch import strategy_built
 from mgpu_env.runtime.strategy import StrategyPlan
 
 # One process holds one run: the strategies it built, in order, and its plan.
@@ -170,6 +171,7 @@ def watch(planned: PlannedReplicas, *, quiet: bool = False) -> None:
 
     def __init__(self: Any, extended: Any) -> None:
         original(self, extended)
+        strategy_built()
         if isinstance(self, distribute_lib.Strategy) and type(self).__name__ != DEFAULT_STRATEGY:
             _record(self, planned, quiet)
 

@@ -127,7 +127,9 @@ STOPPABLE = """
     print("ready", flush=True)
     if i == 1 and os.environ.get("FAIL"):
         time.sleep(0.5)
-        sys.exit(3)
+        print(f"error: worker {i}: the run stalled in the first step.", file=sys.stderr)
+        print("  Most likely: ...", file=sys.stderr, flush=True)
+        os._exit(3)
     time.sleep(60)
 """
 
@@ -141,7 +143,9 @@ def test_one_failing_worker_stops_the_others_and_its_code_is_the_launchers(
                      stdout=out, stderr=err)
     assert code == 3
     assert time.monotonic() - started < 30
-    assert "mgpu: worker 1 exited 3; stopping the other workers" in err.getvalue()
+    # Which worker stalled, and where: its report's first line, said again by the launcher.
+    assert ("mgpu: worker 1 exited 3 (stalled: worker 1: the run stalled in the first "
+            "step.); stopping the other workers") in err.getvalue()
     for index in (0, 2):
         assert f"[worker {index}] worker {index} stopped by signal 15" in out.getvalue()
 

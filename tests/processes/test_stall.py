@@ -7,6 +7,7 @@ STALL_TIMEOUT is exit 2 before anything starts."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -27,14 +28,14 @@ SLACK_S = 2.0
 STEPS_PER_EPOCH = 22  # digits, 64 a batch
 
 
-def stalled_run(tmp_path: Path, stall_at: int, **settings: str
+def stalled_run(tmp_path: Path, stall_at: int, args: tuple[str, ...] = (), **settings: str
                 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """The run, and the seconds from the block's start to the process's end."""
     mark = tmp_path / "blocked-at"
     process = train_process.start(
-        tmp_path / "run", PYTHONPATH=f"{HOOKS}:{REPO}", MODEL="stallmodel:build", EPOCHS="2",
-        STALL_AT=str(stall_at), STALL_MARK=str(mark), STALL_TIMEOUT=f"{TIMEOUT_S:g}",
-        **settings,
+        tmp_path / "run", *args, PYTHONPATH=f"{HOOKS}:{REPO}", MODEL="stallmodel:build",
+        EPOCHS="2", STALL_AT=str(stall_at), STALL_MARK=str(mark),
+        **{"STALL_TIMEOUT": f"{TIMEOUT_S:g}", **settings},
     )
     stdout, stderr = process.communicate(timeout=300)
     ended = time.time()
@@ -103,3 +104,31 @@ def test_a_bad_stall_timeout_is_exit_2(tmp_path: Path, value: str) -> None:
     assert result.returncode == 2
     assert f"STALL_TIMEOUT='{value}'" in result.stderr and "Valid: auto, 0" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_worker_that_never_joins_the_first_all_reduce_is_named_by_the_launcher(
+    tmp_path: Path
+) -> None:
+    """`mgpu train --workers 2`: worker 1 blocks in its first step, so worker 0's first
+    all-reduce never completes. The first to reach its bound reports its phase; the launcher
+    names that worker and the phase, and exits 3; no checkpoint was begun. The bound is
+    the time a worker's first step may wait for the other's trace and compile on a busy
+    2-core machine (4 s was not)."""
+    bound = 20
+    result, waited = stalled_run(tmp_path, 2, STALL_WORKER="1", WORKER_TIMEOUT="60",
+                                 STALL_TIMEOUT=str(bound), args=("--workers", "2"))
+    assert result.returncode == EXIT_STALLED, result.stderr[-3000:]
+    assert waited < bound + SLACK_S, waited
+    said = re.search(r"mgpu: worker (\d) exited 3 \(stalled: worker (\d) \([^)]*\): the run "
+                     rf"stalled: no progress for {bound} s \(STALL_TIMEOUT={bound}s\) in "
+                     f"{re.escape(FIRST_STEP)}", result.stderr)
+    assert said is not None and said[1] == said[2], result.stderr[-3000:]
+    worker = said[1]
+    report = "\n".join(line.removeprefix(f"[worker {worker}] ")
+                       for line in result.stderr.splitlines()
+                       if line.startswith(f"[worker {worker}] "))
+    assert "the all-reduce between the 2 workers (2 replicas) never completed" in report
+    if worker == "1":
+        assert "in block_here" in report
+    assert not (tmp_path / "run" / "checkpoints" / "checkpoint").exists()

@@ -18,6 +18,7 @@ from mgpu_env.training.multiworker.stallhints import (
     MODEL,
     PHASES,
     SAVING,
+    SCRIPT_CODE,
     STARTING,
     STEPS,
     STRATEGY,
@@ -145,3 +146,60 @@ def test_a_real_stall_is_reported_with_its_phase_and_every_threads_stack() -> No
     assert "NCCL_P2P_DISABLE=1" in report and "OUTPUT_DIR=x mgpu train" in report
     assert "Thread stepper:" in report and "in stuck_in_a_step" in report
     assert "Thread MainThread:" in report and "mgpu-watchdog" not in report
+
+
+def test_a_scripts_own_code_is_unbounded_and_the_next_phase_bounds_again() -> None:
+    """`mgpu run`: the script's own code (its data's load, its work after training) is
+    never a stall; the next phase the watch sees is bounded from its own start."""
+    reports: list[str] = []
+    one = stall.StallWatch(StallTimeout(1.0), ONE_CPU, "", on_stall=reports.append,
+                           saved="the script's checkpoints are its own", who="worker 1")
+    try:
+        one.phase(SCRIPT_CODE)
+        assert one.bound(SCRIPT_CODE) == float("inf")
+        time.sleep(1.6)
+        assert not reports
+        one.phase(STRATEGY)
+        started = time.monotonic()
+        while not reports and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+    finally:
+        one.stop()
+    assert 1.0 <= took < 2.5, took
+    assert reports[0].startswith(f"worker 1: the run stalled: no progress for 1 s "
+                                 f"(STALL_TIMEOUT=1s) in {STRATEGY}.")
+    assert "the script's checkpoints are its own" in reports[0]
+
+
+def test_a_workers_bounds_are_capped_by_worker_timeout_and_its_join_is_worker_timeouts() -> None:
+    two = Devices(2, "CPU", "ring", {}, workers=2)
+    auto = stall.StallWatch(StallTimeout(), two, "", on_stall=lambda report: None,
+                            worker_timeout_s=300.0)
+    short = stall.StallWatch(StallTimeout(4.0), two, "", on_stall=lambda report: None,
+                             worker_timeout_s=300.0)
+    try:
+        # The join waits for the others' start: WORKER_TIMEOUT's, whatever STALL_TIMEOUT.
+        assert auto.bound(STRATEGY) == short.bound(STRATEGY) == 300.0
+        assert auto.bound(FIRST_STEP) == 300.0 and short.bound(FIRST_STEP) == 4.0
+        assert short.bound(STARTING) == stall.AUTO_BOUNDS_S[STARTING] + stall.PER_REPLICA_S
+        report = auto._report(FIRST_STEP, 300.0)
+        assert "(WORKER_TIMEOUT=300: how long a worker waits for the others)" in report
+        assert "the all-reduce between the 2 workers (2 replicas) never completed" in report
+        assert "(STALL_TIMEOUT=4s)" in short._report(FIRST_STEP, 4.0)
+    finally:
+        auto.stop()
+        short.stop()
+    meaning, fix = hint(STRATEGY, two)
+    assert "did not all join" in meaning and "WORKER_HOSTS" in fix
+
+
+def test_the_backstop_calls_a_stuck_strategy_build_a_join() -> None:
+    """Between workers the stall watch's phase of the strategy's build is the join: the
+    backstop helper (stdlib only, so it matches the words) says so."""
+    from mgpu_env.training.multiworker.backstop import stuck_message
+
+    message = stuck_message("worker 0 (h:1)", STRATEGY, 16.2, 10, 5, {"worker 1": "h:2"},
+                            {"worker 1": "nothing listens there"})
+    assert message.startswith("worker 0 (h:1) waited 16 s for the other workers to join: "
+                              "worker 1 (h:2): nothing listens there.")

@@ -7,6 +7,7 @@ supervised plan has (`Supervised`: `--workers N`'s `LocalWorkers`, one supervise
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -49,3 +50,27 @@ class Ended:
 # Decides the next attempt after a failure: its plan, or None to stop (having said why).
 Recovery = Callable[[Ended, Supervised], Supervised | None]
 LAST_LINES = 200
+
+
+class StderrKept:
+    """What a process's stderr leaves for the supervisor: its last LAST_LINES lines and its
+    first `error: ` line (a stall report's first line names the phase; the threads'
+    stacks after it can push it out of the last lines)."""
+
+    def __init__(self) -> None:
+        self.last: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
+        self.first_error: str | None = None
+
+    def add(self, line: str, tag: str) -> None:
+        """One line as the process wrote it (`tag`: the supervisor's prefix, when it has it)."""
+        text = line.rstrip("\n")
+        self.last.append(text)
+        bare = text[len(tag):] if text.startswith(tag) else text
+        if self.first_error is None and bare.startswith("error: "):
+            self.first_error = bare[len("error: "):].rstrip()
+
+    def lines(self) -> tuple[str, ...]:
+        """The lines a recovery reads: the first error line, then the last lines."""
+        if self.first_error is None or any(self.first_error in line for line in self.last):
+            return tuple(self.last)
+        return (f"error: {self.first_error}", *self.last)

@@ -25,7 +25,6 @@ launcher left is removed by the next one (`scratch.sweep_abandoned`).
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import dataclasses
 import os
@@ -42,8 +41,8 @@ from pathlib import Path
 from typing import IO
 
 from mgpu_env.config.errors import ConfigError
-from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, exit_for_signal
-from mgpu_env.runtime.cluster.attempts import LAST_LINES, Ended, Recovery, Supervised
+from mgpu_env.config.exitcodes import EXIT_BAD_CONFIG, EXIT_STALLED, exit_for_signal
+from mgpu_env.runtime.cluster.attempts import Ended, Recovery, StderrKept, Supervised
 from mgpu_env.runtime.cluster.model import line_tag
 from mgpu_env.runtime.cluster.scratch import OwnedFolder, owned_folder, sweep_abandoned
 from mgpu_env.runtime.runfolder import run_name
@@ -225,14 +224,14 @@ def die_with_launcher(launcher_pid: int) -> Callable[[], None] | None:
 
 
 def _pump(stream: IO[str], tag: str, out: IO[str], lock: threading.Lock,
-          recent: collections.deque[str] | None = None) -> None:
+          kept: StderrKept | None = None) -> None:
     """Copy a worker's lines to `out`, each with its tag. mgpu's own lines carry it
-    already (the worker knows its index); a script's and TensorFlow's do not. `recent`
-    keeps the last ones (a recovery reads them)."""
+    already (the worker knows its index); a script's and TensorFlow's do not. `kept`
+    keeps what a recovery and the launcher's words read (the last lines, the first error)."""
     for line in stream:
         text = line if line.startswith(tag) else tag + line
-        if recent is not None:
-            recent.append(line.rstrip("\n"))
+        if kept is not None:
+            kept.add(text, tag)
         with lock:
             out.write(text if text.endswith("\n") else text + "\n")
             out.flush()
@@ -296,7 +295,7 @@ def supervise(
                 if recovery is not None:
                     index, returncode = workers.failed[0]
                     next_plan = recovery(
-                        Ended(index, returncode, tuple(workers.recent[index])), renewed)
+                        Ended(index, returncode, workers.recent[index].lines()), renewed)
                     if next_plan is None:
                         return code
                     renewed = next_plan
@@ -340,7 +339,7 @@ class _Workers:
     # of two failed workers, the one that failed first is the cause, even when both are
     # seen in one look (a worker whose peer dies follows it within milliseconds).
     ended: dict[int, float] = field(default_factory=dict)
-    recent: list[collections.deque[str]] = field(default_factory=list)  # stderr's last lines
+    recent: list[StderrKept] = field(default_factory=list)  # what each one's stderr left
     names: list[str] = field(default_factory=list)
 
     def say(self, line: str) -> None:
@@ -371,12 +370,12 @@ class _Workers:
         )
         self.processes.append(process)
         tag = line_tag(index) if tag is None else tag
-        recent: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
-        self.recent.append(recent)
-        for stream, out, kept in ((process.stdout, self.stdout, None),
-                                  (process.stderr, self.stderr, recent)):
+        kept = StderrKept()
+        self.recent.append(kept)
+        for stream, out, keep in ((process.stdout, self.stdout, None),
+                                  (process.stderr, self.stderr, kept)):
             assert stream is not None
-            pump = threading.Thread(target=_pump, args=(stream, tag, out, self.lock, kept),
+            pump = threading.Thread(target=_pump, args=(stream, tag, out, self.lock, keep),
                                     daemon=True)
             pump.start()
             self.pumps.append(pump)
@@ -407,9 +406,15 @@ class _Workers:
             index = failures[0][1]
             code = self.processes[index].returncode
             self.failed.append((index, code))
+            if code == EXIT_STALLED:  # its report's last lines may still be in the pipe
+                for pump in self.pumps[2 * index:2 * index + 2]:
+                    pump.join(timeout=2)
             if len(self.processes) > 1:
-                self.say(f"{self._name(index)} {describe_exit(code)}; stopping the other "
-                         "workers")
+                # Which worker stalled, and in which phase: its report's first line, once more.
+                said = self.recent[index].first_error if index < len(self.recent) else None
+                why = f" (stalled: {said})" if said and code == EXIT_STALLED else ""
+                self.say(f"{self._name(index)} {describe_exit(code)}{why}; stopping the "
+                         "other workers")
             self.stop_all(signal.SIGTERM)
             self.stopping_since.append(time.monotonic())
         if self.stopping_since and time.monotonic() - self.stopping_since[0] > grace_s:

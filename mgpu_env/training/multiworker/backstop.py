@@ -42,6 +42,7 @@ class Backstop:
 
     def __init__(self, who: str, timeout_s: float, grace_s: float,
                  peers: Mapping[str, str], tag: str = "") -> None:
+        self._timeout_s = timeout_s
         dump_read, self.dump_fd = os.pipe()
         _fill(self.dump_fd)
         control_read, self._control = os.pipe()
@@ -54,9 +55,11 @@ class Backstop:
         os.close(dump_read)
         os.close(control_read)
 
-    def progress(self, phase: str) -> None:
-        """The watchdog's deadline moved: now + timeout, in `phase`."""
-        self._send(f"progress {time.monotonic()} {phase}")
+    def progress(self, phase: str, bound_s: float | None = None) -> None:
+        """The watchdog's deadline moved: now + `bound_s` (the phase's own bound; None:
+        the timeout), in `phase`."""
+        bound = self._timeout_s if bound_s is None else bound_s
+        self._send(f"progress {time.monotonic()} {bound} {phase}")
 
     def close(self) -> None:
         """Disarmed for good (faulthandler's timer cancelled first): the helper ends."""
@@ -115,7 +118,9 @@ def stuck_message(who: str, phase: str, waited_s: float, timeout_s: float, grace
     (name -> address)."""
     missing = [f"{name} ({peers[name]}): {found[name]}" for name in peers
                if found[name] != "listening"]
-    if phase.startswith("waiting for the other workers"):
+    # The stall watch's phase of the strategy's build (`stallhints.STRATEGY`) is the join
+    # too: MultiWorkerMirroredStrategy's constructor waits there for every worker.
+    if phase.startswith(("waiting for the other workers", "building the strategy")):
         head = f"{who} waited {waited_s:.0f} s for the other workers to join"
     else:
         head = f"{who} made no progress for {waited_s:.0f} s while {phase}"
@@ -159,12 +164,13 @@ def main(config: Mapping[str, Any]) -> None:
     control = int(config["control_fd"])
     timeout_s = float(config["timeout_s"])
     grace_s = float(config["grace_s"])
-    limit_s = timeout_s + grace_s + MARGIN_S
+    bound_s = timeout_s
     peers = {str(k): str(v) for k, v in config["peers"].items()}
     last: float | None = None
     phase = ""
     while True:
-        wait = None if last is None else max(0.0, last + limit_s - time.monotonic())
+        wait = None if last is None else max(
+            0.0, last + bound_s + grace_s + MARGIN_S - time.monotonic())
         ready, _, _ = select.select([control], [], [], wait)
         if ready:
             lines = _lines(control)
@@ -172,12 +178,12 @@ def main(config: Mapping[str, Any]) -> None:
                 return  # the watched process ended
             for line in lines:
                 if line.startswith("progress "):
-                    _, stamp, phase = [*line.split(" ", 2), ""][:3]
-                    last = float(stamp)
+                    _, stamp, bound, phase = [*line.split(" ", 3), ""][:4]
+                    last, bound_s = float(stamp), float(bound)
             continue
         assert last is not None
         found = {name: probe(address) for name, address in peers.items()}
-        message = stuck_message(config["who"], phase, time.monotonic() - last, timeout_s,
+        message = stuck_message(config["who"], phase, time.monotonic() - last, bound_s,
                                 grace_s, peers, found)
         tag = config["tag"]
         sys.stderr.write("".join(f"{tag}{line}\n" for line in

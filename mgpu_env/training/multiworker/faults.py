@@ -4,6 +4,7 @@ that bounds the waits TensorFlow does not."""
 from __future__ import annotations
 
 import faulthandler
+import math
 import os
 import re
 import signal
@@ -117,7 +118,8 @@ class Watchdog:
     (name -> address) do not answer, each line after `tag`; without, the dump itself (every
     thread's stack, written with no GIL) goes to stderr.
 
-    `progress(phase, bound_s)` may give a phase its own bound (the stall watch's phases);
+    `progress(phase, bound_s)` may give a phase its own bound (the stall watch's phases;
+    `math.inf`: none, the backstop's timer cancelled);
     `explain(phase, bound_s)` writes the message on expiry (default: a lost worker's);
     `dump_fd`: where the backstop's dump goes without peers (default: stderr). Re-arming
     faulthandler's timer starts a C thread (about 0.2 ms); `rearm_s` re-arms it only that
@@ -177,7 +179,9 @@ class Watchdog:
                    or now - self._armed[0] >= self._rearm_s)
             if due:
                 self._armed = (now, self._bound_s)
-        if self._backstop and not self._stop.is_set() and due:
+        if self._backstop and not self._stop.is_set() and due and math.isinf(self._bound_s):
+            faulthandler.cancel_dump_traceback_later()  # a phase with no bound
+        elif self._backstop and not self._stop.is_set() and due:
             helper = self._backstop_helper() if self._peers else None
             faulthandler.dump_traceback_later(
                 self._bound_s + BACKSTOP_GRACE_S + self._rearm_s, repeat=False,
@@ -186,7 +190,7 @@ class Watchdog:
                 exit=True,
             )
             if helper is not None:
-                helper.progress(self._phase)
+                helper.progress(self._phase, self._bound_s)
 
     def _backstop_helper(self) -> Backstop | None:
         """The helper that puts the backstop's dump in words, started once; None (the

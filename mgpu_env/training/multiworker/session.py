@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mgpu_env.config.stalltime import StallTimeout
 from mgpu_env.runtime.cluster import Cluster
 from mgpu_env.runtime.cluster.scratch import OwnedFolder
 from mgpu_env.training.multiworker.agreement import (
@@ -30,7 +31,9 @@ from mgpu_env.training.multiworker.stallhints import (
     MODEL,
     SAVING,
     STEPS,
+    STOPPING,
     STRATEGY,
+    Devices,
 )
 
 # The session's progress words -> the stall watch's phases.
@@ -39,11 +42,37 @@ _STALL_PHASES = {"saving the checkpoint": SAVING, "training": STEPS, "evaluating
 # ------------------------------------------------------------------------------ session
 
 
+def peers_of(cluster: Cluster | None) -> dict[str, str]:
+    """The other workers of `cluster`, by name ("worker 1") -> address."""
+    if cluster is None:
+        return {}
+    return {
+        f"{job} {index}": address
+        for job, addresses in cluster.jobs.items()
+        for index, address in enumerate(addresses)
+        if address != cluster.address
+    }
+
+
+def stall_watch(timeout: StallTimeout, devices: Devices, resume: str,
+                cluster: Cluster | None, worker_timeout_s: float) -> StallWatch:
+    """A run's stall watch; a worker's names it, asks its peers when stuck where Python
+    cannot run, and waits on the others WORKER_TIMEOUT at most in each phase."""
+    if cluster is None:
+        return StallWatch(timeout, devices, resume)
+    return StallWatch(timeout, devices, resume, who=cluster.name, tag=cluster.line_tag,
+                      peers=peers_of(cluster), worker_timeout_s=worker_timeout_s)
+
+
+
 class WorkerSession:
     """The multi-worker steps of one training run, in the order the trainer takes them.
 
     For a single-process run (`role` None) every method does nothing but move `stall` (its
-    stall watch, if any) from phase to phase, so the training loop has one path. Order:
+    stall watch, if any) from phase to phase, so the training loop has one path. Between
+    workers, a stall watch that is on is the worker's one watchdog (one process has one
+    faulthandler timer): each phase its bound, WORKER_TIMEOUT at most; with STALL_TIMEOUT=0
+    WORKER_TIMEOUT's watchdog bounds every wait alone. Order:
     `join` (before the strategy exists), `after_strategy` (right after), `checkpoint_dir`,
     `share_restored` (after the chief restored), `progress` (after every completed unit of
     work), `close`.
@@ -66,23 +95,19 @@ class WorkerSession:
         self.tag = cluster.line_tag if cluster is not None else ""
         if on_expire is abort_process:
             on_expire = functools.partial(abort_process, tag=self.tag)
-        self.watchdog = Watchdog(timeout_s, self.who, on_expire, peers=self._peers(),
-                                 tag=self.tag)
+        # Between workers the stall watch (when on) is built with the peers and tag too.
+        self.watchdog: Watchdog | None = None
+        if stall is None or stall.timeout.off:
+            self.watchdog = Watchdog(timeout_s, self.who, on_expire, peers=self._peers(),
+                                     tag=self.tag)
+        self.timeout_s = timeout_s
 
     @property
     def multi(self) -> bool:
         return self.role is not None
 
     def _peers(self) -> dict[str, str]:
-        """The other workers, by name ("worker 1") -> address."""
-        if self._cluster is None:
-            return {}
-        return {
-            f"{job} {index}": address
-            for job, addresses in self._cluster.jobs.items()
-            for index, address in enumerate(addresses)
-            if address != self._cluster.address
-        }
+        return peers_of(self._cluster)
 
     def join(self) -> None:
         """Bound the wait for the other workers (the strategy's start)."""
@@ -92,11 +117,12 @@ class WorkerSession:
             return
         others = ", ".join(f"{name} ({address})" for name, address in self._peers().items())
         sys.stderr.write(
-            f"{self.tag}{self.who}: waiting up to {self.watchdog.timeout_s:g} s "
+            f"{self.tag}{self.who}: waiting up to {self.timeout_s:g} s "
             f"(WORKER_TIMEOUT) for {others} to join; past that, this worker stops (exit 1) "
             "and says which did not answer.\n"
         )
-        self.watchdog.start(f"waiting for the other workers to join ({others})")
+        if self.watchdog is not None:
+            self.watchdog.start(f"waiting for the other workers to join ({others})")
 
     def after_strategy(self, strategy: Any, values: Mapping[str, str]) -> None:
         """Take SIGTERM back from TensorFlow, then check the workers agree (`check_agreement`).
@@ -110,9 +136,9 @@ class WorkerSession:
         if self.multi:
             assert self.role is not None
             reclaim_signal_handlers()
-            self.watchdog.progress("comparing settings with the other workers")
+            self._progress("comparing settings with the other workers")
             check_agreement(strategy, values, self.role)
-            self.watchdog.progress("building the model")
+            self._progress("building the model")
 
     def checkpoint_dir(self, chief_dir: Path) -> Path:
         """The chief's real folder for the chief; a scratch folder for every other worker."""
@@ -126,9 +152,9 @@ class WorkerSession:
             self.stall.phase(FIRST_STEP)
         if self.multi:
             assert self.role is not None
-            self.watchdog.progress("receiving the chief's checkpoint")
+            self._progress("receiving the chief's checkpoint")
             broadcast_from_chief(strategy, variables, self.role.is_chief)
-            self.watchdog.progress("training")
+            self._progress("training")
 
     def agree(self, strategy: Any, flags: tuple[bool, ...]) -> tuple[bool, ...]:
         """Each flag true on every worker when it is on any (`any_worker`); as is, alone."""
@@ -145,6 +171,10 @@ class WorkerSession:
             else:
                 self.stall.phase(_STALL_PHASES.get(phase, phase))
         if self.multi:
+            self._progress(phase)
+
+    def _progress(self, phase: str | None) -> None:
+        if self.watchdog is not None:
             self.watchdog.progress(phase)
 
     def failure(self, err: BaseException) -> str | None:
@@ -165,7 +195,9 @@ class WorkerSession:
         if self._scratch is not None:
             remove_scratch_dir(self._scratch)
             self._scratch = None
-        if self.stall is not None:
+        if self.stall is not None and (succeeded or not self.multi):
             self.stall.stop()
-        if succeeded:
+        elif self.stall is not None and self.stall.current != STOPPING:
+            self.stall.phase(STOPPING)
+        if succeeded and self.watchdog is not None:
             self.watchdog.stop()

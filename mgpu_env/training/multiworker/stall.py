@@ -19,13 +19,14 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import os
 import statistics
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from mgpu_env.config.exitcodes import EXIT_STALLED
 from mgpu_env.config.stalltime import StallTimeout
@@ -34,8 +35,10 @@ from mgpu_env.training.multiworker.stallhints import (
     FIRST_STEP,
     MODEL,
     SAVING,
+    SCRIPT_CODE,
     STARTING,
     STEPS,
+    STOPPING,
     STRATEGY,
     Devices,
     hint,
@@ -88,10 +91,12 @@ def stacks(skip: int | None = None) -> str:
     return "\n".join(parts)
 
 
-def stop_stalled(report: str, fd: int = 2) -> None:
-    """Write the report to `fd` (stderr) and end the process now with EXIT_STALLED
-    (`os._exit`: the main thread is blocked where no exception reaches)."""
-    data = f"error: {report}\n".encode(errors="replace")
+def stop_stalled(report: str, fd: int = 2, tag: str = "") -> None:
+    """Write the report to `fd` (stderr), each line after `tag` (a worker's "[worker 1] "),
+    and end the process now with EXIT_STALLED (`os._exit`: the main thread is blocked where
+    no exception reaches)."""
+    data = "".join(f"{tag}{line}\n" for line in f"error: {report}".splitlines()).encode(
+        errors="replace")
     while data:
         data = data[os.write(fd, data):]
     os._exit(EXIT_STALLED)
@@ -104,14 +109,28 @@ class StallWatch:
 
     Made before TensorFlow's quiet import: that sends fd 2 elsewhere while it runs, so the
     report and the backstop's dump go to a copy of stderr taken here.
+
+    `resume`: how to start again (`mgpu train`'s command); `saved`, in its place, what
+    was saved and how to go on (`mgpu run`: the script's own checkpoints). `who` ("worker
+    1") and `tag` ("[worker 1] ") name a worker of several in the report and its lines;
+    `peers` (name -> address) are the other workers, whom the GIL-free backstop asks
+    whether they listen (`backstop.Backstop`); `worker_timeout_s` (WORKER_TIMEOUT) caps
+    every phase after the start: each waits on the other workers too.
     """
 
     def __init__(self, timeout: StallTimeout, devices: Devices, resume: str,
                  on_stall: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, saved: str | None = None,
+                 who: str = "", tag: str = "", peers: Mapping[str, str] | None = None,
+                 worker_timeout_s: float | None = None) -> None:
         self.timeout = timeout
         self.devices = devices
-        self._resume = resume
+        self._saved = saved if saved is not None else (
+            "Nothing was half-written: a checkpoint being saved stays unreferenced, and "
+            "starting again with the same OUTPUT_DIR resumes from the last complete one "
+            f"(or starts afresh if there is none): {resume}")
+        self._who = who
+        self._cap_s = worker_timeout_s
         self._clock = clock
         self._calls: collections.deque[float] = collections.deque(maxlen=101)
         self._last: float | None = None
@@ -124,12 +143,29 @@ class StallWatch:
             self._stderr = os.dup(2)
             first = self.bound(STARTING)
             self._dog = Watchdog(
-                first, "this run", on_stall or functools.partial(stop_stalled, fd=self._stderr),
+                first, who or "this run",
+                on_stall or functools.partial(stop_stalled, fd=self._stderr, tag=tag),
                 clock=clock, poll_s=min(1.0, (timeout.seconds or first) / 10),
-                explain=self._report, dump_fd=self._stderr, rearm_s=REARM_S)
+                explain=self._report, dump_fd=self._stderr, rearm_s=REARM_S,
+                peers=peers, tag=tag)
+
+    @property
+    def current(self) -> str:
+        """The phase now ("" before the first)."""
+        return self._phase
 
     def bound(self, phase: str) -> float:
-        """How long `phase` may go without progress."""
+        """How long `phase` may go without progress (`math.inf`: no bound)."""
+        own = self._own_bound(phase)
+        if self._cap_s is not None and phase in (STRATEGY, STOPPING):
+            return self._cap_s  # the wait for the others to start, or to end: theirs
+        if self._cap_s is not None and phase != STARTING:
+            return min(own, self._cap_s)
+        return own
+
+    def _own_bound(self, phase: str) -> float:
+        if phase == SCRIPT_CODE:
+            return math.inf
         if self.timeout.seconds is not None and phase != STARTING:
             return self.timeout.seconds
         extra = PER_REPLICA_S * (self.devices.replicas - 1)
@@ -172,18 +208,19 @@ class StallWatch:
         meaning, fix = hint(phase, self.devices)
         how = ("STALL_TIMEOUT=auto's bound for this phase" if self.timeout.auto
                else f"STALL_TIMEOUT={self.timeout}")
+        if self._cap_s is not None and bound_s == self._cap_s != self._own_bound(phase):
+            how = f"WORKER_TIMEOUT={self._cap_s:g}: how long a worker waits for the others"
         measured = (f" (a call of steps took {statistics.median(self._calls):.3g} s, median "
                     f"of {len(self._calls)})" if phase == STEPS and self._calls else "")
         logs = "\n".join(f"  {line}" for line in self._log.lines) or (
             "  (none from TensorFlow's Python side; its C++ and NCCL lines are on stderr "
             "above: NCCL_DEBUG=INFO adds NCCL's)")
+        who = f"{self._who}: " if self._who else ""
         return (
-            f"the run stalled: no progress for {bound_s:g} s ({how}) in {phase}{measured}.\n"
+            f"{who}the run stalled: no progress for {bound_s:g} s ({how}) in {phase}{measured}.\n"
             f"  Most likely: {meaning}.\n"
             f"  Try: {fix}.\n"
-            "  Nothing was half-written: a checkpoint being saved stays unreferenced, and "
-            "starting again with the same OUTPUT_DIR resumes from the last complete one "
-            f"(or starts afresh if there is none): {self._resume}\n"
+            f"  {self._saved}\n"
             f"  STALL_TIMEOUT sets the bound (0: off).\n"
             f"TensorFlow's last log lines:\n{logs}\n"
             f"Each thread's Python stack (most recent call last):\n"

@@ -23,18 +23,26 @@ FIRST_STEP = "the first step (tracing, compiling, the collectives' set-up)"
 STEPS = "training steps"
 SAVING = "saving the checkpoint"
 EVALUATING = "evaluating"
-PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING)
+# `mgpu run`: a script's own code between what the watch sees of TensorFlow (its data's
+# load, its model's build, its work after training) has no bound: nothing there is known
+# to be TensorFlow's, and a script may take hours over it.
+SCRIPT_CODE = "the script's own code"
+# A worker that failed (its error said): its shutdown may wait on a worker that is gone.
+STOPPING = "stopping after the error above"
+# The bounded ones.
+PHASES = (STARTING, STRATEGY, MODEL, FIRST_STEP, STEPS, SAVING, EVALUATING, STOPPING)
 
 
 @dataclass(frozen=True)
 class Devices:
-    """What the hints need to know of the run: its replicas, their device type and the
-    all-reduce, and the NCCL variables set (name -> value)."""
+    """What the hints need to know of the run: its replicas (every worker's), their device
+    type and the all-reduce, the NCCL variables set (name -> value) and its workers."""
 
     replicas: int
     device_type: str  # "GPU" or "CPU"
-    cross_device_ops: str  # nccl, hierarchical_copy, reduction_to_one, ring, none
+    cross_device_ops: str  # nccl, hierarchical_copy, reduction_to_one, ring, auto, none
     nccl: Mapping[str, str]
+    workers: int = 1
 
     @property
     def collectives(self) -> bool:
@@ -49,6 +57,14 @@ NCCL_THREADS = "tensorflow#60363, #44976, #22889"
 
 
 def _collective_hint(devices: Devices) -> tuple[str, str]:
+    if devices.workers > 1:
+        return (f"the all-reduce between the {devices.workers} workers ({devices.replicas} "
+                f"replicas) never completed: another worker is stuck, stopped or cannot be "
+                "reached (its own report names its phase), or NCCL between the machines "
+                "hangs (tensorflow#60363)",
+                "read every worker's report: the one stuck elsewhere is the cause; check the "
+                "workers reach each other (WORKER_HOSTS); NCCL_DEBUG=INFO shows where NCCL "
+                "stops; NCCL_P2P_DISABLE=1 or NCCL_IB_DISABLE=1 to rule out a transport")
     if devices.nccl_all_reduce:
         p2p = devices.nccl.get("NCCL_P2P_DISABLE")
         meaning = (
@@ -62,9 +78,11 @@ def _collective_hint(devices: Devices) -> tuple[str, str]:
                "stops; disabling ACS or the IOMMU (iommu=pt) is the lasting fix")
         return meaning, fix
     if devices.collectives:
+        other = "" if devices.cross_device_ops == "reduction_to_one" else (
+            "CROSS_DEVICE_OPS=reduction_to_one, or ")
         return (f"the all-reduce ({devices.cross_device_ops}) across {devices.replicas} "
                 f"{devices.device_type} replicas, or a replica's input, never completed",
-                "CROSS_DEVICE_OPS=reduction_to_one, or fewer replicas, to find which part hangs")
+                f"{other}fewer replicas, to find which part hangs")
     return ("one replica: no collective is involved, so the step itself (the model's code, "
             "a py_function, the input pipeline) is blocked", "see the main thread's stack")
 
@@ -76,6 +94,12 @@ def hint(phase: str, devices: Devices) -> tuple[str, str]:
                 "or hung network file system, a DATASET loader that waits, or a driver "
                 "that does not answer (`nvidia-smi` hangs too)",
                 "run `mgpu doctor`; check the data's folder can be read (`ls` it)")
+    if phase == STRATEGY and devices.workers > 1:
+        return (f"the {devices.workers} workers did not all join: MultiWorkerMirroredStrategy "
+                "waits for every worker in WORKER_HOSTS before it is built, so one is not "
+                "started, cannot be reached, or is stuck before its strategy",
+                "start every worker with the same WORKER_HOSTS; check each one's address can "
+                "be reached from here")
     if phase == STRATEGY:
         return ("the strategy's devices did not come up: a GPU or its driver that does not "
                 "answer, or one held by another process",
@@ -99,4 +123,8 @@ def hint(phase: str, devices: Devices) -> tuple[str, str]:
     if phase == EVALUATING:
         meaning, fix = _collective_hint(devices)
         return f"the evaluation did not end: {meaning}", fix
+    if phase == STOPPING:
+        return ("the process's shutdown waits on a worker that is gone (TensorFlow's "
+                "collectives end with the cluster); the error above is the cause",
+                "act on that error; nothing more is wrong here")
     return ("no progress", "see the stacks")

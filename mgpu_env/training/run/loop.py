@@ -34,6 +34,7 @@ from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
 from mgpu_env.training.input.feed import Feed, make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
+from mgpu_env.training.multiworker.session import stall_watch as worker_stall_watch
 from mgpu_env.training.multiworker.stall import StallWatch
 from mgpu_env.training.multiworker.stallhints import STARTING, Devices
 from mgpu_env.training.run import rundir
@@ -120,8 +121,7 @@ def run_training(
     multi_worker = plan.strategy.kind == "multi_worker"
     session = WorkerSession(
         plan.runtime.cluster if multi_worker else None, plan.settings.worker_timeout,
-        # One process: the stall watch; several are bounded by WORKER_TIMEOUT's watchdog.
-        stall=None if multi_worker else stall_watch(plan),
+        stall=stall_watch(plan),
     )
     with stop_on_signals(stop):
         try:
@@ -160,10 +160,12 @@ def stall_watch(plan: TrainPlan) -> StallWatch:
     import os
 
     strategy = plan.strategy
-    watch = StallWatch(plan.settings.stall_timeout, Devices(
-        strategy.local_replicas, strategy.device_type, strategy.cross_device_ops,
+    watch = worker_stall_watch(plan.settings.stall_timeout, Devices(
+        plan.replicas, strategy.device_type, strategy.cross_device_ops,
         {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
-    ), plan.resume_command)
+        strategy.role.num_workers,
+    ), plan.resume_command, plan.runtime.cluster if strategy.kind == "multi_worker" else None,
+        plan.settings.worker_timeout)
     watch.phase(STARTING)
     return watch
 
