@@ -48,10 +48,10 @@ STALLS = {"building the model": 1, "the first step": 2, "training steps": 25}
 
 def per_call(calls: int) -> None:
     from mgpu_env.config.stalltime import StallTimeout
-    from mgpu_env.training.multiworker.stall import StallWatch
+    from mgpu_env.training.multiworker.stall import StallWatch, Watched
     from mgpu_env.training.multiworker.stallhints import FIRST_STEP, Devices
 
-    watch = StallWatch(StallTimeout(), Devices(2, "CPU", "none", {}), "resume",
+    watch = StallWatch(StallTimeout(), Watched(Devices(2, "CPU", "none", {}), "resume"),
                        on_stall=lambda report: None)
     watch.phase(FIRST_STEP)
     started = time.perf_counter()
@@ -134,12 +134,13 @@ def timed():
     return (time.perf_counter() - started) / steps * 1e6
 from mgpu_env.config.stalltime import StallTimeout
 from mgpu_env.launcher import run_observer, run_watch
-from mgpu_env.training.multiworker.stall import StallWatch
+from mgpu_env.training.multiworker.stall import StallWatch, Watched
 from mgpu_env.training.multiworker.stallhints import Devices, STEPS
 on, off = [], []
 for _ in range(rounds):
     off.append(timed())
-    watch = StallWatch(StallTimeout(), Devices(replicas, "CPU", "reduction_to_one", {}), "")
+    watch = StallWatch(StallTimeout(), Watched(Devices(replicas, "CPU", "reduction_to_one", {}),
+                                               ""))
     run_watch._STATE.watch = watch
     run_observer.observe(); run_watch.hook_tensorflow()
     run_watch._STATE.step_functions.clear()
@@ -158,7 +159,7 @@ def hook_per_call(calls: int) -> None:
     tf.function's __call__, then `call_done`), on a plain callable: no TensorFlow noise."""
     from mgpu_env.config.stalltime import StallTimeout
     from mgpu_env.launcher import run_watch
-    from mgpu_env.training.multiworker.stall import StallWatch
+    from mgpu_env.training.multiworker.stall import StallWatch, Watched
     from mgpu_env.training.multiworker.stallhints import STEPS, Devices
 
     class Step:
@@ -169,7 +170,7 @@ def hook_per_call(calls: int) -> None:
         __call__ = run_watch._function_wrapper(Step.__call__)
 
     plain, hooked = Step(), Hooked()
-    watch = StallWatch(StallTimeout(), Devices(2, "CPU", "none", {}), "",
+    watch = StallWatch(StallTimeout(), Watched(Devices(2, "CPU", "none", {}), ""),
                        on_stall=lambda report: None)
     run_watch._STATE.watch = watch
     run_watch._STATE.step_functions.add(id(hooked))

@@ -1,5 +1,6 @@
-"""The stall watch of a script under `mgpu run`: the phases of its run, seen where they
-happen, each bounded by STALL_TIMEOUT (`training.multiworker.stall.StallWatch`, exit 3).
+"""The stall watch of a script under `mgpu run`, its phases seen where they happen.
+
+Each phase is bounded by STALL_TIMEOUT (`training.multiworker.stall.StallWatch`, exit 3).
 
 A script is code mgpu did not write, so its phases are read from the few places its run
 passes through:
@@ -38,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mgpu_env.runtime import Runtime
-from mgpu_env.training.multiworker.stall import StallWatch
+from mgpu_env.training.multiworker.stall import Among, StallWatch, Watched
 from mgpu_env.training.multiworker.stallhints import (
     EVALUATING,
     FIRST_STEP,
@@ -95,16 +96,11 @@ def start_watch(runtime: Runtime) -> StallWatch:
     plan, cluster = runtime.strategy_plan, runtime.cluster
     devices = Devices(runtime.replicas, runtime.device_type, plan.cross_device_ops,
                       nccl_variables(), plan.role.num_workers)
-    watch = StallWatch(runtime.settings.stall_timeout, devices, "", saved=SAVED,
-                       who=cluster.name if cluster is not None else "",
-                       tag=cluster.line_tag if cluster is not None else "")
+    among = None if cluster is None else Among(cluster.name, cluster.line_tag)
+    watch = StallWatch(runtime.settings.stall_timeout, Watched(devices, SAVED, among))
     _STATE.watch = watch
     watch.phase(STARTING)
     return watch
-
-
-def watching() -> StallWatch | None:
-    return _STATE.watch
 
 
 @contextlib.contextmanager
@@ -322,4 +318,4 @@ def nccl_variables() -> dict[str, str]:
 
 __all__ = ["Devices", "eager_run_done", "hook_keras", "hook_tensorflow",
            "nccl_variables", "saving", "script_running", "stall_watch", "start_watch", "step_seen",
-           "strategy_built", "watching"]
+           "strategy_built"]

@@ -10,8 +10,8 @@ from mgpu_env.config.resolve import ResolvedSettings, resolve_settings
 from mgpu_env.config.settings import Settings
 from mgpu_env.hardware.nvml import GpuInfo, GpuListing, NvmlSnapshot
 from mgpu_env.runtime.decisions import Machine, Runtime, probe_machine
-from mgpu_env.runtime.record import decide_runtime
 from mgpu_env.runtime.keras import Command, tf_keras_installed
+from mgpu_env.runtime.record import decide_runtime
 
 # TensorFlow's devices are fixed by the first test that starts its runtime in a process:
 # every in-process test that uses TensorFlow asks for this split first (the session-wide

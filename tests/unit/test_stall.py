@@ -57,8 +57,8 @@ class Clock:
 
 def watch(timeout: StallTimeout, devices: Devices = ONE_CPU,
           clock: Clock | None = None) -> stall.StallWatch:
-    return stall.StallWatch(timeout, devices, "OUTPUT_DIR=x mgpu train",
-                            on_stall=lambda report: None, clock=clock or Clock())
+    return stall.StallWatch(timeout, stall.Watched(devices, stall.resumes_with(
+        "OUTPUT_DIR=x mgpu train")), on_stall=lambda report: None, clock=clock or Clock())
 
 
 def test_auto_bounds_a_phase_by_its_floor_then_steps_by_their_measured_time() -> None:
@@ -128,8 +128,8 @@ def test_a_real_stall_is_reported_with_its_phase_and_every_threads_stack() -> No
         blocked.wait(30)
 
     worker = threading.Thread(target=stuck_in_a_step, name="stepper", daemon=True)
-    one = stall.StallWatch(StallTimeout(1.0), FOUR_GPUS, "OUTPUT_DIR=x mgpu train",
-                           on_stall=on_stall)
+    one = stall.StallWatch(StallTimeout(1.0), stall.Watched(
+        FOUR_GPUS, stall.resumes_with("OUTPUT_DIR=x mgpu train")), on_stall=on_stall)
     try:
         one.phase(FIRST_STEP)
         started = time.monotonic()
@@ -152,8 +152,9 @@ def test_a_scripts_own_code_is_unbounded_and_the_next_phase_bounds_again() -> No
     """`mgpu run`: the script's own code (its data's load, its work after training) is
     never a stall; the next phase the watch sees is bounded from its own start."""
     reports: list[str] = []
-    one = stall.StallWatch(StallTimeout(1.0), ONE_CPU, "", on_stall=reports.append,
-                           saved="the script's checkpoints are its own", who="worker 1")
+    one = stall.StallWatch(StallTimeout(1.0), stall.Watched(
+        ONE_CPU, "the script's checkpoints are its own", stall.Among("worker 1")),
+        on_stall=reports.append)
     try:
         one.phase(SCRIPT_CODE)
         assert one.bound(SCRIPT_CODE) == float("inf")
@@ -174,10 +175,9 @@ def test_a_scripts_own_code_is_unbounded_and_the_next_phase_bounds_again() -> No
 
 def test_a_workers_bounds_are_capped_by_worker_timeout_and_its_join_is_worker_timeouts() -> None:
     two = Devices(2, "CPU", "ring", {}, workers=2)
-    auto = stall.StallWatch(StallTimeout(), two, "", on_stall=lambda report: None,
-                            worker_timeout_s=300.0)
-    short = stall.StallWatch(StallTimeout(4.0), two, "", on_stall=lambda report: None,
-                             worker_timeout_s=300.0)
+    worker = stall.Watched(two, stall.resumes_with(""), stall.Among(worker_timeout_s=300.0))
+    auto = stall.StallWatch(StallTimeout(), worker, on_stall=lambda report: None)
+    short = stall.StallWatch(StallTimeout(4.0), worker, on_stall=lambda report: None)
     try:
         # The join waits for the others' start: WORKER_TIMEOUT's, whatever STALL_TIMEOUT.
         assert auto.bound(STRATEGY) == short.bound(STRATEGY) == 300.0

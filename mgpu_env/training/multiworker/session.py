@@ -24,7 +24,7 @@ from mgpu_env.training.multiworker.faults import (
     reclaim_signal_handlers,
 )
 from mgpu_env.training.multiworker.scratch import remove_scratch_dir, scratch_dir
-from mgpu_env.training.multiworker.stall import StallWatch
+from mgpu_env.training.multiworker.stall import Among, StallWatch, Watched, resumes_with
 from mgpu_env.training.multiworker.stallhints import (
     EVALUATING,
     FIRST_STEP,
@@ -59,9 +59,9 @@ def stall_watch(timeout: StallTimeout, devices: Devices, resume: str,
     """A run's stall watch; a worker's names it, asks its peers when stuck where Python
     cannot run, and waits on the others WORKER_TIMEOUT at most in each phase."""
     if cluster is None:
-        return StallWatch(timeout, devices, resume)
-    return StallWatch(timeout, devices, resume, who=cluster.name, tag=cluster.line_tag,
-                      peers=peers_of(cluster), worker_timeout_s=worker_timeout_s)
+        return StallWatch(timeout, Watched(devices, resumes_with(resume)))
+    among = Among(cluster.name, cluster.line_tag, peers_of(cluster), worker_timeout_s)
+    return StallWatch(timeout, Watched(devices, resumes_with(resume), among))
 
 
 

@@ -27,6 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from mgpu_env.config.exitcodes import EXIT_STALLED
 from mgpu_env.config.stalltime import StallTimeout
@@ -102,6 +103,38 @@ def stop_stalled(report: str, fd: int = 2, tag: str = "") -> None:
     os._exit(EXIT_STALLED)
 
 
+@dataclass(frozen=True)
+class Among:
+    """A worker of several, as its stall watch names it and waits on the others: `who`
+    ("worker 1") and `tag` ("[worker 1] ") name it in the report and its lines; `peers`
+    (name -> address) are the other workers, whom the GIL-free backstop asks whether they
+    listen (`backstop.Backstop`); `worker_timeout_s` (WORKER_TIMEOUT) caps every phase after
+    the start: each waits on the other workers too."""
+
+    who: str = ""
+    tag: str = ""
+    peers: Mapping[str, str] | None = None
+    worker_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The run a stall watch watches, as its report tells of it: its devices (the hints
+    read them), what was saved and how to go on (`saved`; `resumes_with` for `mgpu
+    train`'s), and the worker of several it is (`among`; None for one process)."""
+
+    devices: Devices
+    saved: str
+    among: Among | None = None
+
+
+def resumes_with(resume: str) -> str:
+    """`mgpu train`'s words on what a stall leaves: how to start again (`resume`)."""
+    return ("Nothing was half-written: a checkpoint being saved stays unreferenced, and "
+            "starting again with the same OUTPUT_DIR resumes from the last complete one "
+            f"(or starts afresh if there is none): {resume}")
+
+
 class StallWatch:
     """The phases of one run, each bounded; `phase(name)` starts one, `call_done()` marks a
     call of steps completed (the first one ends the first step), `stop()` disarms. With
@@ -110,27 +143,19 @@ class StallWatch:
     Made before TensorFlow's quiet import: that sends fd 2 elsewhere while it runs, so the
     report and the backstop's dump go to a copy of stderr taken here.
 
-    `resume`: how to start again (`mgpu train`'s command); `saved`, in its place, what
-    was saved and how to go on (`mgpu run`: the script's own checkpoints). `who` ("worker
-    1") and `tag` ("[worker 1] ") name a worker of several in the report and its lines;
-    `peers` (name -> address) are the other workers, whom the GIL-free backstop asks
-    whether they listen (`backstop.Backstop`); `worker_timeout_s` (WORKER_TIMEOUT) caps
-    every phase after the start: each waits on the other workers too.
+    `run`: what the report says of the run watched (`Watched`).
     """
 
-    def __init__(self, timeout: StallTimeout, devices: Devices, resume: str,
+    def __init__(self, timeout: StallTimeout, run: Watched,
                  on_stall: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, *, saved: str | None = None,
-                 who: str = "", tag: str = "", peers: Mapping[str, str] | None = None,
-                 worker_timeout_s: float | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout = timeout
-        self.devices = devices
-        self._saved = saved if saved is not None else (
-            "Nothing was half-written: a checkpoint being saved stays unreferenced, and "
-            "starting again with the same OUTPUT_DIR resumes from the last complete one "
-            f"(or starts afresh if there is none): {resume}")
+        self.devices = run.devices
+        self._saved = run.saved
+        among = run.among or Among()
+        who, tag, peers = among.who, among.tag, among.peers
         self._who = who
-        self._cap_s = worker_timeout_s
+        self._cap_s = among.worker_timeout_s
         self._clock = clock
         self._calls: collections.deque[float] = collections.deque(maxlen=101)
         self._last: float | None = None
