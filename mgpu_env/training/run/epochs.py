@@ -29,7 +29,7 @@ from mgpu_env.config.errors import RunFailed
 from mgpu_env.config.parsers import CheckpointInterval
 from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
-from mgpu_env.training.input.feed import Feed
+from mgpu_env.training.input.feeds import Feed
 from mgpu_env.training.multiworker import WorkerSession
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.checkpoints import Checkpoints, SaveCost, Schedule
@@ -113,7 +113,7 @@ class EpochLoop:
         """One epoch from its step `first` (a checkpoint's), in the schedule's calls (at most
         STEPS_PER_CALL steps), then its record."""
         steps, per_epoch = self.trainer.steps, self.steps_per_epoch
-        run_steps = self.feed.runner(steps, Position(epoch, first))
+        run_steps = self.trainer.loops.runner(self.feed.source(Position(epoch, first)))
         if not first:  # else the checkpoint restored the epoch's running metrics
             steps.reset_train_metrics()
         for begin in self.before_epoch:
