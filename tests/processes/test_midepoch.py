@@ -377,8 +377,13 @@ def test_a_save_at_a_stop_that_takes_long_or_fails_is_said(
     with pytest.raises(OSError, match="No space"):
         epochs.save_inside_epoch(saving(broken), Position(2, 60), None)
     with pytest.raises(epochs.Interrupted) as stopped:
-        epochs.raise_interrupted(stopping, 2, Position(2, 60))
+        epochs.raise_interrupted(stopping, Position(2, 60), saved=True)
     assert str(stopped.value) == (
         "SIGTERM received: training stopped during epoch 3 of 5; the checkpoint at step 60 "
         "of epoch 3 is saved.\n  Resume with: OUTPUT_DIR=runs/x mgpu train")
     assert stopped.value.exit_code == 143
+    # Its save failed: the stop names the checkpoint kept from before, of the same epoch.
+    with pytest.raises(epochs.Interrupted) as unsaved:
+        epochs.raise_interrupted(stopping, Position(2, 60), saved=False)
+    assert (f"during epoch 3 of 5; {epochs.rundir.checkpoint_kept(2)}.\n"
+            in str(unsaved.value))

@@ -106,7 +106,7 @@ class EpochLoop:
         for epoch in range(self.start.epoch, self.stopping.epochs):
             first = self.start.step if epoch == self.start.epoch else 0
             if self.stopping.request.requested:
-                raise_interrupted(self.stopping, epoch, Position(epoch, first))
+                raise_interrupted(self.stopping, Position(epoch, first), saved=True)
             self.train_epoch(epoch, first)
 
     def train_epoch(self, epoch: int, first: int = 0) -> None:
@@ -243,7 +243,7 @@ def after_call_actions(
         position = Position(call.epoch, call.done)
         saved = save_inside_epoch(saving, position, stopping if stop else None)
         if stop:
-            raise_interrupted(stopping, call.epoch, position if saved else None)
+            raise_interrupted(stopping, position, saved)
 
     return [heartbeat, loss_is_finite, weights_are_finite, show_progress, checkpoint_or_stop]
 
@@ -360,17 +360,17 @@ def raise_non_finite(stopping: Stopping, call: CallEnd, what: str) -> None:
     )
 
 
-def raise_interrupted(stopping: Stopping, epoch: int, saved: Position | None) -> None:
-    """Stop the run during `epoch` (0-based); `saved`: the checkpoint just saved (or, at an
-    epoch's start, the one there), None when it could not be saved."""
+def raise_interrupted(stopping: Stopping, at: Position, saved: bool) -> None:
+    """Stop the run where it stands (`at`); `saved`: whether a checkpoint is there (just
+    saved, or, at an epoch's start, the one there), False when it could not be saved."""
     signum = stopping.request.signum or signal.SIGTERM
     name = signal.Signals(signum).name
-    if saved is not None and (saved.step or saved.epoch):
-        kept = f"the checkpoint at {saved.describe()} is saved"
+    if saved and (at.step or at.epoch):
+        kept = f"the checkpoint at {at.describe()} is saved"
     else:
-        kept = rundir.checkpoint_kept(epoch) if saved is None else "no step had been trained"
+        kept = "no step had been trained" if saved else rundir.checkpoint_kept(at.epoch)
     raise Interrupted(
-        f"{name} received: training stopped during epoch {epoch + 1} of "
+        f"{name} received: training stopped during epoch {at.epoch + 1} of "
         f"{stopping.epochs}; {kept}.\n  Resume with: {stopping.resume_command}",
         signum,
     )

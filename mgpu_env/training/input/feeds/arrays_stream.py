@@ -93,10 +93,10 @@ class StreamFeed:
         most = call_steps(self.strategy, self.global_batch, per_row, STREAM_CHUNK_BYTES)
         return aligned_chunk(most, self.steps_per_call)
 
-    def chunk_lengths(self, epochs: int, first_step: int = 0) -> list[int]:
-        """The steps of each chunk of a run of `epochs` epochs from step `first_step`, in
-        order: the last is shorter when the run's steps are not a whole number of chunks."""
-        total, per_chunk = self.steps_per_epoch * epochs - first_step, self.steps_per_chunk
+    def chunk_lengths(self, start: Position, epochs: int) -> list[int]:
+        """The steps of each chunk of a run of `epochs` epochs from `start`, in order: the
+        last is shorter when the run's steps are not a whole number of chunks."""
+        total, per_chunk = self.steps_per_epoch * epochs - start.step, self.steps_per_chunk
         return [min(per_chunk, total - first) for first in range(0, total, per_chunk)]
 
     def worker_batches(self, start: Position, epochs: int, workers: int, worker: int
@@ -163,7 +163,7 @@ class StreamFeed:
     def source(self, start: Position, epochs: int = 1) -> Chunks:
         """The chunks of `epochs` epochs from `start` (a checkpoint's position): cut from
         that step on."""
-        return Chunks(self.dataset(start, epochs), self.chunk_lengths(epochs, start.step))
+        return Chunks(self.dataset(start, epochs), self.chunk_lengths(start, epochs))
 
 
 def aligned_chunk(most: int, steps_per_call: int) -> int:
