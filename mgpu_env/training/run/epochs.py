@@ -1,7 +1,7 @@
 """The epochs of a run: one object holds what they share, and what happens around the steps
 is a list of small actions, as orbit's Controller runs its trainer and calls its Actions.
 
-`EpochLoop.train_epoch(epoch, first)` runs an epoch from its step `first` (a checkpoint's) in calls
+`EpochLoop.train_epoch(begin)` runs an epoch from its `Position` (a checkpoint's) in calls
 of at most STEPS_PER_CALL steps, cut where a checkpoint is due (`checkpoints.Schedule`).
 Before the epoch, every action in `EpochLoop.before_epoch` sees an `EpochStart` (the progress
 display); after each call, every action in `EpochLoop.after_call` sees a `CallEnd` (the heartbeat,
@@ -19,7 +19,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,24 +100,26 @@ class EpochLoop:
     def start_epoch(self) -> int:
         return self.start.epoch
 
-    def train(self) -> None:
-        """The epochs left, each stopped first by a stop request received between them."""
+    def remaining(self) -> Iterator[Position]:
+        """Where each epoch left begins (the first one where the checkpoint left it), each
+        stopped first by a stop request received between them."""
         self.schedule.saved()  # a time's interval counts from training's start
         for epoch in range(self.start.epoch, self.stopping.epochs):
-            first = self.start.step if epoch == self.start.epoch else 0
+            begin = self.start if epoch == self.start.epoch else Position(epoch)
             if self.stopping.request.requested:
-                raise_interrupted(self.stopping, Position(epoch, first), saved=True)
-            self.train_epoch(epoch, first)
+                raise_interrupted(self.stopping, begin, saved=True)
+            yield begin
 
-    def train_epoch(self, epoch: int, first: int = 0) -> None:
-        """One epoch from its step `first` (a checkpoint's), in the schedule's calls (at most
-        STEPS_PER_CALL steps), then its record."""
+    def train_epoch(self, begin: Position) -> None:
+        """One epoch from `begin` (a checkpoint's step of it, or its start), in the
+        schedule's calls (at most STEPS_PER_CALL steps), then its record."""
         steps, per_epoch = self.trainer.steps, self.steps_per_epoch
-        run_steps = self.trainer.loops.runner(self.feed.source(Position(epoch, first)))
+        epoch, first = begin.epoch, begin.step
+        run_steps = self.trainer.loops.runner(self.feed.source(begin))
         if not first:  # else the checkpoint restored the epoch's running metrics
             steps.reset_train_metrics()
-        for begin in self.before_epoch:
-            begin(EpochStart(epoch + 1, self.stopping.epochs, per_epoch))
+        for told in self.before_epoch:
+            told(EpochStart(epoch + 1, self.stopping.epochs, per_epoch))
         epoch_start = time.perf_counter()
         done = first
         while done < per_epoch:

@@ -131,7 +131,11 @@ def run_plan(
             profile_steps(prepared, trainer, progress)
         outputs = Outputs.of(plan, trainer, saved)
         epochs = epoch_loop(prepared, start, outputs, feed, position)
-        epochs.train()
+        for begin in epochs.remaining():
+            # Its steps in calls; after each call its actions (checks, progress, a checkpoint
+            # when one is due inside the epoch, a stop); after it, its record, checkpoint and
+            # summaries (`epochs.after_call_actions`, `after_epoch_actions`).
+            epochs.train_epoch(begin)
         if stop.requested and plan.settings.epochs > epochs.start_epoch:
             # The signal came during the last epoch's save: everything is saved, so finish.
             progress.note("Stop requested after the last epoch was saved; finishing the run")
