@@ -123,7 +123,7 @@ class EpochLoop:
         epoch_start = time.perf_counter()
         done = first
         while done < per_epoch:
-            count = self.schedule.call_steps(epoch, done)
+            count = self.schedule.call_steps(Position(epoch, done))
             with stop_on_bad_records(self.data, ("train",), epoch, self.stopping.resume_command):
                 run_steps(count)
             done += count
@@ -238,7 +238,7 @@ def after_call_actions(
             return
         # Every worker saves (the save is collective) and stops at the same step.
         due, stop = saving.agree(
-            (saving.schedule.due(call.epoch, call.done), stopping.request.requested)
+            (saving.schedule.due(Position(call.epoch, call.done)), stopping.request.requested)
         )
         if not (due or stop):
             return
