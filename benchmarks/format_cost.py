@@ -185,8 +185,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import Arrays, load_data, resolve_dataset
-    from mgpu_env.training.input.feed import make_feed
-    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input.feeds import make_feed, plan_feed
     from mgpu_env.training.input.keep import FALLBACK, KeepLimit
     from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
@@ -225,11 +224,11 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
             feed_plan = plan_feed(data, keep, batch)
             feed = make_feed(strategy, data, feed_plan, batch, SEED)
             epochs = -(-steps * rounds // feed_plan.steps_per_epoch)
-            return feed.runner(trainer.steps, Position(0), epochs)
+            return trainer.loops.runner(feed.source(Position(0), epochs))
         return runner
 
     same = SameBatchFeed.make(strategy, BATCH, (784,), 10, SEED)
-    step_feed("synthetic", (784,), lambda t: same.runner(t.steps, Position(0)))
+    step_feed("synthetic", (784,), lambda t: t.loops.runner(same.source(Position(0))))
     stream = KeepLimit(0, "benchmark: stream")
     step_feed("kept", (784,), library_feed(flat, FALLBACK))
     step_feed("streamed", (784,), library_feed(flat, stream))

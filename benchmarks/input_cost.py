@@ -78,8 +78,7 @@ def main() -> None:
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import FEATURES, load_arrays, resolve_dataset
-    from mgpu_env.training.input.feed import ResidentFeed, StreamFeed
-    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input.feeds import ResidentFeed, StreamFeed, plan_feed
     from mgpu_env.training.input.keep import FALLBACK
     from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
@@ -101,19 +100,19 @@ def main() -> None:
     feeds: dict[str, tuple[Any, Any]] = {}
     synthetic = trainer()
     same = SameBatchFeed.make(strategy, BATCH, (FEATURES,), 10, SEED)
-    feeds["synthetic"] = (synthetic, same.runner(synthetic.steps, Position(0)))
+    feeds["synthetic"] = (synthetic, synthetic.loops.runner(same.source(Position(0))))
     real = trainer()
     # Every feed takes the plan's count (the same for kept and streamed arrays).
     per_epoch = plan_feed(arrays, FALLBACK, global_batch).steps_per_epoch
     resident = ResidentFeed.place(strategy, arrays, global_batch, SEED, steps_per_epoch=per_epoch)
-    feeds["real"] = (real, resident.runner(real.steps, Position(0),
-                                            -(-total // resident.steps_per_epoch)))
+    feeds["real"] = (real, real.loops.runner(resident.source(
+        Position(0), -(-total // resident.steps_per_epoch))))
     if args.stream:
         streamed = trainer()
         stream = StreamFeed(strategy, arrays, global_batch, SEED, steps_per_call=args.steps,
                             steps_per_epoch=per_epoch)
-        feeds["stream"] = (streamed, stream.runner(
-            streamed.steps, Position(0), -(-total // stream.steps_per_epoch)))
+        feeds["stream"] = (streamed, streamed.loops.runner(stream.source(
+            Position(0), -(-total // stream.steps_per_epoch))))
 
     cpu_rates: dict[str, list[float]] = {name: [] for name in feeds}
 

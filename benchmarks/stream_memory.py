@@ -42,8 +42,7 @@ def main() -> None:
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import CLASSES, FEATURES, Arrays
-    from mgpu_env.training.input.feed import make_feed
-    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input.feeds import make_feed, plan_feed
     from mgpu_env.training.input.keep import FALLBACK
     from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
@@ -63,7 +62,7 @@ def main() -> None:
     before = peak_mib()
     feed = make_feed(strategy, arrays, plan_feed(arrays, FALLBACK, BATCH), BATCH, SEED)
     start = time.perf_counter()
-    feed.runner(trainer.steps, Position(0))(args.steps)
+    trainer.loops.runner(feed.source(Position(0)))(args.steps)
     steps = int(trainer.optimizer.iterations.numpy())
     seconds = time.perf_counter() - start
     after = peak_mib()

@@ -1,8 +1,9 @@
 """What a streamed feed delivers on its own: its distributed dataset iterated, no step run.
 
 Against what the step takes (the synthetic point's samples/s), it says whether the input
-keeps up with the replica counts measured, or from which one it limits them. Kept rows
-(`ResidentFeed`) have no pipeline per step: there is nothing to measure alone.
+keeps up with the replica counts measured, or from which one it limits them. Any feed's
+source is measured by its form (`training.step.loops`), whatever its kind: rows kept on
+the devices (`KeptRows`) have no pipeline per step, so there is nothing to measure alone.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ MIN_TIMED_ELEMENTS = 32
 def element_samples(per_replica: Iterable[Any], chunked: bool) -> int:
     """Samples in one element of a distributed dataset, over its local replicas' parts.
 
-    Each part is (x, y): one per-replica batch, (batch, ...), or a `StreamFeed` chunk of
-    several steps' batches, (steps, batch, ...), whose last one is shorter. Counted from the
-    shapes the element has, never from how many elements were taken.
+    Each part is (x, y): one per-replica batch, (batch, ...), or a chunk
+    (`step.loops.Chunks`) of several steps' batches, (steps, batch, ...), whose last one is
+    shorter. Counted from the shapes the element has, never from how many elements were
+    taken.
     """
     total = 0
     for x, _ in per_replica:
@@ -86,17 +88,21 @@ def measure_input_alone(feed: Any, strategy: Any, budget: SampleBudget) -> dict[
 
     The dataset covers as many epochs as the warm-up and the timing take, plus one; the
     count of samples comes from the elements' shapes."""
-    from mgpu_env.training.input.feed import ResidentFeed, StreamFeed
     from mgpu_env.training.shared.position import Position
+    from mgpu_env.training.step.loops import Batches, Chunks, KeptRows
 
-    if isinstance(feed, ResidentFeed):
+    first = feed.source(Position(0))
+    if isinstance(first, KeptRows):
         return {"samples_per_s": None, "skipped": KEPT_REASON}
-    chunked = isinstance(feed, StreamFeed)
+    chunked = isinstance(first, Chunks)
     # An element is one global batch, or one chunk of steps' batches for each replica.
-    element = feed.global_batch * (feed.steps_per_chunk if chunked else 1)
+    element = feed.global_batch * (first.lengths[0] if isinstance(first, Chunks) else 1)
     wanted = budget.warmup + max(budget.timed, MIN_TIMED_ELEMENTS * element)
     epochs = -(-wanted // max(feed.steps_per_epoch * feed.global_batch, 1)) + 1
-    return time_dataset(feed.dataset(Position(0), epochs), strategy, chunked, budget)
+    source = feed.source(Position(0), epochs)
+    assert isinstance(source, Chunks | Batches)
+    elements = source.dataset if isinstance(source, Chunks) else source.elements
+    return time_dataset(elements, strategy, chunked, budget)
 
 
 def time_dataset(

@@ -52,7 +52,7 @@ def round_orders(variants: int, rounds: int) -> list[list[int]]:
 
 def warmup_intervals(warmup_steps: int, steps_per_interval: int) -> int:
     """The warm-up in whole intervals (at least `warmup_steps`): a stream's chunks divide
-    the intervals (`StreamFeed.steps_per_call`), so every timed interval then starts at a
+    the intervals (a stream's `steps_per_call`), so every timed interval then starts at a
     chunk's start and takes whole chunks in one call, as training's calls do."""
     return -(-warmup_steps // steps_per_interval)
 

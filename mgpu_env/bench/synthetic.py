@@ -1,20 +1,19 @@
 """`mgpu bench`'s synthetic data: one batch already on each device, reused every step.
 
-A feed of the training module's shape (`training.input.feed.Feed`), so a synthetic point
-runs the replica step in the same kind of compiled loop as a training run's streamed
-feeds (`training.step.loops.iterator_loop`), with no input at all.
+A feed of the training module's shape (`training.input.feeds.Feed`), so a synthetic point
+runs the replica step in the same compiled loop as a training run's streamed feeds (the
+trainer's loop over `training.step.loops.Batches`), with no input at all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mgpu_env.runtime.decisions import global_batch_size
-from mgpu_env.training.input.order import StepRunner, each_device
+from mgpu_env.training.input.order import each_device
 from mgpu_env.training.shared.position import Position
-from mgpu_env.training.step.loops import LoopCache, iterator_loop
-from mgpu_env.training.step.steps import StepFunctions
+from mgpu_env.training.step.loops import Batches
 
 
 class SameBatch:
@@ -41,7 +40,6 @@ class SameBatchFeed:
     strategy: Any
     batches: SameBatch
     global_batch: int
-    loops: LoopCache[Any] = field(default_factory=LoopCache, repr=False, compare=False)
 
     @classmethod
     def make(cls, strategy: Any, per_replica_batch: int, input_shape: tuple[int, ...],
@@ -68,16 +66,7 @@ class SameBatchFeed:
     def describe(self) -> str:
         return f"one synthetic batch on {each_device(self.strategy)}, reused every step"
 
-    def runner(self, steps: StepFunctions, start: Position, epochs: int = 1
-               ) -> StepRunner:
-        """Run `count` steps per call, however many: every epoch (and every position in
-        one) is the same batch."""
-        import tensorflow as tf
-
-        loop = self.loops.get(steps, lambda s: iterator_loop(self.strategy, s.replica_step))
-
-        def run(count: int) -> None:
-            # The same SameBatch every call: a new object would trace the loop again.
-            loop(self.batches, tf.constant(count))
-
-        return run
+    def source(self, start: Position, epochs: int = 1) -> Batches:
+        """The same batch for every step, however many: every epoch (and every position in
+        one) is that batch (the same object every call: a new one would trace again)."""
+        return Batches(self.batches)

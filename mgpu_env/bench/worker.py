@@ -37,7 +37,7 @@ from mgpu_env.training.input.data import Data, DatasetChoice
 from mgpu_env.training.shared.position import Position
 
 if TYPE_CHECKING:
-    from mgpu_env.training.input.feed import Feed
+    from mgpu_env.training.input.feeds import Feed
 
 
 @dataclass
@@ -80,8 +80,7 @@ def point_data(spec: PointSpec) -> PointData:
 def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str]:
     """The training module's feed over DATASET: the rows kept on every device (`real`), or
     streamed through tf.data (`stream`, the path for data that does not fit)."""
-    from mgpu_env.training.input.feed import make_feed
-    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input.feeds import kind_named, make_feed, plan_feed
     from mgpu_env.training.input.keep import KeepLimit
 
     assert data.arrays is not None  # point_data loads them for every non-synthetic point
@@ -91,9 +90,7 @@ def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str
     # Streamed chunks that divide the intervals, as they divide training's calls.
     feed = make_feed(strategy, data.arrays, feed_plan, spec.global_batch, spec.seed,
                      deterministic=spec.deterministic, steps_per_call=spec.steps_per_interval)
-    how = {"row_stream": "streamed from its pipeline by tf.data", "resident": "kept on each "
-           "device"}.get(feed_plan.kind, "streamed from host memory by tf.data")
-    return feed, f"{data.choice.describe()}, {how}"
+    return feed, f"{data.choice.describe()}, {kind_named(feed_plan.kind).how}"
 
 
 def image_maker(input_shape: tuple[int, ...]) -> Any:
@@ -141,7 +138,7 @@ def measure_variants(
     variant, all in this process, on `strategy`. Then each streamed feed alone."""
     from mgpu_env.bench.input_alone import SampleBudget, measure_input_alone
     from mgpu_env.bench.rounds import Schedule, time_interleaved
-    from mgpu_env.training.input.feed import StreamFeed
+    from mgpu_env.training.step.loops import Chunks
 
     first = specs[0]
     data = point_data(next((s for s in specs if s.data != "synthetic"), first))
@@ -165,8 +162,8 @@ def measure_variants(
             result["explain"]["timed_feed_input"] = timed_feed
         if variant.data_source is not None:
             result["data_source"] = variant.data_source
-            if isinstance(variant.feed, StreamFeed):
-                result["steps_per_chunk"] = variant.feed.steps_per_chunk
+            if isinstance(source := variant.feed.source(Position(0)), Chunks):
+                result["steps_per_chunk"] = source.lengths[0]
             result["input_alone"] = measure_input_alone(variant.feed, strategy, SampleBudget(
                 spec.warmup_steps * spec.global_batch,
                 spec.steps_per_interval * spec.intervals * spec.global_batch))
@@ -202,8 +199,8 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
     from mgpu_env.bench.models import build_model
     from mgpu_env.bench.synthetic import SameBatchFeed
     from mgpu_env.training.input.data import FEATURES
-    from mgpu_env.training.input.feed import StreamFeed
     from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.loops import Chunks
 
     rows = data.arrays.sample_shape if data.arrays is not None else data.shape.input_shape
     # The training module's step: n steps per tf.function call, XLA on the per-replica
@@ -231,13 +228,15 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
         warmup_intervals(spec.warmup_steps, spec.steps_per_interval) + 1
         + spec.intervals + traced
     ) + lead_in * (spec.intervals + traced)
-    if isinstance(feed, StreamFeed):
+    if isinstance(first := feed.source(Position(0)), Chunks):
         # A chunk more: the run's last chunk is shorter, and its one more trace of the
         # step must not land in a timed interval.
-        total += feed.steps_per_chunk
+        total += first.lengths[0]
     # As many epochs as the warm-up, the untimed round and the intervals take: they
-    # follow one another as in training, each in its own order.
-    feed_steps = feed.runner(trainer.steps, Position(0), -(-total // feed.steps_per_epoch))
+    # follow one another as in training, each in its own order; the trainer's loop runs
+    # them, as it runs training's.
+    feed_steps = trainer.loops.runner(
+        feed.source(Position(0), -(-total // feed.steps_per_epoch)))
 
     def run_steps(n: int) -> int:
         feed_steps(n)

@@ -637,7 +637,7 @@ def small_arrays(rows: int = 100, features: int = 3) -> Any:
 def test_a_chunked_stream_alone_counts_samples_from_its_chunks_and_stops_at_its_end(
     logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training.input import stream
+    from mgpu_env.training.input.feeds import arrays_stream as stream
 
     # Chunks of 5 steps: 4 rows of 3 float32 features and a label each per replica.
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 4 * (3 + 1) * 4)
@@ -664,7 +664,7 @@ def test_a_loaders_stream_alone_counts_per_replica_batches(
 ) -> None:
     import tensorflow as tf
 
-    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed
+    from mgpu_env.training.input.feeds import ResidentFeed, RowStreamFeed
 
     strategy = mirrored_over(logical_cpus[:2])
     arrays = small_arrays()

@@ -1,5 +1,5 @@
 """The two phases of a run: the plan is pure (no TensorFlow, no data read), the feed is
-decided once (`feedplan.plan_feed`), and the summary shows it."""
+decided once (`feeds.plan_feed`), and the summary shows it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.training.input.data import Arrays, DataSizes, FileData, Streamed
 from mgpu_env.training.input.data.sets import FilePart, Layout, RowStream
-from mgpu_env.training.input.feedplan import plan_feed
+from mgpu_env.training.input.feeds import plan_feed
 from mgpu_env.training.input.keep import GIB, KeepLimit
 from tests.support.children import REPO
 from tests.support.filedata import write_npy

@@ -72,14 +72,15 @@ def test_calls_end_where_a_save_is_asked_and_nowhere_else() -> None:
     schedule = Schedule(CheckpointInterval(steps=10), steps_per_epoch=44)
     ends, done = [], 0
     while done < 44:
-        done += schedule.call_steps(1, done)
+        done += schedule.call_steps(Position(1, done))
         ends.append(done)
     assert ends == [6, 16, 26, 36, 44]
-    assert [d for d in ends if schedule.due(1, d)] == [6, 16, 26, 36]  # never at the end
+    assert [d for d in ends if schedule.due(Position(1, d))] == [6, 16, 26, 36]  # not at the end
     # A time: calls of STEPS_PER_CALL (200), due once the time has passed.
     by_time = Schedule(CheckpointInterval(seconds=60), steps_per_epoch=1000, last_save=0.0)
-    assert [by_time.call_steps(0, d) for d in (0, 200, 900, 950)] == [200, 200, 100, 50]
-    assert by_time.due(0, 200) and not Schedule(CheckpointInterval(), 1000).due(0, 200)
+    assert [by_time.call_steps(Position(0, d)) for d in (0, 200, 900, 950)] == [200, 200, 100, 50]
+    assert by_time.due(Position(0, 200))
+    assert not Schedule(CheckpointInterval(), 1000).due(Position(0, 200))
 
 
 def test_a_checkpoints_name_says_where_the_run_stands(tmp_path: Path) -> None:
@@ -377,8 +378,13 @@ def test_a_save_at_a_stop_that_takes_long_or_fails_is_said(
     with pytest.raises(OSError, match="No space"):
         epochs.save_inside_epoch(saving(broken), Position(2, 60), None)
     with pytest.raises(epochs.Interrupted) as stopped:
-        epochs.raise_interrupted(stopping, 2, Position(2, 60))
+        epochs.raise_interrupted(stopping, Position(2, 60), saved=True)
     assert str(stopped.value) == (
         "SIGTERM received: training stopped during epoch 3 of 5; the checkpoint at step 60 "
         "of epoch 3 is saved.\n  Resume with: OUTPUT_DIR=runs/x mgpu train")
     assert stopped.value.exit_code == 143
+    # Its save failed: the stop names the checkpoint kept from before, of the same epoch.
+    with pytest.raises(epochs.Interrupted) as unsaved:
+        epochs.raise_interrupted(stopping, Position(2, 60), saved=False)
+    assert (f"during epoch 3 of 5; {epochs.rundir.checkpoint_kept(2)}.\n"
+            in str(unsaved.value))

@@ -27,8 +27,13 @@ def _feed(strategy: Any, kind: str, tmp_path: Path) -> tuple[Any, tuple[int, ...
     """A feed of `kind` over small data, its samples' shape and its classes."""
     from mgpu_env.training.input.data.builtin import _load_digits
     from mgpu_env.training.input.data.files import load_files
-    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed, make_feed
-    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input.feeds import (
+        ResidentFeed,
+        RowStreamFeed,
+        StreamFeed,
+        make_feed,
+        plan_feed,
+    )
     from mgpu_env.training.input.keep import KeepLimit
 
     if kind == "files":
@@ -88,12 +93,13 @@ def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
                             global_batch_size=GLOBAL_BATCH, jit_compile=False)
     steps, per_epoch = trainer.steps, feed.steps_per_epoch
     checkpoints = Checkpoints(trainer, tmp_path / "ckpt")
-    feed.runner(steps, Position(0))(per_epoch)  # epoch 1: the optimizer's moments are under way
+    # Epoch 1: the optimizer's moments are under way.
+    trainer.loops.runner(feed.source(Position(0)))(per_epoch)
     # Epoch 2, one step a call, a checkpoint (a folder of its own) after a dozen or more of
     # its steps (44 steps of digits: every 3rd; 18 of the files: each).
     stops = list(range(1, per_epoch, max(per_epoch // 12, 1)))
     steps.reset_train_metrics()
-    run = feed.runner(steps, Position(1))
+    run = trainer.loops.runner(feed.source(Position(1)))
     for done in range(1, per_epoch + 1):
         run(1)
         if done in stops:
@@ -107,7 +113,7 @@ def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
         checkpoints.directory = tmp_path / f"ckpt-{stop}"
         assert checkpoints.restore() == Position(1, stop)
         checkpoints.restore_metrics()
-        feed.runner(steps, Position(1, stop))(per_epoch - stop)
+        trainer.loops.runner(feed.source(Position(1, stop)))(per_epoch - stop)
         found = _metrics(trainer)
         if found != expected or _state(trainer) != expected_state:
             differences.append((stop, abs(found[0] - expected[0]), abs(found[1] - expected[1]),
@@ -141,7 +147,7 @@ def test_a_checkpoint_of_another_replica_count_or_of_sums_alone_resumes_its_sums
         return trainer, feed, Checkpoints(trainer, tmp_path / f"ckpt-{replicas}")
 
     saved, feed, checkpoints = started(2)
-    feed.runner(saved.steps, Position(0))(7)
+    saved.loops.runner(feed.source(Position(0)))(7)
     checkpoints.save(Position(0, 7))
     # The form an mgpu before per-replica metrics wrote: their sums alone.
     tf.train.Checkpoint(model=saved.model, optimizer=saved.optimizer, epoch=checkpoints.epoch,

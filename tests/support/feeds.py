@@ -16,8 +16,9 @@ def rows_seen(strategy: Any, feed_kind: str, size: int, global_batch: int,
     import tensorflow as tf
 
     from mgpu_env.training.input.data import Arrays
-    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
+    from mgpu_env.training.input.feeds import ResidentFeed, RowStreamFeed, StreamFeed
     from mgpu_env.training.shared.position import Position
+    from mgpu_env.training.step.loops import StepLoops
     from mgpu_env.training.step.steps import StepFunctions
 
     x = np.stack([np.arange(size, dtype=np.float32)] * 4, axis=1)  # column 0: the row
@@ -43,9 +44,10 @@ def rows_seen(strategy: Any, feed_kind: str, size: int, global_batch: int,
         else RowStreamFeed(strategy, tf.data.Dataset.from_tensor_slices((x, y)), size,
                            global_batch, seed=3, steps_per_epoch=per_epoch)
     )
+    loops = StepLoops(strategy, steps)
     seen = []
     for first, count in spans:
         counts.assign(tf.zeros([size]))
-        feed.runner(steps, Position(1, first))(count)
+        loops.runner(feed.source(Position(1, first)))(count)
         seen.append(counts.read_value().numpy())
     return seen

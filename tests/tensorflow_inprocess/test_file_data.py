@@ -177,8 +177,7 @@ def test_two_workers_read_every_training_record_once_per_epoch(
 ) -> None:
     import tensorflow as tf
 
-    from mgpu_env.training.input import feed
-    from mgpu_env.training.input.feedplan import plan_feed
+    from mgpu_env.training.input import feeds
     from mgpu_env.training.input.keep import KeepLimit
 
     nothing_kept = KeepLimit(0, "test")  # stream, as large data does
@@ -187,10 +186,10 @@ def test_two_workers_read_every_training_record_once_per_epoch(
                              label_is_index=True)
     data = load("tfrecord", folder)
     assert isinstance(data, FileData)
-    feed_plan = plan_feed(data, nothing_kept, 32, workers=2)
-    stream = feed.make_feed(_Strategy(), data, feed_plan, global_batch=32, seed=3)
-    assert isinstance(stream, feed.FileStreamFeed)
-    assert feed.epoch_steps(data, 32, workers=2, keep=nothing_kept) == 4
+    feed_plan = feeds.plan_feed(data, nothing_kept, 32, workers=2)
+    stream = feeds.make_feed(_Strategy(), data, feed_plan, global_batch=32, seed=3)
+    assert isinstance(stream, feeds.FileStreamFeed)
+    assert feed_plan.steps_per_epoch == 4
     orders = []
     for epoch in (0, 1):
         seen: list[int] = []
@@ -344,7 +343,7 @@ def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
     tmp_path: Path, logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
-    from mgpu_env.training.input import stream
+    from mgpu_env.training.input.feeds import arrays_stream as stream
 
     # Chunks of 5 steps: 8 rows per replica of 8x8 float32 samples and an int32 label.
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 5 * 8 * (64 + 1) * 4)

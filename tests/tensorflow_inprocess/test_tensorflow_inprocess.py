@@ -176,8 +176,8 @@ def test_agreement_passes_when_every_replica_has_the_same_settings(
 def test_a_whole_run_in_process_on_four_replicas(
     logical_cpus: tuple[str, ...], tmp_path: Path, float32_policy: None
 ) -> None:
-    from mgpu_env.training.run.loop import run_training
     from mgpu_env.training.run.plan import plan_training
+    from mgpu_env.training.run.trainer import run_plan
 
     resolved = resolve_settings(
         {"GPUS": "none", "VIRTUAL_DEVICES": str(LOGICAL_CPUS), "DATASET": "digits",
@@ -187,7 +187,7 @@ def test_a_whole_run_in_process_on_four_replicas(
     assert runtime.strategy_plan.devices == logical_cpus
     plan = plan_training(runtime)
     assert (plan.replicas, plan.global_batch_size) == (4, 64)
-    result = run_training(plan)
+    result = run_plan(plan)
     assert result.metrics["replicas"] == 4 and result.metrics["epochs_completed"] == 2
     assert [e["epoch"] for e in result.metrics["history"]] == [1, 2]
     assert (tmp_path / "run" / "metrics.json").is_file()
@@ -202,7 +202,7 @@ def _losses_per_call(
     import tensorflow as tf
 
     from mgpu_env.training.input.data import Arrays
-    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
+    from mgpu_env.training.input.feeds import ResidentFeed, RowStreamFeed, StreamFeed
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
 
@@ -228,7 +228,7 @@ def _losses_per_call(
     )
     if steps_per_call is not None:
         assert feed.steps_per_call == steps_per_call
-    run = feed.runner(trainer.steps, Position(1), epochs=2)  # calls cross the epochs
+    run = trainer.loops.runner(feed.source(Position(1), epochs=2))  # calls cross the epochs
     losses = []
     for _ in range(calls):
         trainer.steps.reset_train_metrics()
@@ -266,11 +266,11 @@ def test_every_replica_count_trains_on_the_same_global_batches(
 def test_a_resident_feed_splits_calls_to_bound_the_rows_it_gathers(
     logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training.input import feed
+    from mgpu_env.training.input.feeds import resident
 
     whole = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
     # Room for two steps' rows per call (32 rows of 784 float32 + an int32 label per replica).
-    monkeypatch.setattr(feed, "CALL_ROWS_BYTES", 2 * 32 * (784 * 4 + 4) + 1)
+    monkeypatch.setattr(resident, "CALL_ROWS_BYTES", 2 * 32 * (784 * 4 + 4) + 1)
     split = _losses_per_call(mirrored(logical_cpus[:2]), "resident", steps_per_call=2)
     # Calls of 2, 2 and 1 steps run the same steps on the same rows: the same bits.
     assert split == whole
@@ -290,7 +290,7 @@ def test_streamed_and_kept_rows_train_on_the_same_batches(
 def test_a_stream_of_short_chunks_trains_on_the_kept_rows_batches(
     logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training.input import stream
+    from mgpu_env.training.input.feeds import arrays_stream as stream
 
     kept = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
     # Chunks of 7 steps (32 rows of 784 float32 + an int32 label per replica, and a caller
@@ -304,10 +304,11 @@ def test_a_stream_of_short_chunks_trains_on_the_kept_rows_batches(
 def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
     logical_cpus: tuple[str, ...], float32_policy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mgpu_env.training.input import stream
+    from mgpu_env.training.input.feeds import arrays_stream as stream
+    from mgpu_env.training.step import loops
 
     class Counted:
-        """The stream's compiled loops, counting the calls a runner makes of each."""
+        """The trainer's compiled loops of chunks, counting the calls a runner makes of each."""
 
         def __init__(self, loops: Any) -> None:
             self.loops, self.calls = loops, {"train_chunk": 0, "train_chunks": 0}
@@ -324,7 +325,7 @@ def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
             return counted
 
     counted: list[Counted] = []
-    chunk_loops = stream.chunk_loops
+    chunk_loops = loops.chunk_loops
 
     def count_loops(*args: Any) -> Counted:
         counted.append(Counted(chunk_loops(*args)))
@@ -333,7 +334,7 @@ def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
     kept = _losses_per_call(mirrored(logical_cpus[:2]), "resident")
     # Room for 7 steps, calls of 5: chunks of 5 (the largest divisor of 5 that fits).
     monkeypatch.setattr(stream, "STREAM_CHUNK_BYTES", 7 * 32 * (784 * 4 + 4) + 1)
-    monkeypatch.setattr(stream, "chunk_loops", count_loops)
+    monkeypatch.setattr(loops, "chunk_loops", count_loops)
     streamed = _losses_per_call(mirrored(logical_cpus[:2]), "stream", stream_call=5)
     np.testing.assert_allclose(streamed, kept, rtol=1e-6)
     assert counted[0].calls == {"train_chunk": 0, "train_chunks": 3}
@@ -342,15 +343,18 @@ def test_calls_of_whole_chunks_take_them_from_the_stream_in_one_call(
 def test_a_new_feed_needs_only_the_replica_step(
     logical_cpus: tuple[str, ...], float32_policy: None
 ) -> None:
-    """A feed written here, touching no other feed and no step: it wraps the real replica
-    step in a compiled loop of its own, and trains as the kept rows do on the same batches."""
+    """A feed written here, touching no other feed, no step and no loop: it only says where
+    its rows are (a source), the trainer's loop runs the real replica step over them, and
+    it trains as the kept rows do on the same batches."""
     import dataclasses
 
     import tensorflow as tf
 
     from mgpu_env.training.input.data import Arrays
-    from mgpu_env.training.input.feed import Feed, ResidentFeed, epoch_order
+    from mgpu_env.training.input.feeds import Feed, ResidentFeed
+    from mgpu_env.training.input.order import epoch_order
     from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.loops import Batches
     from mgpu_env.training.step.model import build_model
     from mgpu_env.training.step.steps import StepFunctions
 
@@ -362,7 +366,7 @@ def test_a_new_feed_needs_only_the_replica_step(
 
     class HostFeed:
         """A data set of one global batch: each epoch (one step) its rows in the epoch's
-        order, cut on the host and handed to a one-step loop, half to each replica."""
+        order, taken from the host by tf.data, half to each replica."""
 
         def __init__(self, strategy: Any, x: np.ndarray, y: np.ndarray) -> None:
             self.strategy, self.x, self.y, self.global_batch = strategy, x, y, len(x)
@@ -372,28 +376,14 @@ def test_a_new_feed_needs_only_the_replica_step(
             return 1
 
         def describe(self) -> str:
-            return "one global batch, cut on the host each step"
+            return "one global batch, ordered on the host each epoch"
 
-        def runner(self, steps: Any, start: Position, epochs: int = 1) -> Any:
-            @tf.function
-            def one_step(batch: Any) -> None:
-                self.strategy.run(steps.replica_step, args=batch)
-
-            def batch(epoch: int) -> Any:
-                rows = epoch_order(3, epoch, len(self.x), self.global_batch).reshape(2, -1)
-                return self.strategy.experimental_distribute_values_from_function(
-                    lambda context: (self.x[rows[context.replica_id_in_sync_group]],
-                                     self.y[rows[context.replica_id_in_sync_group]]))
-
-            epoch = start.epoch
-
-            def run(count: int) -> None:
-                nonlocal epoch
-                for _ in range(count):
-                    one_step(batch(epoch))
-                    epoch += 1
-
-            return run
+        def source(self, start: Position, epochs: int = 1) -> Batches:
+            rows = np.concatenate([epoch_order(3, epoch, len(self.x), self.global_batch)
+                                   for epoch in range(start.epoch, start.epoch + epochs)])
+            data = tf.data.Dataset.from_tensor_slices((self.x[rows], self.y[rows]))
+            return Batches(self.strategy.experimental_distribute_dataset(
+                data.batch(self.global_batch)))
 
     rng = np.random.default_rng(0)
     x = rng.random((64, 784), dtype=np.float32)
@@ -409,7 +399,7 @@ def test_a_new_feed_needs_only_the_replica_step(
         before = [w.numpy() for w in trainer.model.trainable_variables]
         feed = make_feed()
         assert isinstance(feed, Feed)
-        feed.runner(trainer.steps, Position(0), 6)(6)
+        trainer.loops.runner(feed.source(Position(0), 6))(6)
         assert int(trainer.optimizer.iterations.numpy()) == 6
         return before, [w.numpy() for w in trainer.model.trainable_variables]
 
@@ -426,7 +416,7 @@ def test_each_feed_says_what_it_is(logical_cpus: tuple[str, ...]) -> None:
 
     from mgpu_env.bench.synthetic import SameBatchFeed
     from mgpu_env.training.input.data import Arrays
-    from mgpu_env.training.input.feed import ResidentFeed, RowStreamFeed, StreamFeed
+    from mgpu_env.training.input.feeds import ResidentFeed, RowStreamFeed, StreamFeed
 
     x = np.zeros((100, 784), np.float32)
     arrays = Arrays("test", x, np.zeros(100, np.int32), x[:1], np.zeros(1, np.int32))
@@ -444,7 +434,7 @@ def test_each_feed_says_what_it_is(logical_cpus: tuple[str, ...]) -> None:
 
 
 def test_chunks_divide_the_callers_calls_where_that_costs_little() -> None:
-    from mgpu_env.training.input.stream import aligned_chunk
+    from mgpu_env.training.input.feeds.arrays_stream import aligned_chunk
 
     assert aligned_chunk(83, 200) == 50  # training's calls of 200, the MLP's 16 MiB chunks
     assert aligned_chunk(83, 50) == 50  # mgpu bench's intervals of 50
@@ -455,7 +445,8 @@ def test_chunks_divide_the_callers_calls_where_that_costs_little() -> None:
 
 def test_each_worker_streams_its_own_replicas_batches(logical_cpus: tuple[str, ...]) -> None:
     from mgpu_env.training.input.data import Arrays
-    from mgpu_env.training.input.feed import StreamFeed, epoch_order
+    from mgpu_env.training.input.feeds import StreamFeed
+    from mgpu_env.training.input.order import epoch_order
 
     x = np.zeros((100, 784), np.float32)
     arrays = Arrays("test", x, np.zeros(100, np.int32), x[:1], np.zeros(1, np.int32))
@@ -519,10 +510,10 @@ def test_a_loaders_stream_over_the_read_limit_is_not_read_into_memory(
 def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
     streaming_loader: str, tmp_path: Path, float32_policy: None
 ) -> None:
-    from mgpu_env.training.run.loop import run_training
     from mgpu_env.training.run.plan import plan_training
     from mgpu_env.training.run.prepare import PreparedRun
     from mgpu_env.training.run.progress import Progress
+    from mgpu_env.training.run.trainer import run_plan
 
     # The whole test: its global batch on 1, 2 and 4 replicas is
     # test_every_replica_count_trains_on_the_same_global_batches["rows"].
@@ -536,7 +527,7 @@ def test_a_whole_run_streams_a_loaders_rows_and_evaluates_them_all(
         shown.append(prepared)
         return Progress()
 
-    metrics = run_training(plan_training(runtime_of(resolved)), show).metrics
+    metrics = run_plan(plan_training(runtime_of(resolved)), show).metrics
     plan = shown[0].data_plan
     assert (plan.train_size, plan.test_size, plan.steps_per_epoch) == (700, 200, 10)
     assert plan.input_shape == (8, 8, 1) and plan.num_classes == 3
@@ -552,7 +543,7 @@ def test_bench_streams_a_loaders_rows_on_its_real_and_stream_points(
 ) -> None:
     from mgpu_env.bench.sweep import plan_devices, plan_points
     from mgpu_env.bench.worker import point_data, real_feed
-    from mgpu_env.training.input.feed import RowStreamFeed
+    from mgpu_env.training.input.feeds import RowStreamFeed
 
     settings = resolve_settings({"GPUS": "none", "DATASET": streaming_loader,
                                  "BENCH_DATA": "all"}, {}).settings
@@ -569,7 +560,7 @@ def test_bench_streams_a_loaders_rows_on_its_real_and_stream_points(
 
 
 def test_the_epoch_order_is_a_seeded_permutation_cut_to_whole_batches() -> None:
-    from mgpu_env.training.input.feed import epoch_order
+    from mgpu_env.training.input.order import epoch_order
 
     order = epoch_order(seed=5, epoch=2, size=1000, global_batch=64)
     assert order.shape == (960,) and len(set(order.tolist())) == 960

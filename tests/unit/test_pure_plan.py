@@ -1,7 +1,7 @@
 """The plan is pure for real: planning a run (a resumed one, in a cluster, with a user's
 loader and builder) imports no TensorFlow or Keras, imports none of the user's code and
 asks the network nothing. Each is refused in a child process, so the first touch fails the
-plan with its name; the dry run's look-ups (`sequence.unresolved_peers`) and a user's code
+plan with its name; the dry run's look-ups (`trainer.unresolved_peers`) and a user's code
 (`prepare`) are named steps after it."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_the_refusals_would_catch_a_plan_that_touched_them(tmp_path: Path) -> No
     (what the dry run adds) records the touch."""
     script = (f"OUTPUT = {str(tmp_path / 'run')!r}\n" + PLAN).replace(
         "plan = plan_training(runtime, environ={})",
-        "from mgpu_env.training.run.sequence import unresolved_peers\n"
+        "from mgpu_env.training.run.trainer import unresolved_peers\n"
         "plan = plan_training(runtime, environ={}, looked_up=unresolved_peers(runtime))")
     found = _plan_in_child(tmp_path, script)
     assert any(touch.startswith("socket: 'peer-") for touch in found["touched"]), found

@@ -1,2 +1,3 @@
-"""The input: data sets (`data`), the feeds that take their rows to the devices
-(`feed`, `stream`), the rows' order, the keep limit, and bad records met on the way."""
+"""The input: data sets (`data`), the feeds that say where their rows are (`feeds`: one data
+adapter per kind, chosen by one dispatcher), the rows' order, the keep limit, and bad records
+met on the way."""

@@ -1,9 +1,9 @@
 """How much training data stays on each device; the rest streams from the host.
 
 Decided once per run (`plan.plan_training`), from the memory the selected devices have free
-when the run starts, and passed down: the run's feed plan (`feedplan.plan_feed`: kept or
+when the run starts, and passed down: the run's feed plan (`feeds.plan_feed`: kept or
 streamed, and the steps per epoch) is decided from it and the data. Kept rows cost nothing
-per step (`feed.ResidentFeed`); the stream (`stream.StreamFeed`) costs host work, so data
+per step (`feeds.ResidentFeed`); the stream (`feeds.StreamFeed`) costs host work, so data
 is kept whenever it leaves the model room:
 
 - on GPUs: KEEP_FRACTION of the smallest selected device's free memory (NVML; a logical

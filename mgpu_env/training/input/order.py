@@ -1,4 +1,4 @@
-"""Which rows each step takes, shared by the kept rows (`feed`) and the streams (`stream`).
+"""Which rows each step takes, shared by the kept rows and the streams (`feeds`).
 
 One permutation per epoch, drawn from (SEED, epoch) on the host, cut to whole global batches;
 replica r of R takes rows [b*G + r*G/R, b*G + (r+1)*G/R) of the epoch's order for global
@@ -7,15 +7,11 @@ batch b, so a run's batches are the same whatever the replica count or the feed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-# Runs `count` more steps of the epochs a runner was made for.
-StepRunner = Callable[[int], None]
-
-# The most steps training asks a runner for at once (`loop.train`): Python runs once per call,
+# The most steps training asks a runner for at once (`run.trainer`): Python runs once per call,
 # and a stop request (a signal, a non-finite loss) is acted on at the next call's end.
 STEPS_PER_CALL = 200
 

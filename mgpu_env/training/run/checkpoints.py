@@ -264,25 +264,29 @@ class Schedule:
     steps_per_epoch: int
     last_save: float = 0.0  # time.monotonic() of the last save (or of training's start)
 
-    def call_steps(self, epoch: int, done: int) -> int:
-        """The steps of the next call of `epoch` (0-based) after `done` of its steps."""
+    def call_steps(self, at: Position) -> int:
+        """The steps of the next call from `at` (its epoch's steps done so far)."""
+        done = at.step
         count = min(STEPS_PER_CALL - done % STEPS_PER_CALL, self.steps_per_epoch - done)
         every = self.interval.steps
         if every:
-            run_step = epoch * self.steps_per_epoch + done
-            count = min(count, every - run_step % every)
+            count = min(count, every - self._run_step(at) % every)
         return count
 
-    def due(self, epoch: int, done: int) -> bool:
-        """A checkpoint is due after `done` steps of `epoch` (never at its end: the epoch's
-        own checkpoint is saved there)."""
-        if done >= self.steps_per_epoch:
+    def due(self, at: Position) -> bool:
+        """A checkpoint is due at `at` (never at an epoch's end: the epoch's own checkpoint
+        is saved there)."""
+        if at.step >= self.steps_per_epoch:
             return False
         if self.interval.steps:
-            return (epoch * self.steps_per_epoch + done) % self.interval.steps == 0
+            return self._run_step(at) % self.interval.steps == 0
         if self.interval.seconds:
             return time.monotonic() - self.last_save >= self.interval.seconds
         return False
 
     def saved(self) -> None:
         self.last_save = time.monotonic()
+
+    def _run_step(self, at: Position) -> int:
+        """Steps of the run before `at`."""
+        return at.epoch * self.steps_per_epoch + at.step

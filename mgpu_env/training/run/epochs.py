@@ -1,7 +1,7 @@
 """The epochs of a run: one object holds what they share, and what happens around the steps
 is a list of small actions, as orbit's Controller runs its trainer and calls its Actions.
 
-`EpochLoop.train_epoch(epoch, first)` runs an epoch from its step `first` (a checkpoint's) in calls
+`EpochLoop.train_epoch(begin)` runs an epoch from its `Position` (a checkpoint's) in calls
 of at most STEPS_PER_CALL steps, cut where a checkpoint is due (`checkpoints.Schedule`).
 Before the epoch, every action in `EpochLoop.before_epoch` sees an `EpochStart` (the progress
 display); after each call, every action in `EpochLoop.after_call` sees a `CallEnd` (the heartbeat,
@@ -19,7 +19,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from mgpu_env.config.errors import RunFailed
 from mgpu_env.config.parsers import CheckpointInterval
 from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
-from mgpu_env.training.input.feed import Feed
+from mgpu_env.training.input.feeds import Feed
 from mgpu_env.training.multiworker import WorkerSession
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.checkpoints import Checkpoints, SaveCost, Schedule
@@ -100,28 +100,30 @@ class EpochLoop:
     def start_epoch(self) -> int:
         return self.start.epoch
 
-    def train(self) -> None:
-        """The epochs left, each stopped first by a stop request received between them."""
+    def remaining(self) -> Iterator[Position]:
+        """Where each epoch left begins (the first one where the checkpoint left it), each
+        stopped first by a stop request received between them."""
         self.schedule.saved()  # a time's interval counts from training's start
         for epoch in range(self.start.epoch, self.stopping.epochs):
-            first = self.start.step if epoch == self.start.epoch else 0
+            begin = self.start if epoch == self.start.epoch else Position(epoch)
             if self.stopping.request.requested:
-                raise_interrupted(self.stopping, epoch, Position(epoch, first))
-            self.train_epoch(epoch, first)
+                raise_interrupted(self.stopping, begin, saved=True)
+            yield begin
 
-    def train_epoch(self, epoch: int, first: int = 0) -> None:
-        """One epoch from its step `first` (a checkpoint's), in the schedule's calls (at most
-        STEPS_PER_CALL steps), then its record."""
+    def train_epoch(self, begin: Position) -> None:
+        """One epoch from `begin` (a checkpoint's step of it, or its start), in the
+        schedule's calls (at most STEPS_PER_CALL steps), then its record."""
         steps, per_epoch = self.trainer.steps, self.steps_per_epoch
-        run_steps = self.feed.runner(steps, Position(epoch, first))
+        epoch, first = begin.epoch, begin.step
+        run_steps = self.trainer.loops.runner(self.feed.source(begin))
         if not first:  # else the checkpoint restored the epoch's running metrics
             steps.reset_train_metrics()
-        for begin in self.before_epoch:
-            begin(EpochStart(epoch + 1, self.stopping.epochs, per_epoch))
+        for told in self.before_epoch:
+            told(EpochStart(epoch + 1, self.stopping.epochs, per_epoch))
         epoch_start = time.perf_counter()
         done = first
         while done < per_epoch:
-            count = self.schedule.call_steps(epoch, done)
+            count = self.schedule.call_steps(Position(epoch, done))
             with stop_on_bad_records(self.data, ("train",), epoch, self.stopping.resume_command):
                 run_steps(count)
             done += count
@@ -236,14 +238,14 @@ def after_call_actions(
             return
         # Every worker saves (the save is collective) and stops at the same step.
         due, stop = saving.agree(
-            (saving.schedule.due(call.epoch, call.done), stopping.request.requested)
+            (saving.schedule.due(Position(call.epoch, call.done)), stopping.request.requested)
         )
         if not (due or stop):
             return
         position = Position(call.epoch, call.done)
         saved = save_inside_epoch(saving, position, stopping if stop else None)
         if stop:
-            raise_interrupted(stopping, call.epoch, position if saved else None)
+            raise_interrupted(stopping, position, saved)
 
     return [heartbeat, loss_is_finite, weights_are_finite, show_progress, checkpoint_or_stop]
 
@@ -360,17 +362,17 @@ def raise_non_finite(stopping: Stopping, call: CallEnd, what: str) -> None:
     )
 
 
-def raise_interrupted(stopping: Stopping, epoch: int, saved: Position | None) -> None:
-    """Stop the run during `epoch` (0-based); `saved`: the checkpoint just saved (or, at an
-    epoch's start, the one there), None when it could not be saved."""
+def raise_interrupted(stopping: Stopping, at: Position, saved: bool) -> None:
+    """Stop the run where it stands (`at`); `saved`: whether a checkpoint is there (just
+    saved, or, at an epoch's start, the one there), False when it could not be saved."""
     signum = stopping.request.signum or signal.SIGTERM
     name = signal.Signals(signum).name
-    if saved is not None and (saved.step or saved.epoch):
-        kept = f"the checkpoint at {saved.describe()} is saved"
+    if saved and (at.step or at.epoch):
+        kept = f"the checkpoint at {at.describe()} is saved"
     else:
-        kept = rundir.checkpoint_kept(epoch) if saved is None else "no step had been trained"
+        kept = "no step had been trained" if saved else rundir.checkpoint_kept(at.epoch)
     raise Interrupted(
-        f"{name} received: training stopped during epoch {epoch + 1} of "
+        f"{name} received: training stopped during epoch {at.epoch + 1} of "
         f"{stopping.epochs}; {kept}.\n  Resume with: {stopping.resume_command}",
         signum,
     )

@@ -1,11 +1,8 @@
-"""`mgpu train`'s loop: train as planned, checkpoint (every epoch, and inside epochs), write
-the outputs.
-
-`run_training(plan, show)` prepares the plan (`prepare.prepare`: TensorFlow started, the
-data loaded, the feed decided; here, under the run's signal handling, for every kind of
-data), hands the prepared run to `show` (the command prints its summary there and returns
-how progress is shown), trains it and returns a `TrainResult`, or raises ConfigError
-(exit 2), RunFailed (exit 1) or `Interrupted` (exit 128 + signal number).
+"""The stages of `mgpu train` that `trainer.run_plan` runs, in its order: the stall watch
+and the failures said (`failures_said`), the trainer started (`start_trainer`: strategy,
+model, optimizer, steps), the checkpoint restored (`restore_checkpoints`), this start
+recorded (`record_start`), the feed opened (`open_feed`), the epochs with their actions
+(`epoch_loop`), and the run finished (`finish`: evaluation, model, metrics.json).
 
 Faults: a checkpoint is saved after every epoch, and inside epochs as CHECKPOINT_EVERY asks,
 with the data's position (`run.checkpoints`: tf.train.CheckpointManager writes the data files
@@ -19,10 +16,10 @@ with the command that resumes. A non-finite loss, or a record that cannot be rea
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
-import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,7 @@ from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.tfprobes.tfimport import import_tensorflow
 from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
-from mgpu_env.training.input.feed import Feed, make_feed
+from mgpu_env.training.input.feeds import Feed, make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.multiworker.session import stall_watch as worker_stall_watch
 from mgpu_env.training.multiworker.stall import StallWatch
@@ -53,11 +50,11 @@ from mgpu_env.training.run.epochs import (
     run_metrics,
 )
 from mgpu_env.training.run.finished import FinishedRun
-from mgpu_env.training.run.memcheck import FirstPeak, MemoryCheck, memory_record
+from mgpu_env.training.run.memcheck import FirstPeak, memory_record
 from mgpu_env.training.run.plan import RUN_SETTINGS, TrainPlan
-from mgpu_env.training.run.prepare import PreparedRun, prepare
+from mgpu_env.training.run.prepare import PreparedRun
 from mgpu_env.training.run.progress import Progress
-from mgpu_env.training.run.signals import Interrupted, StopRequest, stop_on_signals
+from mgpu_env.training.run.signals import Interrupted, StopRequest
 from mgpu_env.training.run.state import (
     DamagedRunFolder,
     checkpoints_on_disk,
@@ -103,56 +100,47 @@ class TrainResult:
         return float(self.metrics["wall_time_s"])
 
 
-def run_training(
-    plan: TrainPlan, show: Callable[[PreparedRun], Progress] | None = None,
-    started: float | None = None, memory: MemoryCheck | None = None,
-) -> TrainResult:
-    """Prepare the plan (once, under the run's signal handling), show it (`show` returns
-    what shows the progress; default: nothing), train it, checkpoint every epoch, write
-    the outputs when done. `started` (`time.time()`): when the command started, the start
-    of the wall time (default: now). `memory`: the memory check the sequence made before
-    TensorFlow started (None: `prepare` makes it once the data's shape is known).
+@contextlib.contextmanager
+def failures_said(plan: TrainPlan, session: WorkerSession) -> Iterator[None]:
+    """What a run's failure says: ConfigError and RunFailed as raised; a second Ctrl-C as
+    `Interrupted`; a worker lost (`session.failure`) or TensorFlow's own error as RunFailed
+    with the command that resumes. The session is closed either way."""
+    try:
+        yield
+        session.close(succeeded=True)
+    except (ConfigError, RunFailed):
+        raise
+    except KeyboardInterrupt:
+        # A second Ctrl-C stops at once, even mid-save: the `checkpoint` index file is
+        # replaced last, so the previous checkpoint stays the one that is resumed.
+        raise Interrupted(
+            "SIGINT received twice: training stopped at once; the last checkpoint "
+            f"written is kept.\n  Resume with: {plan.resume_command}",
+            signal.SIGINT,
+        ) from None
+    except Exception as err:
+        lost = session.failure(err)
+        if lost is not None:
+            raise RunFailed(lost) from err
+        if type(err).__module__.startswith("tensorflow"):
+            raise RunFailed(
+                f"TensorFlow failed: {type(err).__name__}: {str(err).splitlines()[0]}\n"
+                f"  Completed epochs are checkpointed; resume with: "
+                f"{plan.resume_command} (run with --debug for the traceback)"
+            ) from err
+        raise
+    finally:
+        session.close(succeeded=False)
 
-    Raises ConfigError (bad data, an unreadable checkpoint), RunFailed (TensorFlow failed)
-    or Interrupted (a signal stopped the run; the command to resume is in the message).
-    """
-    started = time.time() if started is None else started
-    stop = StopRequest()
+
+def worker_session(plan: TrainPlan) -> WorkerSession:
+    """This process's worker session, the cluster's or one process's, with its stall watch
+    (a worker's phases are capped by WORKER_TIMEOUT too: each waits on the others)."""
     multi_worker = plan.strategy.kind == "multi_worker"
-    session = WorkerSession(
+    return WorkerSession(
         plan.runtime.cluster if multi_worker else None, plan.settings.worker_timeout,
         stall=stall_watch(plan),
     )
-    with stop_on_signals(stop):
-        try:
-            prepared = prepare(plan, memory)
-            progress = show(prepared) if show is not None else Progress()
-            result = _train(prepared, _Start(started, progress, stop, session))
-            session.close(succeeded=True)
-            return result
-        except (ConfigError, RunFailed):
-            raise
-        except KeyboardInterrupt:
-            # A second Ctrl-C stops at once, even mid-save: the `checkpoint` index file is
-            # replaced last, so the previous checkpoint stays the one that is resumed.
-            raise Interrupted(
-                "SIGINT received twice: training stopped at once; the last checkpoint "
-                f"written is kept.\n  Resume with: {plan.resume_command}",
-                signal.SIGINT,
-            ) from None
-        except Exception as err:
-            lost = session.failure(err)
-            if lost is not None:
-                raise RunFailed(lost) from err
-            if type(err).__module__.startswith("tensorflow"):
-                raise RunFailed(
-                    f"TensorFlow failed: {type(err).__name__}: {str(err).splitlines()[0]}\n"
-                    f"  Completed epochs are checkpointed; resume with: "
-                    f"{plan.resume_command} (run with --debug for the traceback)"
-                ) from err
-            raise
-        finally:
-            session.close(succeeded=False)
 
 
 def stall_watch(plan: TrainPlan) -> StallWatch:
@@ -170,7 +158,7 @@ def stall_watch(plan: TrainPlan) -> StallWatch:
     return watch
 
 
-def _start(prepared: PreparedRun, session: WorkerSession) -> Trainer:
+def start_trainer(prepared: PreparedRun, session: WorkerSession) -> Trainer:
     """The strategy (TensorFlow's devices and precision are prepared), then model,
     optimizer and steps."""
     from mgpu_env.runtime.keras import tensorflow_keras
@@ -193,7 +181,7 @@ def _start(prepared: PreparedRun, session: WorkerSession) -> Trainer:
     )
 
 
-def _restore_checkpoints(
+def restore_checkpoints(
     plan: TrainPlan, trainer: Trainer, session: WorkerSession, data: dict[str, Any]
 ) -> tuple[Checkpoints, Position]:
     """Claim the run folder (chief), restore the latest checkpoint; where to start."""
@@ -214,7 +202,7 @@ def _restore_checkpoints(
 
 
 @dataclass(frozen=True)
-class _Start:
+class Start:
     """This start of the run: when the command started (the wall time's start), what
     shows its progress, the stop request its signals set, and its worker session."""
 
@@ -224,61 +212,57 @@ class _Start:
     session: WorkerSession
 
 
-def _train(prepared: PreparedRun, start: _Start) -> TrainResult:
-    """Start the prepared run (model, checkpoints, feed), train its epochs, finish it."""
-    epochs, saved = _start_run(prepared, start)
-    epochs.train()
-    if start.stop.requested and prepared.plan.settings.epochs > epochs.start_epoch:
-        # The signal came during the last epoch's save: everything is saved, so finish.
-        start.progress.note("Stop requested after the last epoch was saved; finishing the run")
-    return _finish(prepared, epochs, saved, start)
-
-
-def _start_run(prepared: PreparedRun, start: _Start) -> tuple[EpochLoop, _Outputs]:
-    """The model and its steps, the restored checkpoint and the feed of the prepared data;
-    settings.json records this start before any epoch."""
-    # Iterating a distributed dataset inside tf.function reads its options in graph mode;
-    # TensorFlow warns about that on every run, and it changes nothing here.
-    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
-
-    plan, data = prepared.plan, prepared.data
-    settings, session = plan.settings, start.session
-    trainer = _start(prepared, session)
-    saved, position = _restore_checkpoints(plan, trainer, session, prepared.data_record)
-    start_epoch = position.epoch
+def record_start(prepared: PreparedRun, start: Start, saved: Checkpoints, position: Position
+                 ) -> None:
+    """settings.json (the chief's): what this start ran with, and why (flag, env, .env,
+    default), before any epoch; then where it resumes and how it checkpoints, said."""
+    plan = prepared.plan
     if plan.is_chief:
-        # What this start ran with, and why (flag, env, .env, default), before any epoch.
         rundir.atomic_write_json(plan.output_dir / rundir.SETTINGS_FILE, {
             "schema_version": rundir.SCHEMA_VERSION,
             "mgpu_version": __version__,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start.started)),
-            "resumed_from_epoch": start_epoch,
+            "resumed_from_epoch": position.epoch,
             "resumed_from_step": position.step,
             **({"run_id": run_id} if (run_id := rundir.run_id_of(plan.output_dir)) else {}),
             "settings": plan.settings_provenance(RUN_SETTINGS),
         })
-    if start_epoch or position.step:
+    if position.epoch or position.step:
         inside = f" and {position.step} steps ({position.describe()})" if position.step else ""
-        start.progress.note(f"Resuming from the checkpoint of epoch {start_epoch}{inside} "
+        start.progress.note(f"Resuming from the checkpoint of epoch {position.epoch}{inside} "
                             f"in {saved.directory}")
-    start.progress.note(checkpoint_plan_line(settings.checkpoint_every, saved))
-    with stop_on_bad_records(data, ("train", "test"), start_epoch, plan.resume_command):
-        # Data kept on the devices is read (and checked) here, once.
-        feed = make_feed(trainer.strategy, data, prepared.data_plan.feed,
+    start.progress.note(checkpoint_plan_line(plan.settings.checkpoint_every, saved))
+
+
+def open_feed(prepared: PreparedRun, trainer: Trainer, position: Position) -> Feed:
+    """The feed the plan names, over the prepared data: data kept on the devices is read
+    (and checked) here, once."""
+    import warnings
+
+    # Iterating a distributed dataset inside tf.function reads its options in graph mode;
+    # TensorFlow warns about that on every run, and it changes nothing here.
+    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+    plan, settings = prepared.plan, prepared.plan.settings
+    with stop_on_bad_records(prepared.data, ("train", "test"), position.epoch,
+                             plan.resume_command):
+        return make_feed(trainer.strategy, prepared.data, prepared.data_plan.feed,
                          plan.global_batch_size, settings.seed,
                          deterministic=settings.data_deterministic)
-    if settings.profile:  # PROFILE=STEPS; off, nothing of the profiler is imported
-        from mgpu_env.profile.steps import profile_training
-        for line in profile_training(trainer.strategy, trainer, plan.output_dir / rundir.LOG_DIR,
-                                     settings.profile, data, plan.global_batch_size):
-            start.progress.note(line)
-    outputs = _Outputs(trainer, saved, _summary_writer(plan),
-                       FirstPeak(trainer.strategy.extended.worker_devices))
-    return _epochs(prepared, start, outputs, feed, position), outputs
+
+
+def profile_steps(prepared: PreparedRun, trainer: Trainer, progress: Progress) -> None:
+    """PROFILE=STEPS: those steps traced before training (off, nothing of the profiler is
+    imported)."""
+    from mgpu_env.profile.steps import profile_training
+
+    plan = prepared.plan
+    for line in profile_training(trainer.strategy, trainer, plan.output_dir / rundir.LOG_DIR,
+                                 plan.settings.profile, prepared.data, plan.global_batch_size):
+        progress.note(line)
 
 
 @dataclass(frozen=True)
-class _Outputs:
+class Outputs:
     """What the run writes with: the model's trainer, its checkpoints, TensorBoard's writer,
     and each GPU's memory peak after the first call (metrics.json's, beside the estimate)."""
 
@@ -287,16 +271,16 @@ class _Outputs:
     writer: Any  # tf.summary writer (a no-op one on a worker that is not the chief)
     peak: FirstPeak
 
+    @classmethod
+    def of(cls, plan: TrainPlan, trainer: Trainer, saved: Checkpoints) -> Outputs:
+        tf = import_tensorflow()  # imported (quietly) by `prepare`: the module
+        writer = (tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
+                  if plan.is_chief else tf.summary.create_noop_writer())
+        return cls(trainer, saved, writer, FirstPeak(trainer.strategy.extended.worker_devices))
 
-def _summary_writer(plan: TrainPlan) -> Any:
-    tf = import_tensorflow()  # imported (quietly) by `prepare`: the module
-    if plan.is_chief:
-        return tf.summary.create_file_writer(str(plan.output_dir / rundir.LOG_DIR))
-    return tf.summary.create_noop_writer()
 
-
-def _epochs(
-    prepared: PreparedRun, start: _Start, outputs: _Outputs, feed: Feed, position: Position
+def epoch_loop(
+    prepared: PreparedRun, start: Start, outputs: Outputs, feed: Feed, position: Position
 ) -> EpochLoop:
     """The epochs to train, with the actions around their steps, each given what it uses."""
     plan, progress = prepared.plan, start.progress
@@ -320,8 +304,8 @@ def _epochs(
     )
 
 
-def _finish(
-    prepared: PreparedRun, epochs: EpochLoop, outputs: _Outputs, start: _Start
+def finish(
+    prepared: PreparedRun, epochs: EpochLoop, outputs: Outputs, start: Start
 ) -> TrainResult:
     """Evaluate on the test set, then (chief) write the model and metrics.json."""
     import tensorflow as tf

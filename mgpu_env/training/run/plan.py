@@ -29,7 +29,7 @@ from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.runtime.strategy import StrategyPlan
 from mgpu_env.training.input import keep
 from mgpu_env.training.input.data import Data, DatasetChoice, DataSizes
-from mgpu_env.training.input.feedplan import FeedPlan, plan_feed
+from mgpu_env.training.input.feeds import FeedPlan, plan_feed
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.finished import FinishedRun, finished_in
 from mgpu_env.training.run.identity import RunIdentity, identify
@@ -312,7 +312,7 @@ def beyond_epochs(output_dir: Path, position: Position, epochs: int) -> str:
 
 
 def plan_data(plan: TrainPlan, data: Data | DataSizes) -> DataPlan:
-    """The run's feed for this data (`feedplan.plan_feed`), decided once per run, from the
+    """The run's feed for this data (`feeds.plan_feed`), decided once per run, from the
     loaded data (`prepare`) or a built-in set's official sizes (a dry run). Refuses a global
     batch larger than the training samples."""
     runtime, global_batch = plan.runtime, plan.global_batch_size

@@ -7,7 +7,7 @@ once), loads the data once, checks a built-in file against its official sizes, a
 decides the feed from the loaded data (`plan.plan_data`, once). The memory check
 (`memcheck`) the sequence made before TensorFlow started is passed in; a loader's or a
 folder's data, whose shape only the load tells, is checked here, right after it. The loop
-(`loop.run_training`) trains the `PreparedRun` it returns.
+(`trainer.run_plan`) trains the `PreparedRun` it returns.
 
 `--dry-run` shows the plan without training: `dry_run_data` loads only what the plan
 cannot know (a loader's or a folder's data, as `prepare` does; a built-in set's official

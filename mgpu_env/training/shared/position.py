@@ -4,8 +4,8 @@
 writes it, `Position.parse` reads it back and refuses every other name (a leading zero, a
 `-0` step, a sign, a suffix), so the name a save writes and the name a resume reads cannot
 drift apart. Below the training folders (no TensorFlow): run/ saves, restores and plans at
-a position, and every feed starts from one (`Feed.runner(steps, start)`: its order's rows
-from step `start.step` of epoch `start.epoch + 1`).
+a position, and every feed starts from one (`Feed.source(start)`: its order's rows from step
+`start.step` of epoch `start.epoch + 1`).
 """
 
 from __future__ import annotations

@@ -4,21 +4,27 @@ each `mgpu bench` point, so the benchmark measures exactly the step that trains.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mgpu_env.runtime.precision import PrecisionChoice
+from mgpu_env.training.step.loops import StepLoops
 from mgpu_env.training.step.steps import StepFunctions, make_step_functions
 
 
 @dataclass
 class Trainer:
-    """What the training loop drives: the model and optimizer, mirrored, and the steps."""
+    """What the training loop drives: the model and optimizer, mirrored, the steps, and the
+    compiled loops that run them over any feed's source (`loops.runner(feed.source(at))`)."""
 
     strategy: Any
     model: Any
     optimizer: Any
     steps: StepFunctions
+    loops: StepLoops = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.loops = StepLoops(self.strategy, self.steps)
 
 
 def build_trainer(

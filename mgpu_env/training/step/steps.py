@@ -8,10 +8,10 @@ MirroredStrategy and MultiWorkerMirroredStrategy. So one path serves one device,
 GPUs and many workers: the Keras model, optimizer, loss and metrics, driven by our loop.
 
 The steps are one replica's training step (`StepFunctions.replica_step`, run by
-`strategy.run`) and one evaluation: nothing here knows how batches arrive. Each feed
-(`training.input.feed.Feed`) wraps the replica step in a compiled loop of its own
-(`training.step.loops`), many steps per `tf.function` call, as Keras'
-`multi_step_on_iterator` wraps `one_step_on_iterator`; so a new feed changes no step.
+`strategy.run`) and one evaluation: nothing here knows how batches arrive. The trainer's
+loops (`training.step.loops`) wrap the replica step in a compiled loop over whatever source a
+feed gives, many steps per `tf.function` call, as Keras' `multi_step_on_iterator` wraps
+`one_step_on_iterator`; so a new feed changes no step.
 
 With XLA on, only the forward and backward pass of each replica is jit-compiled: the
 gradient all-reduce and the optimizer update stay outside XLA, because they use the

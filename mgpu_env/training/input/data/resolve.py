@@ -113,7 +113,7 @@ def load_arrays(choice: DatasetChoice, seed: int, keep: KeepLimit | None = None)
     data = load_data(choice, seed)
     if isinstance(data, FileData):
         from mgpu_env.training.input.data.read import read_whole
-        from mgpu_env.training.input.feedplan import plan_feed
+        from mgpu_env.training.input.feeds.registry import plan_feed
         from mgpu_env.training.input.keep import FALLBACK, GIB
 
         keep = FALLBACK if keep is None else keep

@@ -2,7 +2,7 @@
 
 `Arrays` (in memory, or memory-mapped `.npy` files), `Streamed` (a loader's tf.data set too
 big to read), `FileData` (TFRecord files or image folders, read by tf.data). Every
-`training.input.feed` takes any of them.
+`training.input.feeds` takes any of them.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Arrays:
 @dataclass(frozen=True)
 class Streamed:
     """A DATASET loader's data too big to read into memory (`RowStream`): the
-    training rows stream from its pipeline every epoch (`training.input.feed.RowStreamFeed`), the
+    training rows stream from its pipeline every epoch (`training.input.feeds.RowStreamFeed`), the
     test rows once per evaluation."""
 
     name: str

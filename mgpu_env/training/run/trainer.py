@@ -1,7 +1,9 @@
-"""`mgpu train` as one library call: `train(runtime)` owns the sequence from the applied
-runtime to the finished run, `dry_run(runtime)` the sequence to the plan it shows, as
-Keras' `fit()` and orbit's `Controller.train()` own theirs; the command only resolves the
-settings, calls one of them and renders what it returns.
+"""The trainer: `mgpu train`'s whole sequence, in the order it runs, in this one module.
+
+`train(runtime)` owns the sequence from the applied runtime to the finished run (its plan,
+then `run_plan`), `dry_run(runtime)` the sequence to the plan it shows, as Keras' `fit()`
+and orbit's `Controller.train()` own theirs; the command only resolves the settings, calls
+one of them and renders what it returns.
 
     finished  pure: a folder that holds this run finished answers "nothing to do"
     hold      the chief holds the run folder (`hold`: one run per folder) until it ends;
@@ -11,10 +13,18 @@ settings, calls one of them and renders what it returns.
               cannot fit is refused before TensorFlow starts here
     preflight the doctor's checks (passed in: training and the doctor never import each
               other), which in a cluster wait for the peers' names to resolve
-    prepare   TensorFlow, the data, the feed: under the run's signal handling (loop.py)
-    train     the epochs, the outputs
+    --------- `run_plan`, under the run's signal handling and its stall watch:
+    prepare   TensorFlow, the data, the feed's plan (`prepare`); shown (`show`)
+    start     strategy, model, optimizer, steps and their compiled loops (`step.build`)
+    restore   the run folder claimed, the latest checkpoint restored: where to start
+    feed      the data adapter the plan names (`input.feeds`): where its rows are, from
+              that position; the trainer's loops run the steps over them
+    epochs    each epoch: its steps in calls, a checkpoint when one is due inside it, a
+              stop at a call's end; then its record, checkpoint and summaries (`epochs`)
+    finish    the evaluation on the test set, the model and metrics.json (`loop.finish`)
 
-TensorFlow may be imported from here on only: the runtime has been applied
+The stages' details are in `loop` (and the epochs' actions in `epochs`); their order is
+here. TensorFlow may be imported from here on only: the runtime has been applied
 (CUDA_VISIBLE_DEVICES and TF_CONFIG are set).
 """
 
@@ -22,13 +32,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from mgpu_env.runtime import Runtime
 from mgpu_env.runtime.cluster import peers
 from mgpu_env.training.run.finished import finished_run
 from mgpu_env.training.run.hold import FolderHold, hold_run_folder
 from mgpu_env.training.run.identity import identify
+from mgpu_env.training.run.loop import (
+    Outputs,
+    Start,
+    TrainResult,
+    epoch_loop,
+    failures_said,
+    finish,
+    open_feed,
+    profile_steps,
+    record_start,
+    restore_checkpoints,
+    start_trainer,
+    worker_session,
+)
 from mgpu_env.training.run.memcheck import MemoryCheck, check_memory
 from mgpu_env.training.run.plan import (
     DataPlan,
@@ -37,12 +60,10 @@ from mgpu_env.training.run.plan import (
     output_dir_of,
     plan_training,
 )
+from mgpu_env.training.run.prepare import PreparedRun, prepare
+from mgpu_env.training.run.progress import Progress
 from mgpu_env.training.run.repair import resume_from_checkpoint
-
-if TYPE_CHECKING:
-    from mgpu_env.training.run.loop import TrainResult
-    from mgpu_env.training.run.prepare import PreparedRun
-    from mgpu_env.training.run.progress import Progress
+from mgpu_env.training.run.signals import StopRequest, stop_on_signals
 
 # The doctor's pre-flight (`mgpu_env.doctor.require_ready`): the runtime, and whether to
 # wait for a cluster's peers (a dry run only notes the missing ones).
@@ -66,8 +87,6 @@ def train(
     """
     started = time.time() if started is None else started
     if resume_from is None and (finished := finished_run(runtime)) is not None:
-        from mgpu_env.training.run.loop import TrainResult
-
         return TrainResult.nothing_to_do(finished)
     with hold_for(runtime) as hold:
         notes = list(hold.notes)
@@ -77,16 +96,50 @@ def train(
         plan = plan_training(runtime, looked_up=notes)  # pure: no TensorFlow, no data read
         # A cluster goes on even when finished: the chief's state decides for every worker.
         if plan.finished is not None and plan.strategy.role.num_workers == 1:
-            from mgpu_env.training.run.loop import TrainResult
-
             return TrainResult.nothing_to_do(plan.finished)
         # Before the pre-flight, which imports TensorFlow where there are GPUs. A loader's or a
         # folder's data gives its shape only once loaded: `prepare` checks it after the load.
         memory = None if plan.sizes is None else check_memory(plan, plan.sizes, dry_run=False)
         preflight(runtime, True)
-        from mgpu_env.training.run.loop import run_training
+        return run_plan(plan, show, started, memory)
 
-        return run_training(plan, show, started, memory)
+
+def run_plan(
+    plan: TrainPlan, show: Callable[[PreparedRun], Progress] | None = None,
+    started: float | None = None, memory: MemoryCheck | None = None,
+) -> TrainResult:
+    """Prepare the plan (once, under the run's signal handling), show it (`show` returns
+    what shows the progress; default: nothing), train it, checkpoint every epoch, write
+    the outputs when done. `started` (`time.time()`): when the command started, the start
+    of the wall time (default: now). `memory`: the memory check the sequence made before
+    TensorFlow started (None: `prepare` makes it once the data's shape is known).
+
+    Raises ConfigError (bad data, an unreadable checkpoint), RunFailed (TensorFlow failed)
+    or Interrupted (a signal stopped the run; the command to resume is in the message).
+    """
+    started = time.time() if started is None else started
+    stop, session = StopRequest(), worker_session(plan)  # the stall watch starts here
+    with stop_on_signals(stop), failures_said(plan, session):
+        prepared = prepare(plan, memory)
+        progress = show(prepared) if show is not None else Progress()
+        start = Start(started, progress, stop, session)
+        trainer = start_trainer(prepared, session)
+        saved, position = restore_checkpoints(plan, trainer, session, prepared.data_record)
+        record_start(prepared, start, saved, position)
+        feed = open_feed(prepared, trainer, position)
+        if plan.settings.profile:
+            profile_steps(prepared, trainer, progress)
+        outputs = Outputs.of(plan, trainer, saved)
+        epochs = epoch_loop(prepared, start, outputs, feed, position)
+        for begin in epochs.remaining():
+            # Its steps in calls; after each call its actions (checks, progress, a checkpoint
+            # when one is due inside the epoch, a stop); after it, its record, checkpoint and
+            # summaries (`epochs.after_call_actions`, `after_epoch_actions`).
+            epochs.train_epoch(begin)
+        if stop.requested and plan.settings.epochs > epochs.start_epoch:
+            # The signal came during the last epoch's save: everything is saved, so finish.
+            progress.note("Stop requested after the last epoch was saved; finishing the run")
+        return finish(prepared, epochs, outputs, start)
 
 
 def hold_for(runtime: Runtime) -> FolderHold:
