@@ -253,9 +253,9 @@ def test_the_backstop_names_the_setting_that_bounded_the_phase() -> None:
     short = stall.StallWatch(StallTimeout(4.0), worker, on_stall=lambda report: None)
     auto = stall.StallWatch(StallTimeout(), worker, on_stall=lambda report: None)
     try:
-        assert short._setting(FIRST_STEP) == "STALL_TIMEOUT=4s"
-        assert short._setting(STRATEGY) == auto._setting(FIRST_STEP) == "WORKER_TIMEOUT"
-        assert auto._setting(STARTING) == "STALL_TIMEOUT=auto"
+        assert short._bounded(FIRST_STEP) == (4.0, "STALL_TIMEOUT=4s")
+        assert short._bounded(STRATEGY) == auto._bounded(FIRST_STEP) == (300.0, "WORKER_TIMEOUT")
+        assert auto._bounded(STARTING)[1] == "STALL_TIMEOUT=auto"
     finally:
         short.stop()
         auto.stop()

@@ -186,12 +186,19 @@ class StallWatch:
 
     def bound(self, phase: str) -> float:
         """How long `phase` may go without progress (`math.inf`: no bound)."""
+        return self._bounded(phase)[0]
+
+    def _bounded(self, phase: str) -> tuple[float, str]:
+        """`phase`'s bound and the setting that set it: "WORKER_TIMEOUT", or STALL_TIMEOUT
+        as set ("STALL_TIMEOUT=4s", "STALL_TIMEOUT=auto"), which the report and the
+        backstop's message name."""
         own = self._own_bound(phase)
         if self._cap_s is not None and phase in (STRATEGY, STOPPING):
-            return self._cap_s  # the wait for the others to start, or to end: theirs
-        if self._cap_s is not None and phase != STARTING:
-            return min(own, self._cap_s)
-        return own
+            # The wait for the others to start, or to end: theirs.
+            return self._cap_s, "WORKER_TIMEOUT"
+        if self._cap_s is not None and phase != STARTING and self._cap_s < own:
+            return self._cap_s, "WORKER_TIMEOUT"
+        return own, "STALL_TIMEOUT=auto" if self.timeout.auto else f"STALL_TIMEOUT={self.timeout}"
 
     def _own_bound(self, phase: str) -> float:
         if phase == SCRIPT_CODE:
@@ -214,7 +221,7 @@ class StallWatch:
             self._started = True
             self._start_tail()
             self._dog.start(name)
-        self._dog.progress(name, self.bound(name), self._setting(name))
+        self._dog.progress(name, *self._bounded(name))
 
     def _start_tail(self) -> None:
         assert self._stderr is not None
@@ -232,7 +239,7 @@ class StallWatch:
         if self._phase == STEPS and self._last is not None:
             self._calls.append(now - self._last)
         self._phase, self._last = STEPS, now
-        self._dog.progress(STEPS, self.bound(STEPS), self._setting(STEPS))
+        self._dog.progress(STEPS, *self._bounded(STEPS))
 
     def stop(self) -> None:
         if self._dog is not None:
@@ -245,13 +252,6 @@ class StallWatch:
         if self._stderr is not None:
             os.close(self._stderr)
             self._stderr = None
-
-    def _setting(self, phase: str) -> str:
-        """The setting that set `phase`'s bound, as the backstop's message names it."""
-        if self._cap_s is not None and self.bound(phase) == self._cap_s != self._own_bound(
-                phase):
-            return "WORKER_TIMEOUT"
-        return "STALL_TIMEOUT=auto" if self.timeout.auto else f"STALL_TIMEOUT={self.timeout}"
 
     def _logs(self) -> str:
         """The report's last lines: stderr's, then TensorFlow's Python records it lacks
@@ -274,10 +274,11 @@ class StallWatch:
 
     def _report(self, phase: str, bound_s: float) -> str:
         meaning, fix = hint(phase, self.devices)
-        how = ("STALL_TIMEOUT=auto's bound for this phase" if self.timeout.auto
-               else f"STALL_TIMEOUT={self.timeout}")
-        if self._cap_s is not None and bound_s == self._cap_s != self._own_bound(phase):
-            how = f"WORKER_TIMEOUT={self._cap_s:g}: how long a worker waits for the others"
+        how = self._bounded(phase)[1]
+        if how == "WORKER_TIMEOUT":
+            how = f"WORKER_TIMEOUT={bound_s:g}: how long a worker waits for the others"
+        elif self.timeout.auto:
+            how = "STALL_TIMEOUT=auto's bound for this phase"
         measured = (f" (a call of steps took {statistics.median(self._calls):.3g} s, median "
                     f"of {len(self._calls)})" if phase == STEPS and self._calls else "")
         who = f"{self._who}: " if self._who else ""
