@@ -210,8 +210,9 @@ def test_the_backstop_calls_a_stuck_strategy_build_a_join() -> None:
 def test_a_report_ends_with_the_last_lines_written_to_stderr_from_c_too(
         capfd: pytest.CaptureFixture[str]) -> None:
     """What C writes to fd 2 (as TensorFlow's and NCCL's logs are written) is in the
-    report's last lines and on stderr as before; a TensorFlow Python record that stderr
-    never saw is shown apart."""
+    report's last lines and on stderr as before (a worker's own lines without its tag, which
+    the report's lines get again); a TensorFlow Python record that stderr never saw is
+    shown apart."""
     reports: list[str] = []
     done = threading.Event()
 
@@ -220,13 +221,14 @@ def test_a_report_ends_with_the_last_lines_written_to_stderr_from_c_too(
         done.set()
 
     libc = ctypes.CDLL(None)
-    one = stall.StallWatch(StallTimeout(1.0), stall.Watched(ONE_CPU, "nothing saved"),
-                           on_stall=on_stall)
+    one = stall.StallWatch(StallTimeout(1.0), stall.Watched(
+        ONE_CPU, "nothing saved", stall.Among("worker 1", "[worker 1] ")), on_stall=on_stall)
+    written = [f"NCCL INFO line {i}\n" for i in range(stall.LOG_LINES + 5)] + [
+        "[worker 1] a line of its own\n"]
     try:
         one.phase(FIRST_STEP)
-        for i in range(stall.LOG_LINES + 5):
-            line = f"NCCL INFO line {i}\n".encode()
-            libc.write(2, line, len(line))
+        for line in written:
+            libc.write(2, line.encode(), len(line))
         # The watch's handler is the logger's only one (no TensorFlow here to add its
         # own): the record reaches no stream.
         logging.getLogger("tensorflow").warning("a Python record")
@@ -234,13 +236,13 @@ def test_a_report_ends_with_the_last_lines_written_to_stderr_from_c_too(
     finally:
         one.stop()
     report = reports[0]
-    kept = [f"  NCCL INFO line {i}" for i in range(5, stall.LOG_LINES + 5)]
+    kept = [f"  NCCL INFO line {i}" for i in range(6, stall.LOG_LINES + 5)] + [
+        "  a line of its own"]
     assert ("The last lines on stderr (TensorFlow's and NCCL's C++ logs among them; "
             "NCCL_DEBUG=INFO adds NCCL's):\n" + "\n".join(kept) + "\n"
             "TensorFlow's last Python log records, not on stderr:\n  W a Python record\n"
             "Each thread's Python stack") in report
-    assert capfd.readouterr().err == "".join(
-        f"NCCL INFO line {i}\n" for i in range(stall.LOG_LINES + 5))
+    assert capfd.readouterr().err == "".join(written)
 
 
 def test_the_backstop_names_the_setting_that_bounded_the_phase() -> None:

@@ -158,6 +158,7 @@ class StallWatch:
         among = run.among or Among()
         who, tag, peers = among.who, among.tag, among.peers
         self._who = who
+        self._tag = tag
         self._cap_s = among.worker_timeout_s
         self._clock = clock
         self._calls: collections.deque[float] = collections.deque(maxlen=101)
@@ -254,8 +255,9 @@ class StallWatch:
             self._stderr = None
 
     def _logs(self) -> str:
-        """The report's last lines: stderr's, then TensorFlow's Python records it lacks
-        (a logging set-up that sends them elsewhere)."""
+        """The report's last lines: stderr's (a worker's tag taken off its own: the report's
+        lines get it again), then TensorFlow's Python records it lacks (a logging set-up
+        that sends them elsewhere)."""
         lines = self._tail.lines() if self._tail is not None else None
         if lines is None:
             why = self._tail_error or "its helper did not answer"
@@ -264,7 +266,8 @@ class StallWatch:
         else:
             shown = ("The last lines on stderr (TensorFlow's and NCCL's C++ logs among them; "
                      "NCCL_DEBUG=INFO adds NCCL's):\n"
-                     + ("\n".join(f"  {line}" for line in lines) or "  (none)") + "\n")
+                     + ("\n".join(f"  {line.removeprefix(self._tag)}"
+                                  for line in lines) or "  (none)") + "\n")
         elsewhere = [record for record in self._log.lines
                      if not any(record[2:] in line for line in lines)]
         if elsewhere:
