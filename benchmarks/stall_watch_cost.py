@@ -3,7 +3,7 @@ be reported.
 
     .venv/bin/python benchmarks/stall_watch_cost.py [--rounds 3] [--epochs 10]
         [--replicas 1,2] [--calls 20000] [--stall-timeout 4] [--steps 2000]
-        [--only train|run]
+        [--only train|run|stderr] [--lines 20000]
 
 1. Per call of steps: `StallWatch.call_done()` (what each call's end adds: a lock, a
    deque, faulthandler's timer re-armed), timed `--calls` times in this process, no
@@ -25,6 +25,11 @@ be reported.
    (tests/fixtures/stall/stallscript.py) in each phase, and of `mgpu train --workers 2`
    whose worker 1 never joins the first all-reduce (STALL_TIMEOUT 20 there: a worker's
    first step waits for the other's compile).
+5. Stderr's tail (`stderrtail`: fd 2 through a helper process that copies it and keeps the
+   last lines, while the watch is on): `--lines` lines of 100 bytes written to fd 2 with
+   libc's write (as C++ logs are), without the tail and with it, `--rounds` each,
+   alternating, in a child whose stderr is a file; the writer's µs per line, and with the
+   tail also until the helper has copied them all (`lines()` answers after that).
 """
 
 from __future__ import annotations
@@ -236,6 +241,44 @@ def run_stall_to_report(folder: Path, timeout: float) -> None:
           f"{bound} s)\n  {named[:200]}")
 
 
+TAIL_COST = """
+import ctypes, os, statistics, sys, time
+from mgpu_env.training.multiworker.stderrtail import StderrTail
+lines, rounds = int(sys.argv[1]), int(sys.argv[2])
+libc = ctypes.CDLL(None)
+line = b"I0000 00:00:1.000000  1234 nccl.cc:1] NCCL INFO a line of a C++ log, 100 bytes: "
+line = line.ljust(99, b".") + b"\\n"
+def written():
+    started = time.perf_counter()
+    for _ in range(lines):
+        libc.write(2, line, len(line))
+    return (time.perf_counter() - started) / lines * 1e6
+off, on, copied = [], [], []
+for _ in range(rounds):
+    off.append(written())
+    tail = StderrTail(os.dup(2), 30)
+    started = time.perf_counter()
+    on.append(written())
+    assert tail.lines()[-1] == line.decode().rstrip()
+    copied.append((time.perf_counter() - started) / lines * 1e6)
+    tail.stop()
+print(f"stderr's tail, per line written to fd 2: {statistics.median(off):.2f} us without, "
+      f"{statistics.median(on):.2f} us with it, {statistics.median(copied):.2f} us until "
+      f"copied (median of {rounds} x {lines:,}); without {off}, with {on}")
+"""
+
+
+def tail_per_line(folder: Path, lines: int, rounds: int) -> None:
+    with (folder / "stderr.log").open("wb") as stderr:
+        result = subprocess.run([sys.executable, "-c", TAIL_COST, str(lines), str(rounds)],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, check=False,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    written = (folder / "stderr.log").stat().st_size
+    print(result.stdout.strip() or (folder / "stderr.log").read_text()[-2000:])
+    print(f"  ({written:,} bytes reached the child's stderr file, "
+          f"{2 * rounds * lines * 100:,} written)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -244,17 +287,20 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--stall-timeout", type=float, default=4.0)
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--only", choices=("train", "run"), default=None)
+    parser.add_argument("--only", choices=("train", "run", "stderr"), default=None)
+    parser.add_argument("--lines", type=int, default=20000)
     args = parser.parse_args()
     replicas = [int(r) for r in args.replicas.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        if args.only != "run":
+        if args.only in (None, "stderr"):
+            tail_per_line(folder, args.lines, args.rounds)
+        if args.only in (None, "train"):
             per_call(args.calls)
             for count in replicas:
                 end_to_end(folder, count, args.epochs, args.rounds)
             stall_to_report(folder, args.stall_timeout)
-        if args.only != "train":
+        if args.only in (None, "run"):
             hook_per_call(args.calls)
             for count in replicas:
                 run_hooks(count, args.steps, args.rounds)

@@ -98,6 +98,40 @@ def test_a_peer_that_listens_but_does_not_join_is_told_apart() -> None:
     assert "Thread 0x" not in result.stderr
 
 
+# The same, under a worker's stall watch whose phase STALL_TIMEOUT bounds (WORKER_TIMEOUT,
+# 60 s, caps it): its fd 2 goes through stderr's tail, which another process copies.
+STUCK_WATCHED = """
+import re, sys
+from mgpu_env.config.stalltime import StallTimeout
+from mgpu_env.training.multiworker.stall import Among, StallWatch, Watched
+from mgpu_env.training.multiworker.stallhints import FIRST_STEP, Devices
+peer = sys.argv[1]
+among = Among("worker 0 (127.0.0.1:1)", "[worker 0] ", {"worker 1": peer}, 60.0)
+watch = StallWatch(StallTimeout(2.0), Watched(Devices(2, "CPU", "ring", {}, workers=2), "",
+                                              among))
+watch.phase(FIRST_STEP)
+sys.stderr.write("[worker 0] a line before the stall\\n")
+re.match(r"(a+)+$", "a" * 64 + "b")
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_stuck_holding_the_gil_is_told_the_setting_that_bounded_its_phase() -> None:
+    """The backstop names STALL_TIMEOUT, which set the phase's bound, not WORKER_TIMEOUT;
+    its words and the line before them reach stderr though this process never runs Python
+    again (stderr's tail is another process)."""
+    peer = f"127.0.0.1:{_free_port()}"
+    result = subprocess.run([sys.executable, "-c", STUCK_WATCHED, peer], capture_output=True,
+                            text=True, timeout=120, env=child_env(Path(tempfile.gettempdir())))
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == "[worker 0] a line before the stall", result.stderr
+    assert lines[1].startswith("[worker 0] error: worker 0 (127.0.0.1:1) made no progress for ")
+    assert lines[2].endswith("STALL_TIMEOUT=2s bounded this phase at 2 s (then 5 s of "
+                             "grace); WORKER_TIMEOUT caps it for a worker."), result.stderr
+    assert len(lines) == 3 and "WORKER_TIMEOUT=" not in result.stderr
+
+
 def test_a_worker_stuck_while_training_is_told_from_one_that_never_joined() -> None:
     peers = {"chief 0": "h:1", "worker 1": "h:3"}
     found = {"chief 0": "listening", "worker 1": "nothing listens there"}

@@ -16,7 +16,7 @@ import pytest
 
 from mgpu_env.config.exitcodes import EXIT_STALLED
 from mgpu_env.training.multiworker.faults import BACKSTOP_GRACE_S
-from mgpu_env.training.multiworker.stall import REARM_S
+from mgpu_env.training.multiworker.stall import LOG_LINES, REARM_S
 from mgpu_env.training.multiworker.stallhints import FIRST_STEP, MODEL, STEPS
 from tests.support import train_process
 from tests.support.children import REPO
@@ -26,6 +26,8 @@ TIMEOUT_S = 4.0
 # The watch polls every TIMEOUT_S / 10; the rest is the report's writing and the exit.
 SLACK_S = 2.0
 STEPS_PER_EPOCH = 22  # digits, 64 a batch
+# What the model's layer prints from C++ in each step (`STALL_SAY`).
+SAID = "stallmodel: a step's layer ran"
 
 
 def stalled_run(tmp_path: Path, stall_at: int, args: tuple[str, ...] = (), **settings: str
@@ -49,10 +51,18 @@ def test_a_stall_in_the_steps_is_named_within_the_bound_and_the_run_resumes(
     tmp_path: Path
 ) -> None:
     # Epoch 2's third step: epoch 1's checkpoint is written.
-    result, waited = stalled_run(tmp_path, STEPS_PER_EPOCH + 3)
+    result, waited = stalled_run(tmp_path, STEPS_PER_EPOCH + 3, STALL_SAY=SAID)
     assert result.returncode == EXIT_STALLED, result.stderr[-3000:]
     assert TIMEOUT_S - 1 <= waited < TIMEOUT_S + SLACK_S, waited
     stderr = result.stderr
+    # The step's C++ print (fd 2, unseen by Python) reached stderr as it ran, and the
+    # report's last lines of stderr end with it.
+    before, _, report = stderr.partition("error: the run stalled")
+    assert SAID in before
+    _, _, last = report.partition("The last lines on stderr (TensorFlow's and NCCL's C++ "
+                                  "logs among them; NCCL_DEBUG=INFO adds NCCL's):\n")
+    kept = last.partition("Each thread's Python stack")[0].splitlines()
+    assert 0 < len(kept) <= LOG_LINES and kept[-1] == f"  {SAID}", report[:3000]
     assert (f"error: the run stalled: no progress for {TIMEOUT_S:g} s (STALL_TIMEOUT=4s) in "
             f"{STEPS}") in stderr
     assert "one replica: no collective is involved" in stderr
@@ -86,8 +96,12 @@ def test_a_stall_before_the_steps_is_named_by_its_phase(
 
 @pytest.mark.slow
 def test_a_stall_that_holds_the_gil_is_ended_by_the_backstop(tmp_path: Path) -> None:
-    result, waited = stalled_run(tmp_path, STEPS_PER_EPOCH + 3, STALL_GIL="1")
+    result, waited = stalled_run(tmp_path, STEPS_PER_EPOCH + 3, STALL_GIL="1", STALL_SAY=SAID)
     assert result.returncode == 1, result.stderr[-3000:]
+    # All that C++ wrote, the print just before the block included (once per execution of
+    # the layer, the block's own too), reached stderr though no thread of this process ran
+    # after the block: stderr's tail is copied by another process.
+    assert result.stderr.count(SAID) == STEPS_PER_EPOCH + 3
     # The timer was last armed at the phase's last progress, up to REARM_S before the block.
     bound = TIMEOUT_S + BACKSTOP_GRACE_S + REARM_S
     assert bound - REARM_S <= waited < bound + SLACK_S, waited

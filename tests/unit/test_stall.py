@@ -4,6 +4,8 @@ and a real stall of a real thread reported with its phase and every thread's sta
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import threading
 import time
 
@@ -203,3 +205,64 @@ def test_the_backstop_calls_a_stuck_strategy_build_a_join() -> None:
                             {"worker 1": "nothing listens there"})
     assert message.startswith("worker 0 (h:1) waited 16 s for the other workers to join: "
                               "worker 1 (h:2): nothing listens there.")
+
+
+def test_a_report_ends_with_the_last_lines_written_to_stderr_from_c_too(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """What C writes to fd 2 (as TensorFlow's and NCCL's logs are written) is in the
+    report's last lines and on stderr as before (a worker's own lines without its tag, which
+    the report's lines get again); a TensorFlow Python record that stderr never saw is
+    shown apart."""
+    reports: list[str] = []
+    done = threading.Event()
+
+    def on_stall(report: str) -> None:
+        reports.append(report)
+        done.set()
+
+    libc = ctypes.CDLL(None)
+    one = stall.StallWatch(StallTimeout(1.0), stall.Watched(
+        ONE_CPU, "nothing saved", stall.Among("worker 1", "[worker 1] ")), on_stall=on_stall)
+    written = [f"NCCL INFO line {i}\n" for i in range(stall.LOG_LINES + 5)] + [
+        "[worker 1] a line of its own\n"]
+    try:
+        one.phase(FIRST_STEP)
+        for line in written:
+            libc.write(2, line.encode(), len(line))
+        # The watch's handler is the logger's only one (no TensorFlow here to add its
+        # own): the record reaches no stream.
+        logging.getLogger("tensorflow").warning("a Python record")
+        assert done.wait(10), "no report"
+    finally:
+        one.stop()
+    report = reports[0]
+    kept = [f"  NCCL INFO line {i}" for i in range(6, stall.LOG_LINES + 5)] + [
+        "  a line of its own"]
+    assert ("The last lines on stderr (TensorFlow's and NCCL's C++ logs among them; "
+            "NCCL_DEBUG=INFO adds NCCL's):\n" + "\n".join(kept) + "\n"
+            "TensorFlow's last Python log records, not on stderr:\n  W a Python record\n"
+            "Each thread's Python stack") in report
+    assert capfd.readouterr().err == "".join(written)
+
+
+def test_the_backstop_names_the_setting_that_bounded_the_phase() -> None:
+    """A worker's phase bounded by STALL_TIMEOUT (under WORKER_TIMEOUT) is named so in the
+    GIL-free backstop's message, not as WORKER_TIMEOUT."""
+    from mgpu_env.training.multiworker.backstop import stuck_message
+
+    two = Devices(2, "CPU", "ring", {}, workers=2)
+    worker = stall.Watched(two, stall.resumes_with(""), stall.Among(worker_timeout_s=300.0))
+    short = stall.StallWatch(StallTimeout(4.0), worker, on_stall=lambda report: None)
+    auto = stall.StallWatch(StallTimeout(), worker, on_stall=lambda report: None)
+    try:
+        assert short._bounded(FIRST_STEP) == (4.0, "STALL_TIMEOUT=4s")
+        assert short._bounded(STRATEGY) == auto._bounded(FIRST_STEP) == (300.0, "WORKER_TIMEOUT")
+        assert auto._bounded(STARTING)[1] == "STALL_TIMEOUT=auto"
+    finally:
+        short.stop()
+        auto.stop()
+    message = stuck_message("worker 0 (h:1)", FIRST_STEP, 9.6, 4, 5, {"worker 1": "h:2"},
+                            {"worker 1": "listening"}, "STALL_TIMEOUT=4s")
+    assert message.endswith("STALL_TIMEOUT=4s bounded this phase at 4 s (then 5 s of grace); "
+                            "WORKER_TIMEOUT caps it for a worker.")
+    assert "WORKER_TIMEOUT=" not in message

@@ -34,11 +34,15 @@ from typing import Any
 MARGIN_S = 0.5
 # How long each peer's address is given to answer a connection.
 PROBE_TIMEOUT_S = 2.0
+# The setting that bounds a worker's waits unless a phase's bound came from another.
+WORKER_TIMEOUT = "WORKER_TIMEOUT"
 
 
 class Backstop:
     """The helper process and its two pipes: progress lines to it, faulthandler's dump
-    into the blocked one. `dump_fd` is what faulthandler writes to."""
+    into the blocked one. `dump_fd` is what faulthandler writes to. The helper's message
+    goes to this process's fd 2: under the stall watch a pipe that another process copies to
+    stderr (`stderrtail`), so it gets out while this one is stuck."""
 
     def __init__(self, who: str, timeout_s: float, grace_s: float,
                  peers: Mapping[str, str], tag: str = "") -> None:
@@ -55,11 +59,13 @@ class Backstop:
         os.close(dump_read)
         os.close(control_read)
 
-    def progress(self, phase: str, bound_s: float | None = None) -> None:
+    def progress(self, phase: str, bound_s: float | None = None,
+                 setting: str = WORKER_TIMEOUT) -> None:
         """The watchdog's deadline moved: now + `bound_s` (the phase's own bound; None:
-        the timeout), in `phase`."""
+        the timeout), in `phase`; `setting` ("STALL_TIMEOUT=4s", no spaces) is what set
+        that bound, for the message to name."""
         bound = self._timeout_s if bound_s is None else bound_s
-        self._send(f"progress {time.monotonic()} {bound} {phase}")
+        self._send(f"progress {time.monotonic()} {bound} {setting.replace(' ', '')} {phase}")
 
     def close(self) -> None:
         """Disarmed for good (faulthandler's timer cancelled first): the helper ends."""
@@ -112,10 +118,11 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
 
 
 def stuck_message(who: str, phase: str, waited_s: float, timeout_s: float, grace_s: float,
-                  peers: Mapping[str, str], found: Mapping[str, str]) -> str:
-    """The message for a worker stuck `waited_s` seconds in `phase` (WORKER_TIMEOUT's
-    `timeout_s`, then the backstop's `grace_s`); `found` is `probe`'s answer for each peer
-    (name -> address)."""
+                  peers: Mapping[str, str], found: Mapping[str, str],
+                  setting: str = WORKER_TIMEOUT) -> str:
+    """The message for a worker stuck `waited_s` seconds in `phase` (the bound `timeout_s`
+    that `setting` set, then the backstop's `grace_s`); `found` is `probe`'s answer for each
+    peer (name -> address)."""
     missing = [f"{name} ({peers[name]}): {found[name]}" for name in peers
                if found[name] != "listening"]
     # The stall watch's phase of the strategy's build (`stallhints.STRATEGY`) is the join
@@ -132,11 +139,15 @@ def stuck_message(who: str, phase: str, waited_s: float, timeout_s: float, grace
         cause = "every other worker's address answers, but the cluster did not go on"
         fix = ("check every worker's log (a worker stuck or stopped, or workers with "
                "different WORKER_HOSTS); start them all again to resume")
-    return (
-        f"{head}: {cause}.\n"
-        f"  Fix: {fix}. WORKER_TIMEOUT={timeout_s:g} (then {grace_s:g} s of grace) sets how "
-        "long a worker waits."
-    )
+    if setting == WORKER_TIMEOUT:
+        bound = (f"WORKER_TIMEOUT={timeout_s:g} (then {grace_s:g} s of grace) sets how long "
+                 "a worker waits.")
+    else:
+        # The stall watch's bound for this phase (STALL_TIMEOUT set, or auto's), under
+        # WORKER_TIMEOUT: naming WORKER_TIMEOUT would send the user to the wrong setting.
+        bound = (f"{setting} bounded this phase at {timeout_s:g} s (then {grace_s:g} s of "
+                 "grace); WORKER_TIMEOUT caps it for a worker.")
+    return f"{head}: {cause}.\n  Fix: {fix}. {bound}"
 
 
 def _names(peers: Mapping[str, str], found: Mapping[str, str]) -> str:
@@ -165,6 +176,7 @@ def main(config: Mapping[str, Any]) -> None:
     timeout_s = float(config["timeout_s"])
     grace_s = float(config["grace_s"])
     bound_s = timeout_s
+    setting = WORKER_TIMEOUT
     peers = {str(k): str(v) for k, v in config["peers"].items()}
     last: float | None = None
     phase = ""
@@ -178,13 +190,13 @@ def main(config: Mapping[str, Any]) -> None:
                 return  # the watched process ended
             for line in lines:
                 if line.startswith("progress "):
-                    _, stamp, bound, phase = [*line.split(" ", 3), ""][:4]
+                    _, stamp, bound, setting, phase = [*line.split(" ", 4), ""][:5]
                     last, bound_s = float(stamp), float(bound)
             continue
         assert last is not None
         found = {name: probe(address) for name, address in peers.items()}
         message = stuck_message(config["who"], phase, time.monotonic() - last, bound_s,
-                                grace_s, peers, found)
+                                grace_s, peers, found, setting)
         tag = config["tag"]
         sys.stderr.write("".join(f"{tag}{line}\n" for line in
                                  f"error: {message}".splitlines()))

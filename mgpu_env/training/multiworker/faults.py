@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from mgpu_env.config.exitcodes import EXIT_FAILED
-from mgpu_env.training.multiworker.backstop import Backstop
+from mgpu_env.training.multiworker.backstop import WORKER_TIMEOUT, Backstop
 
 # What a worker that hits the watchdog exits with (RunFailed's code).
 EXIT_WORKER_LOST = EXIT_FAILED
@@ -118,8 +118,9 @@ class Watchdog:
     (name -> address) do not answer, each line after `tag`; without, the dump itself (every
     thread's stack, written with no GIL) goes to stderr.
 
-    `progress(phase, bound_s)` may give a phase its own bound (the stall watch's phases;
-    `math.inf`: none, the backstop's timer cancelled);
+    `progress(phase, bound_s, setting)` may give a phase its own bound (the stall watch's
+    phases; `math.inf`: none, the backstop's timer cancelled) and name the setting that set
+    it ("STALL_TIMEOUT=4s"; WORKER_TIMEOUT until one is named) for the helper's message;
     `explain(phase, bound_s)` writes the message on expiry (default: a lost worker's);
     `dump_fd`: where the backstop's dump goes without peers (default: stderr). Re-arming
     faulthandler's timer starts a C thread (about 0.2 ms); `rearm_s` re-arms it only that
@@ -142,6 +143,7 @@ class Watchdog:
     ) -> None:
         self.timeout_s = timeout_s
         self._bound_s = timeout_s
+        self._setting = WORKER_TIMEOUT
         self._explain = explain or self._lost_worker
         self._dump_fd = dump_fd
         self._rearm_s = rearm_s
@@ -167,12 +169,15 @@ class Watchdog:
             self._thread = threading.Thread(target=self._watch, name="mgpu-watchdog", daemon=True)
             self._thread.start()
 
-    def progress(self, phase: str | None = None, bound_s: float | None = None) -> None:
+    def progress(self, phase: str | None = None, bound_s: float | None = None,
+                 setting: str | None = None) -> None:
         with self._lock:
             if phase is not None:
                 self._phase = phase
             if bound_s is not None:
                 self._bound_s = bound_s
+            if setting is not None:
+                self._setting = setting
             self._deadline = self._clock() + self._bound_s
             now = time.monotonic()
             due = (self._armed is None or self._armed[1] != self._bound_s
@@ -190,7 +195,7 @@ class Watchdog:
                 exit=True,
             )
             if helper is not None:
-                helper.progress(self._phase, self._bound_s)
+                helper.progress(self._phase, self._bound_s, self._setting)
 
     def _backstop_helper(self) -> Backstop | None:
         """The helper that puts the backstop's dump in words, started once; None (the

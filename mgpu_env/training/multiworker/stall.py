@@ -1,7 +1,7 @@
 """The stall watch of a single-process run: each phase has a bound, a phase that overruns it
-is a stall, and a stall is reported (the phase, each thread's Python stack, TensorFlow's
-last log lines, what it most likely means here and what to try) and ends the process with
-EXIT_STALLED.
+is a stall, and a stall is reported (the phase, each thread's Python stack, the last lines
+on stderr, TensorFlow's and NCCL's C++ logs among them (`stderrtail`), what it most likely
+means here and what to try) and ends the process with EXIT_STALLED.
 
 It is `faults.Watchdog` (the between-workers watchdog) given a bound per phase and this
 report: the same Python thread, and the same GIL-free backstop (faulthandler's C thread) for
@@ -44,6 +44,7 @@ from mgpu_env.training.multiworker.stallhints import (
     Devices,
     hint,
 )
+from mgpu_env.training.multiworker.stderrtail import StderrTail
 
 # What a process that stalled exits with (1 is a failure, 2 a bad setting).
 # STALL_TIMEOUT=auto's bounds. Floors where nothing was measured yet: TensorFlow's import
@@ -63,8 +64,8 @@ MEASURED_CALLS = 3
 # How often a phase's progress re-arms the backstop's timer (which then fires up to this
 # much later): each re-arm starts a C thread, 0.25 ms measured, at every call of steps else.
 REARM_S = 1.0
-# TensorFlow's Python log lines kept for the report.
-LOG_LINES = 20
+# The last lines of stderr kept for the report, and of TensorFlow's Python log records.
+LOG_LINES = 30
 
 
 class _Recent(logging.Handler):
@@ -141,7 +142,9 @@ class StallWatch:
     STALL_TIMEOUT=0 every method does nothing.
 
     Made before TensorFlow's quiet import: that sends fd 2 elsewhere while it runs, so the
-    report and the backstop's dump go to a copy of stderr taken here.
+    report and the backstop's dump go to a copy of stderr taken here. From the first phase
+    to `stop()` fd 2 is a pipe whose helper copies it there and keeps its last lines
+    (`StderrTail`); the quiet import's own lines are held back from it, as from the user.
 
     `run`: what the report says of the run watched (`Watched`).
     """
@@ -155,6 +158,7 @@ class StallWatch:
         among = run.among or Among()
         who, tag, peers = among.who, among.tag, among.peers
         self._who = who
+        self._tag = tag
         self._cap_s = among.worker_timeout_s
         self._clock = clock
         self._calls: collections.deque[float] = collections.deque(maxlen=101)
@@ -164,6 +168,8 @@ class StallWatch:
         self._dog: Watchdog | None = None
         self._started = False
         self._stderr: int | None = None
+        self._tail: StderrTail | None = None
+        self._tail_error = ""
         if not timeout.off:
             self._stderr = os.dup(2)
             first = self.bound(STARTING)
@@ -181,12 +187,19 @@ class StallWatch:
 
     def bound(self, phase: str) -> float:
         """How long `phase` may go without progress (`math.inf`: no bound)."""
+        return self._bounded(phase)[0]
+
+    def _bounded(self, phase: str) -> tuple[float, str]:
+        """`phase`'s bound and the setting that set it: "WORKER_TIMEOUT", or STALL_TIMEOUT
+        as set ("STALL_TIMEOUT=4s", "STALL_TIMEOUT=auto"), which the report and the
+        backstop's message name."""
         own = self._own_bound(phase)
         if self._cap_s is not None and phase in (STRATEGY, STOPPING):
-            return self._cap_s  # the wait for the others to start, or to end: theirs
-        if self._cap_s is not None and phase != STARTING:
-            return min(own, self._cap_s)
-        return own
+            # The wait for the others to start, or to end: theirs.
+            return self._cap_s, "WORKER_TIMEOUT"
+        if self._cap_s is not None and phase != STARTING and self._cap_s < own:
+            return self._cap_s, "WORKER_TIMEOUT"
+        return own, "STALL_TIMEOUT=auto" if self.timeout.auto else f"STALL_TIMEOUT={self.timeout}"
 
     def _own_bound(self, phase: str) -> float:
         if phase == SCRIPT_CODE:
@@ -207,8 +220,17 @@ class StallWatch:
         self._last = None
         if not self._started:
             self._started = True
+            self._start_tail()
             self._dog.start(name)
-        self._dog.progress(name, self.bound(name))
+        self._dog.progress(name, *self._bounded(name))
+
+    def _start_tail(self) -> None:
+        assert self._stderr is not None
+        try:
+            self._tail = StderrTail(self._stderr, LOG_LINES)
+        except OSError as err:
+            # The run goes on watched; its report says why it has no stderr lines.
+            self._tail_error = f"the helper that keeps them did not start: {err}"
 
     def call_done(self) -> None:
         """A call of steps ended: the first ends the first step; the others are timed."""
@@ -218,28 +240,50 @@ class StallWatch:
         if self._phase == STEPS and self._last is not None:
             self._calls.append(now - self._last)
         self._phase, self._last = STEPS, now
-        self._dog.progress(STEPS, self.bound(STEPS))
+        self._dog.progress(STEPS, *self._bounded(STEPS))
 
     def stop(self) -> None:
         if self._dog is not None:
             self._dog.stop()
             logging.getLogger("tensorflow").removeHandler(self._log)
             self._dog = None
+        if self._tail is not None:
+            self._tail.stop()
+            self._tail = None
         if self._stderr is not None:
             os.close(self._stderr)
             self._stderr = None
 
+    def _logs(self) -> str:
+        """The report's last lines: stderr's (a worker's tag taken off its own: the report's
+        lines get it again), then TensorFlow's Python records it lacks (a logging set-up
+        that sends them elsewhere)."""
+        lines = self._tail.lines() if self._tail is not None else None
+        if lines is None:
+            why = self._tail_error or "its helper did not answer"
+            shown = f"The last lines on stderr: not kept ({why}).\n"
+            lines = []
+        else:
+            shown = ("The last lines on stderr (TensorFlow's and NCCL's C++ logs among them; "
+                     "NCCL_DEBUG=INFO adds NCCL's):\n"
+                     + ("\n".join(f"  {line.removeprefix(self._tag)}"
+                                  for line in lines) or "  (none)") + "\n")
+        elsewhere = [record for record in self._log.lines
+                     if not any(record[2:] in line for line in lines)]
+        if elsewhere:
+            shown += "TensorFlow's last Python log records, not on stderr:\n" + "\n".join(
+                f"  {record}" for record in elsewhere) + "\n"
+        return shown
+
     def _report(self, phase: str, bound_s: float) -> str:
         meaning, fix = hint(phase, self.devices)
-        how = ("STALL_TIMEOUT=auto's bound for this phase" if self.timeout.auto
-               else f"STALL_TIMEOUT={self.timeout}")
-        if self._cap_s is not None and bound_s == self._cap_s != self._own_bound(phase):
-            how = f"WORKER_TIMEOUT={self._cap_s:g}: how long a worker waits for the others"
+        how = self._bounded(phase)[1]
+        if how == "WORKER_TIMEOUT":
+            how = f"WORKER_TIMEOUT={bound_s:g}: how long a worker waits for the others"
+        elif self.timeout.auto:
+            how = "STALL_TIMEOUT=auto's bound for this phase"
         measured = (f" (a call of steps took {statistics.median(self._calls):.3g} s, median "
                     f"of {len(self._calls)})" if phase == STEPS and self._calls else "")
-        logs = "\n".join(f"  {line}" for line in self._log.lines) or (
-            "  (none from TensorFlow's Python side; its C++ and NCCL lines are on stderr "
-            "above: NCCL_DEBUG=INFO adds NCCL's)")
         who = f"{self._who}: " if self._who else ""
         return (
             f"{who}the run stalled: no progress for {bound_s:g} s ({how}) in {phase}{measured}.\n"
@@ -247,7 +291,7 @@ class StallWatch:
             f"  Try: {fix}.\n"
             f"  {self._saved}\n"
             f"  STALL_TIMEOUT sets the bound (0: off).\n"
-            f"TensorFlow's last log lines:\n{logs}\n"
+            f"{self._logs()}"
             f"Each thread's Python stack (most recent call last):\n"
             f"{stacks(skip=threading.get_ident())}"
         )
