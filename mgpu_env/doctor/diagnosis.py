@@ -1,7 +1,9 @@
-"""Gathering the facts once and judging them: `gather` runs every probe (NVML, the host,
-CUDA's driver API, TensorFlow and the CUDA libraries in children) and reads training's
-decisions from the runtime's record (decided once per run, `runtime.record.decide`),
-`diagnose` judges them all and, with `smoke`, runs the smoke job with the same runtime."""
+"""Gathering the doctor's facts once and judging them.
+
+`gather` runs every probe (NVML, the host, CUDA's driver API, TensorFlow and the CUDA
+libraries in children) and reads training's decisions from the runtime's record (decided once
+per run, `runtime.record.decide`); `diagnose` judges them all and, with `smoke`, runs the
+smoke job with the same runtime."""
 
 from __future__ import annotations
 

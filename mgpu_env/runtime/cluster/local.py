@@ -1,5 +1,7 @@
-"""Several workers on this machine with one command: `mgpu train --workers N` and
-`mgpu run --workers N SCRIPT` (as `torchrun --nproc_per_node` does for PyTorch).
+"""Several workers on this machine started by one command.
+
+That is `mgpu train --workers N` and `mgpu run --workers N SCRIPT` (as `torchrun
+--nproc_per_node` does for PyTorch).
 
 The plan is pure data: N loopback addresses on free ports, each worker's share of the
 selected GPUs, the run folder they share, and each worker's environment (WORKER_HOSTS and

@@ -1,5 +1,7 @@
-"""The epochs of a run: one object holds what they share, and what happens around the steps
-is a list of small actions, as orbit's Controller runs its trainer and calls its Actions.
+"""The epochs of a run, with small actions around their steps.
+
+One object holds what they share, and what happens around the steps is a list of small
+actions, as orbit's Controller runs its trainer and calls its Actions.
 
 `EpochLoop.train_epoch(begin)` runs an epoch from its `Position` (a checkpoint's) in calls
 of at most STEPS_PER_CALL steps, cut where a checkpoint is due (`checkpoints.Schedule`).

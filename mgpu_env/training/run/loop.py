@@ -1,8 +1,10 @@
-"""The stages of `mgpu train` that `trainer.run_plan` runs, in its order: the stall watch
-and the failures said (`failures_said`), the trainer started (`start_trainer`: strategy,
-model, optimizer, steps), the checkpoint restored (`restore_checkpoints`), this start
-recorded (`record_start`), the feed opened (`open_feed`), the epochs with their actions
-(`epoch_loop`), and the run finished (`finish`: evaluation, model, metrics.json).
+"""The stages of `mgpu train` that `trainer.run_plan` runs, in its order.
+
+They are the stall watch and the failures said (`failures_said`), the trainer started
+(`start_trainer`: strategy, model, optimizer, steps), the checkpoint restored
+(`restore_checkpoints`), this start recorded (`record_start`), the feed opened
+(`open_feed`), the epochs with their actions (`epoch_loop`), and the run finished (`finish`:
+evaluation, model, metrics.json).
 
 Faults: a checkpoint is saved after every epoch, and inside epochs as CHECKPOINT_EVERY asks,
 with the data's position (`run.checkpoints`: tf.train.CheckpointManager writes the data files

@@ -1,5 +1,7 @@
-"""Model, optimizer and step functions built under a strategy: shared by `mgpu train` and
-each `mgpu bench` point, so the benchmark measures exactly the step that trains."""
+"""Model, optimizer and step functions built under a strategy.
+
+Shared by `mgpu train` and each `mgpu bench` point, so the benchmark measures exactly the step
+that trains."""
 
 from __future__ import annotations
 

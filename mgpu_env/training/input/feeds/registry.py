@@ -1,5 +1,7 @@
-"""The one dispatcher of feeds: every kind this package's modules declare, which one takes a
-run's data (`plan_feed`), and building it (`make_feed`).
+"""The one dispatcher of feeds, choosing and building the kind that takes a run's data.
+
+It lists every kind this package's modules declare, chooses the one that takes a run's data
+(`plan_feed`) and builds it (`make_feed`).
 
 A kind of feed is a module of this package with a `KIND` (`kind.FeedKind`); it is found here
 by listing the package, so a new kind is one new module (and its tests): no list to extend,
