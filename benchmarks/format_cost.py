@@ -192,7 +192,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
     from mgpu_env.training.step.model import build_model, build_optimizer
 
     keras = tensorflow_keras()
-    strategy = make_strategy(plan_strategy("auto", devices, "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, len(devices))))
     batch, auto = BATCH * args.replicas, tf.data.AUTOTUNE  # the global batch
     steps = args.samples // batch
     x8, y8, x8_test, y8_test = digits_uint8(args.rows)

@@ -84,7 +84,7 @@ def main() -> None:
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
 
-    strategy = make_strategy(plan_strategy("auto", devices, "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, len(devices))))
     global_batch = BATCH * args.replicas
     arrays = load_arrays(resolve_dataset(args.dataset, None), SEED)
 

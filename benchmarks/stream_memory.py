@@ -39,6 +39,7 @@ def main() -> None:
 
     import numpy as np
 
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import CLASSES, FEATURES, Arrays
@@ -53,7 +54,7 @@ def main() -> None:
     y = rng.integers(0, CLASSES, args.rows).astype(np.int32)
     arrays = Arrays("random", x, y, x[:BATCH], y[:BATCH])
     data_mib = (x.nbytes + y.nbytes) / 1024**2
-    strategy = make_strategy(plan_strategy("auto", ("/device:CPU:0",), "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1)))
     trainer = build_trainer(
         strategy, lambda: build_model(SEED), learning_rate=0.001,
         precision=PrecisionChoice(FLOAT32, False, "benchmark"), global_batch_size=BATCH,

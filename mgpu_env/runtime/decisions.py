@@ -229,7 +229,7 @@ def decide_execution(
         [gpu.compute_capability.value for gpu in gpus], cpu_flags,
     )
     strategy = plan_strategy(
-        request.cross_device_ops, split.names, split.device_type, split.physical,
+        request.cross_device_ops, split,
         nccl_available=nccl, role=request.role,
     )
     environment = {

@@ -212,7 +212,7 @@ def decide(
             settings.mixed_precision, split.device_type, capabilities, machine.cpu_flags))
         role = cluster.role if cluster is not None else None
         strategy = attempt("strategy", lambda: plan_strategy(
-            settings.cross_device_ops, split.names, split.device_type, split.physical,
+            settings.cross_device_ops, split,
             nccl_available=nccl, role=role))
     return Decisions(resolved, machine, command, decision, selection, keras, split,
                      precision, strategy, nccl, environment, tuple(notes), failures)

@@ -79,6 +79,7 @@ def _metrics(trainer: Any) -> tuple[float, float]:
 def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
     logical_cpus: tuple[str, ...], tmp_path: Path, kind: str, replicas: int
 ) -> None:
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.run.checkpoints import Checkpoints
@@ -86,7 +87,7 @@ def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
 
-    strategy = make_strategy(plan_strategy("auto", logical_cpus[:replicas], "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, replicas)))
     feed, shape, classes = _feed(strategy, kind, tmp_path)
     trainer = build_trainer(strategy, lambda: build_model(0, shape, classes),
                             learning_rate=0.01, precision=PrecisionChoice(FLOAT32, False, "test"),
@@ -130,6 +131,7 @@ def test_a_checkpoint_of_another_replica_count_or_of_sums_alone_resumes_its_sums
 ) -> None:
     import tensorflow as tf
 
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.run.checkpoints import Checkpoints
@@ -138,7 +140,7 @@ def test_a_checkpoint_of_another_replica_count_or_of_sums_alone_resumes_its_sums
     from mgpu_env.training.step.model import build_model
 
     def started(replicas: int) -> tuple[Any, Any, Checkpoints]:
-        strategy = make_strategy(plan_strategy("auto", logical_cpus[:replicas], "CPU", 1))
+        strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, replicas)))
         feed, shape, classes = _feed(strategy, "resident", tmp_path)
         trainer = build_trainer(strategy, lambda: build_model(0, shape, classes),
                                 learning_rate=0.01,

@@ -34,7 +34,7 @@ def float32_policy() -> Iterator[None]:
 
 
 def mirrored(devices: tuple[str, ...], ops: str = "auto") -> Any:
-    return make_strategy(plan_strategy(ops, devices, "CPU", 1))
+    return make_strategy(plan_strategy(ops, DeviceSplit("CPU", 1, len(devices))))
 
 
 def test_the_split_gives_tensorflow_that_many_logical_devices(

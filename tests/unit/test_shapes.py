@@ -64,16 +64,9 @@ PARAMETERS_TO_RESHAPE: dict[str, str] = {
     "mgpu_env/profile/steps.py:profile_training": (
         "its caller, training/run/loop.py, is being restructured: it can hand over the trainer "
         "and a `StepSource`, as `profile_replica_step` takes them"),
-    "mgpu_env/runtime/cluster/peers.py:wait_until_resolved": (
-        "both callers pass `cluster.workers` and `cluster.address`: it can take the `Cluster`; "
-        "one caller, training/run/sequence.py, is being restructured"),
     "mgpu_env/runtime/keras.py:choose_keras": (
         "its callers, runtime/decisions.py and doctor/facts.py, are being restructured (the "
         "Keras decided once)"),
-    "mgpu_env/runtime/strategy.py:plan_strategy": (
-        "`devices`, `device_type` and `physical_devices` are the device split's `names`, "
-        "`device_type` and `physical`: it can take the `DeviceSplit`; its caller, "
-        "runtime/decisions.py, is being restructured"),
 }
 
 
