@@ -32,8 +32,6 @@ SUMMARY_WAITS: dict[str, str] = {
     "mgpu_env/training/multiworker/stall.py": BEING_RESTRUCTURED,
 }
 PARAMETERS_WAIT: dict[str, str] = {
-    "mgpu_env/doctor/diagnosis.py:gather_with_runtime": BEING_RESTRUCTURED,
-    "mgpu_env/doctor/diagnosis.py:gather": BEING_RESTRUCTURED,
     "mgpu_env/launcher/script.py:keras_note": BEING_RESTRUCTURED,
     "mgpu_env/launcher/source_scan.py:_Visitor._add": BEING_RESTRUCTURED,
     "mgpu_env/launcher/what_ran.py:what_ran": BEING_RESTRUCTURED,
