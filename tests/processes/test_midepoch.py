@@ -301,13 +301,14 @@ def test_a_checkpoint_from_before_checkpoints_inside_the_epoch_still_resumes(
     from mgpu_env.training.run.checkpoints import Checkpoints
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepSpec
 
     def trainer(seed: int) -> Any:
         return build_trainer(
             make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1))),
-            lambda: build_model(seed), learning_rate=0.01,
-            precision=PrecisionChoice(FLOAT32, False, "test"), global_batch_size=16,
-            jit_compile=False)
+            lambda: build_model(seed),
+            StepSpec(learning_rate=0.01, precision=PrecisionChoice(FLOAT32, False, "test"),
+                     global_batch_size=16, jit_compile=False))
 
     old = trainer(1)
     with old.strategy.scope():

@@ -187,7 +187,7 @@ def test_two_workers_read_every_training_record_once_per_epoch(
     data = load("tfrecord", folder)
     assert isinstance(data, FileData)
     feed_plan = feeds.plan_feed(data, nothing_kept, 32, workers=2)
-    stream = feeds.make_feed(_Strategy(), data, feed_plan, global_batch=32, seed=3)
+    stream = feeds.make_feed(feeds.FeedMaking(_Strategy(), data, feed_plan, 32, 3))
     assert isinstance(stream, feeds.FileStreamFeed)
     assert feed_plan.steps_per_epoch == 4
     orders = []

@@ -23,27 +23,17 @@ SUMMARY_ENDS = (".", "?")
 # function's purpose in mind.
 MAX_PARAMETERS = 5
 
-# Modules whose shape is changing in work under way on the trainer, the decisions, the stall
-# watch and the workers' recovery: each is held to the rules once that work has landed, and
-# this list then shrinks to nothing. Path -> why it waits.
+# Modules whose shape is changing in work under way on the stall watch: each is held to the
+# rules once that work has landed, and this list then shrinks to nothing. Path -> why it waits.
 BEING_RESTRUCTURED = "being restructured"
 SUMMARY_WAITS: dict[str, str] = {
     "mgpu_env/training/multiworker/backstop.py": BEING_RESTRUCTURED,
     "mgpu_env/training/multiworker/stall.py": BEING_RESTRUCTURED,
 }
 PARAMETERS_WAIT: dict[str, str] = {
-    "mgpu_env/launcher/script.py:keras_note": BEING_RESTRUCTURED,
-    "mgpu_env/launcher/source_scan.py:_Visitor._add": BEING_RESTRUCTURED,
-    "mgpu_env/launcher/what_ran.py:what_ran": BEING_RESTRUCTURED,
-    "mgpu_env/runtime/cluster/local.py:plan_local_workers": BEING_RESTRUCTURED,
-    "mgpu_env/runtime/cluster/local.py:supervise": BEING_RESTRUCTURED,
-    "mgpu_env/training/input/feeds/registry.py:make_feed": BEING_RESTRUCTURED,
     "mgpu_env/training/multiworker/backstop.py:stuck_message": BEING_RESTRUCTURED,
+    # Its one caller with more than two of its options is the stall watch (stall.py).
     "mgpu_env/training/multiworker/faults.py:Watchdog.__init__": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/epochs.py:run_metrics": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/build.py:build_trainer": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/steps.py:make_step_functions": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/steps.py:_forward_backward": BEING_RESTRUCTURED,
 }
 
 # Functions (`path:qualified name`) that may take more than MAX_PARAMETERS, each with why.
@@ -56,15 +46,22 @@ PARAMETERS_ALLOWED: dict[str, str] = {
         "signature is the record's own field list"),
 }
 
-# Functions past MAX_PARAMETERS outside the modules being restructured whose callers are being
-# restructured: each is a fix to make with them (its reason says which values travel together).
+# Functions past MAX_PARAMETERS still to reshape: each reason says which values travel
+# together, so the fix is known; the list shrinks to nothing.
 PARAMETERS_TO_RESHAPE: dict[str, str] = {
-    "mgpu_env/profile/steps.py:profile_training": (
-        "its caller, training/run/loop.py, is being restructured: it can hand over the trainer "
-        "and a `StepSource`, as `profile_replica_step` takes them"),
-    "mgpu_env/runtime/keras.py:choose_keras": (
-        "its callers, runtime/decisions.py and doctor/facts.py, are being restructured (the "
-        "Keras decided once)"),
+    "mgpu_env/launcher/source_scan.py:_Visitor._add": (
+        "`fix` and `why` are the words of the `Finding` it makes and `key` the rule it is "
+        "counted once under; each kind takes its own of them (keras_2: `why`, removed: `fix`), "
+        "so it can be split by kind or take the words as one record"),
+    "mgpu_env/runtime/cluster/local.py:plan_local_workers": (
+        "`workers` and `gpus_per_worker` are the `--workers`/`--gpus-per-worker` request, "
+        "`selected_gpus` and `cluster_engine` read from the `Runtime` its caller holds: it can "
+        "take the request as one record and the `Runtime`"),
+    "mgpu_env/runtime/cluster/local.py:supervise": (
+        "`max_restarts`, `grace_s`, `poll_s`, `ports` and `recovery` say how the workers are "
+        "supervised and `stdout`/`stderr` where they write: its callers (entrypoint/options.py, "
+        "recovery/supervise.py, tests/processes/test_local_workers.py) can pass them as one "
+        "record"),
 }
 
 
