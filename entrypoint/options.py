@@ -307,11 +307,11 @@ def launch_workers(
     resolved = resolve(flags)
     runtime = build_runtime(resolved, command=command)  # the GPU selection, the cluster
     settings = resolved.settings
-    plan = local.plan_local_workers(
-        workers, [gpu.index for gpu in runtime.selection.gpus], gpus_per_worker,
+    plan = local.plan_local_workers(workers, gpus_per_worker, local.LaunchingHere(
+        [gpu.index for gpu in runtime.selection.gpus],
         has_run_folder=bool(settings.output_dir or settings.run_name),
         cluster_engine=runtime.cluster.engine if runtime.cluster is not None else None,
-    )
+    ))
     if not settings.quiet:
         for line in plan.describe(settings.max_restarts):
             say(f"mgpu {command} --workers {workers}: {line}" if not line.startswith(" ")

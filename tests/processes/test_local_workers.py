@@ -21,7 +21,13 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime.cluster import local
-from mgpu_env.runtime.cluster.local import LocalWorkers, gpu_shares, plan_local_workers, supervise
+from mgpu_env.runtime.cluster.local import (
+    LaunchingHere,
+    LocalWorkers,
+    gpu_shares,
+    plan_local_workers,
+    supervise,
+)
 from tests.support.children import REPO, child_env
 
 # ------------------------------------------------------------------------------ the plan
@@ -56,8 +62,7 @@ def test_shares_that_do_not_fit_are_refused_with_the_fix(
 
 
 def test_the_plan_gives_every_worker_the_same_hosts_its_index_and_one_run_name() -> None:
-    plan = plan_local_workers(2, [0, 1], None, has_run_folder=False, cluster_engine=None,
-                              now=0.0)
+    plan = plan_local_workers(2, None, LaunchingHere([0, 1], has_run_folder=False), now=0.0)
     first, second = plan.environment(0), plan.environment(1)
     assert first["WORKER_HOSTS"] == second["WORKER_HOSTS"]
     hosts = first["WORKER_HOSTS"].split(",")
@@ -65,7 +70,7 @@ def test_the_plan_gives_every_worker_the_same_hosts_its_index_and_one_run_name()
     assert (first["WORKER_INDEX"], second["WORKER_INDEX"]) == ("0", "1")
     assert (first["GPUS"], second["GPUS"]) == ("0", "1")
     assert first["RUN_NAME"] == second["RUN_NAME"] == "19700101-000000"
-    named = plan_local_workers(2, [], None, has_run_folder=True, cluster_engine=None)
+    named = plan_local_workers(2, None, LaunchingHere([], has_run_folder=True))
     assert "RUN_NAME" not in named.environment(0) and "GPUS" not in named.environment(0)
 
 
@@ -79,7 +84,7 @@ def test_free_loopback_ports_are_distinct_and_free() -> None:
 def test_plans_that_cannot_be_are_refused(workers: int, engine: str | None,
                                           message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        plan_local_workers(workers, [], None, has_run_folder=True, cluster_engine=engine)
+        plan_local_workers(workers, None, LaunchingHere([], True, cluster_engine=engine))
 
 
 # ------------------------------------------------------------------------ the supervisor

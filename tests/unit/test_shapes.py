@@ -49,14 +49,6 @@ PARAMETERS_ALLOWED: dict[str, str] = {
 # Functions past MAX_PARAMETERS still to reshape: each reason says which values travel
 # together, so the fix is known; the list shrinks to nothing.
 PARAMETERS_TO_RESHAPE: dict[str, str] = {
-    "mgpu_env/launcher/source_scan.py:_Visitor._add": (
-        "`fix` and `why` are the words of the `Finding` it makes and `key` the rule it is "
-        "counted once under; each kind takes its own of them (keras_2: `why`, removed: `fix`), "
-        "so it can be split by kind or take the words as one record"),
-    "mgpu_env/runtime/cluster/local.py:plan_local_workers": (
-        "`workers` and `gpus_per_worker` are the `--workers`/`--gpus-per-worker` request, "
-        "`selected_gpus` and `cluster_engine` read from the `Runtime` its caller holds: it can "
-        "take the request as one record and the `Runtime`"),
     "mgpu_env/runtime/cluster/local.py:supervise": (
         "`max_restarts`, `grace_s`, `poll_s`, `ports` and `recovery` say how the workers are "
         "supervised and `stdout`/`stderr` where they write: its callers (entrypoint/options.py, "

@@ -155,15 +155,27 @@ def gpu_shares(
     )
 
 
+@dataclass(frozen=True)
+class LaunchingHere:
+    """What the launcher's runtime and settings give `--workers N`: the selected GPUs'
+    indices, whether the run folder is named (OUTPUT_DIR or RUN_NAME is set), and the engine
+    of the cluster this process already belongs to (None: none)."""
+
+    selected_gpus: Sequence[int]
+    has_run_folder: bool
+    cluster_engine: str | None = None
+
+
 def plan_local_workers(
-    workers: int, selected_gpus: Sequence[int], gpus_per_worker: int | None,
-    *, has_run_folder: bool, cluster_engine: str | None,
-    ports: Callable[[int], list[int]] = free_loopback_ports, now: float | None = None,
+    workers: int, gpus_per_worker: int | None, here: LaunchingHere,
+    *, ports: Callable[[int], list[int]] = free_loopback_ports, now: float | None = None,
 ) -> LocalWorkers:
     """The plan for `--workers N`. Refuses (ConfigError, exit 2) a count out of range and
-    a process that is already part of a cluster. `has_run_folder`: OUTPUT_DIR or RUN_NAME
-    is set; else the workers get one RUN_NAME, the launcher's UTC timestamp (the form of
-    mgpu's default run folder), since each would otherwise take its own."""
+    a process that is already part of a cluster. Without a named run folder the workers get
+    one RUN_NAME, the launcher's UTC timestamp (the form of mgpu's default run folder), since
+    each would otherwise take its own."""
+    selected_gpus, has_run_folder = here.selected_gpus, here.has_run_folder
+    cluster_engine = here.cluster_engine
     if not 1 <= workers <= MAX_WORKERS:
         raise ConfigError(
             f"--workers {workers} is out of range.\n  Valid: 1 to {MAX_WORKERS}. "
