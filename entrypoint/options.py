@@ -321,7 +321,7 @@ def launch_workers(
     environ.update({"MGPU_STRICT": "1"} if STRICT.enabled else {})
     with _held_by_launcher(command, argv, settings, plan, environ):
         return local.supervise(plan, [sys.executable, "-m", "entrypoint", *argv], environ,
-                               max_restarts=settings.max_restarts)
+                               how=local.Supervision(max_restarts=settings.max_restarts))
 
 
 def supervise_train(flags: SettingFlags, resolved: ResolvedSettings, dry_run: bool,

@@ -49,11 +49,6 @@ PARAMETERS_ALLOWED: dict[str, str] = {
 # Functions past MAX_PARAMETERS still to reshape: each reason says which values travel
 # together, so the fix is known; the list shrinks to nothing.
 PARAMETERS_TO_RESHAPE: dict[str, str] = {
-    "mgpu_env/runtime/cluster/local.py:supervise": (
-        "`max_restarts`, `grace_s`, `poll_s`, `ports` and `recovery` say how the workers are "
-        "supervised and `stdout`/`stderr` where they write: its callers (entrypoint/options.py, "
-        "recovery/supervise.py, tests/processes/test_local_workers.py) can pass them as one "
-        "record"),
 }
 
 

@@ -274,12 +274,25 @@ def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
         os.killpg(process.pid, sig)
 
 
+@dataclass(frozen=True)
+class Supervision:
+    """How `supervise` watches the workers: the restarts allowed (MAX_RESTARTS), where their
+    output goes (None: this process's), how long a stopped worker has before it is killed,
+    how often they are looked at, where a restart's fresh ports come from, and the recovery
+    that decides each restart's plan (None: the same plan again)."""
+
+    max_restarts: int = 0
+    stdout: IO[str] | None = None
+    stderr: IO[str] | None = None
+    grace_s: float = STOP_GRACE_S
+    poll_s: float = 0.2
+    ports: Callable[[int], list[int]] = free_loopback_ports
+    recovery: Recovery | None = None
+
+
 def supervise(
     plan: Supervised, command: Sequence[str], environ: Mapping[str, str],
-    *, max_restarts: int = 0, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
-    grace_s: float = STOP_GRACE_S, poll_s: float = 0.2,
-    ports: Callable[[int], list[int]] = free_loopback_ports,
-    recovery: Recovery | None = None,
+    how: Supervision = Supervision(),
 ) -> int:
     """Run `command` (argv) once per worker with its environment, until all have exited;
     return the launcher's exit code (the module's rules). A worker that fails stops all;
@@ -289,7 +302,8 @@ def supervise(
     bad settings or input) and a signal to the launcher are never restarted. `recovery`
     decides each restart's plan from the failure (another all-reduce, fewer GPUs), or that
     there is none worth starting."""
-    workers = _Workers(stdout or sys.stdout, stderr or sys.stderr)
+    max_restarts, grace_s, poll_s = how.max_restarts, how.grace_s, how.poll_s
+    workers = _Workers(how.stdout or sys.stdout, how.stderr or sys.stderr)
     temporary = _workers_temporary_folder(environ)
     environ = {**environ, "TMPDIR": str(temporary.path)}
     try:
@@ -305,8 +319,8 @@ def supervise(
                 code = workers.finish()
                 if not workers.restart(attempt, max_restarts, plan):
                     return code
-                renewed = plan.renewed(ports)
-                if recovery is not None:
+                renewed = plan.renewed(how.ports)
+                if (recovery := how.recovery) is not None:
                     index, returncode = workers.failed[0]
                     next_plan = recovery(
                         Ended(index, returncode, workers.recent[index].lines()), renewed)
