@@ -43,11 +43,12 @@ def measure(name: str, saves: int) -> None:
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.training.run.checkpoints import Checkpoints, Position
     from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.steps import StepSpec
 
     trainer = build_trainer(
-        tf.distribute.MirroredStrategy(["/cpu:0"]), builder(name), learning_rate=0.001,
-        precision=PrecisionChoice(FLOAT32, False, "benchmark"), global_batch_size=64,
-        jit_compile=False,
+        tf.distribute.MirroredStrategy(["/cpu:0"]), builder(name),
+        StepSpec(learning_rate=0.001, precision=PrecisionChoice(FLOAT32, False, "benchmark"),
+                 global_batch_size=64, jit_compile=False),
     )
     params = sum(int(tf.size(v)) for v in trainer.model.trainable_variables)
     with tempfile.TemporaryDirectory(prefix="ckpt-cost-") as folder:

@@ -185,14 +185,15 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import Arrays, load_data, resolve_dataset
-    from mgpu_env.training.input.feeds import make_feed, plan_feed
+    from mgpu_env.training.input.feeds import FeedMaking, make_feed, plan_feed
     from mgpu_env.training.input.keep import FALLBACK, KeepLimit
     from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model, build_optimizer
+    from mgpu_env.training.step.steps import StepSpec
 
     keras = tensorflow_keras()
-    strategy = make_strategy(plan_strategy("auto", devices, "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, len(devices))))
     batch, auto = BATCH * args.replicas, tf.data.AUTOTUNE  # the global batch
     steps = args.samples // batch
     x8, y8, x8_test, y8_test = digits_uint8(args.rows)
@@ -205,9 +206,10 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
     feeds: dict[str, Callable[[], tuple[float, float]]] = {}
 
     def step_feed(name: str, shape: tuple[int, ...], runner: Callable[[Any], Any]) -> None:
-        trainer = build_trainer(strategy, lambda: build_model(SEED, shape), learning_rate=0.001,
-                                precision=PrecisionChoice(FLOAT32, False, "benchmark"),
-                                global_batch_size=batch, jit_compile=False)
+        trainer = build_trainer(strategy, lambda: build_model(SEED, shape),
+            StepSpec(learning_rate=0.001,
+                     precision=PrecisionChoice(FLOAT32, False, "benchmark"),
+                     global_batch_size=batch, jit_compile=False))
         run = runner(trainer)
 
         def interval() -> tuple[float, float]:
@@ -222,7 +224,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, float
     def library_feed(data: Any, keep: KeepLimit) -> Callable[[Any], Any]:
         def runner(trainer: Any) -> Any:
             feed_plan = plan_feed(data, keep, batch)
-            feed = make_feed(strategy, data, feed_plan, batch, SEED)
+            feed = make_feed(FeedMaking(strategy, data, feed_plan, batch, SEED))
             epochs = -(-steps * rounds // feed_plan.steps_per_epoch)
             return trainer.loops.runner(feed.source(Position(0), epochs))
         return runner

@@ -83,16 +83,18 @@ def main() -> None:
     from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepSpec
 
-    strategy = make_strategy(plan_strategy("auto", devices, "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, len(devices))))
     global_batch = BATCH * args.replicas
     arrays = load_arrays(resolve_dataset(args.dataset, None), SEED)
 
     def trainer() -> Any:
         return build_trainer(
-            strategy, lambda: build_model(SEED), learning_rate=0.001,
-            precision=PrecisionChoice(FLOAT32, False, "benchmark"),
-            global_batch_size=global_batch, jit_compile=False,
+            strategy, lambda: build_model(SEED),
+            StepSpec(learning_rate=0.001,
+                     precision=PrecisionChoice(FLOAT32, False, "benchmark"),
+                     global_batch_size=global_batch, jit_compile=False),
         )
 
     lead_in = args.steps if args.lead_in is None else args.lead_in

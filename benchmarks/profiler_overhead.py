@@ -47,14 +47,15 @@ def main() -> None:
     from mgpu_env.profile.split import CATEGORIES, convert, xspace_files
     from mgpu_env.runtime.precision import choose_precision
     from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.steps import StepSpec
 
     strategy = tf.distribute.MirroredStrategy(
         list(devices), cross_device_ops=tf.distribute.ReductionToOneDevice())
     shape = SHAPES[args.model]
     trainer = build_trainer(
-        strategy, lambda: build_model(args.model, 1, shape), learning_rate=0.001,
-        precision=choose_precision("0", "CPU", (), frozenset()),
-        global_batch_size=args.batch * args.replicas, jit_compile=False)
+        strategy, lambda: build_model(args.model, 1, shape),
+        StepSpec(learning_rate=0.001, precision=choose_precision("0", "CPU", (), frozenset()),
+                 global_batch_size=args.batch * args.replicas, jit_compile=False))
     batches = SameBatchFeed.make(strategy, args.batch, shape.input_shape, shape.classes, 1)
 
     @tf.function

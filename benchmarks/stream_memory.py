@@ -39,28 +39,30 @@ def main() -> None:
 
     import numpy as np
 
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.data import CLASSES, FEATURES, Arrays
-    from mgpu_env.training.input.feeds import make_feed, plan_feed
+    from mgpu_env.training.input.feeds import FeedMaking, make_feed, plan_feed
     from mgpu_env.training.input.keep import FALLBACK
     from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepSpec
 
     rng = np.random.default_rng(SEED)
     x = rng.random((args.rows, FEATURES), dtype=np.float32)
     y = rng.integers(0, CLASSES, args.rows).astype(np.int32)
     arrays = Arrays("random", x, y, x[:BATCH], y[:BATCH])
     data_mib = (x.nbytes + y.nbytes) / 1024**2
-    strategy = make_strategy(plan_strategy("auto", ("/device:CPU:0",), "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1)))
     trainer = build_trainer(
-        strategy, lambda: build_model(SEED), learning_rate=0.001,
-        precision=PrecisionChoice(FLOAT32, False, "benchmark"), global_batch_size=BATCH,
-        jit_compile=False,
+        strategy, lambda: build_model(SEED),
+        StepSpec(learning_rate=0.001, precision=PrecisionChoice(FLOAT32, False, "benchmark"),
+                 global_batch_size=BATCH, jit_compile=False),
     )
     before = peak_mib()
-    feed = make_feed(strategy, arrays, plan_feed(arrays, FALLBACK, BATCH), BATCH, SEED)
+    feed = make_feed(FeedMaking(strategy, arrays, plan_feed(arrays, FALLBACK, BATCH), BATCH, SEED))
     start = time.perf_counter()
     trainer.loops.runner(feed.source(Position(0)))(args.steps)
     steps = int(trainer.optimizer.iterations.numpy())

@@ -307,11 +307,11 @@ def launch_workers(
     resolved = resolve(flags)
     runtime = build_runtime(resolved, command=command)  # the GPU selection, the cluster
     settings = resolved.settings
-    plan = local.plan_local_workers(
-        workers, [gpu.index for gpu in runtime.selection.gpus], gpus_per_worker,
+    plan = local.plan_local_workers(workers, gpus_per_worker, local.LaunchingHere(
+        [gpu.index for gpu in runtime.selection.gpus],
         has_run_folder=bool(settings.output_dir or settings.run_name),
         cluster_engine=runtime.cluster.engine if runtime.cluster is not None else None,
-    )
+    ))
     if not settings.quiet:
         for line in plan.describe(settings.max_restarts):
             say(f"mgpu {command} --workers {workers}: {line}" if not line.startswith(" ")
@@ -321,7 +321,7 @@ def launch_workers(
     environ.update({"MGPU_STRICT": "1"} if STRICT.enabled else {})
     with _held_by_launcher(command, argv, settings, plan, environ):
         return local.supervise(plan, [sys.executable, "-m", "entrypoint", *argv], environ,
-                               max_restarts=settings.max_restarts)
+                               how=local.Supervision(max_restarts=settings.max_restarts))
 
 
 def supervise_train(flags: SettingFlags, resolved: ResolvedSettings, dry_run: bool,

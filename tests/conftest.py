@@ -282,6 +282,7 @@ def machine_facts(fake_machine: Callable[..., FakeHost]) -> Callable[..., Facts]
     their bus ids). `tf` and `cuda` are handed to `gather` as its collectors."""
     from mgpu_env.config.resolve import resolve_settings
     from mgpu_env.doctor import gather
+    from mgpu_env.doctor.diagnosis import ChildProbes
     from mgpu_env.hardware.pcibus import short_bus_id
     from tests.support.fake_doctor import cuda_stack
 
@@ -298,7 +299,8 @@ def machine_facts(fake_machine: Callable[..., FakeHost]) -> Callable[..., Facts]
                                      "CROSS_DEVICE_OPS": cross_device_ops, **(settings or {})},
                                     env)
         return gather(resolved, env, with_tensorflow=tf is not None,
-                      collect_tensorflow=(lambda e: tf) if tf is not None else None,
-                      collect_cuda=lambda e: cuda or cuda_stack())
+                      children=ChildProbes(
+                          tensorflow=(lambda e: tf) if tf is not None else None,
+                          cuda=lambda e: cuda or cuda_stack()))
 
     return facts

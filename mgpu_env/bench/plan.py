@@ -1,5 +1,7 @@
-"""`mgpu bench`'s plan: which points the sweep measures (replica counts x precision x XLA x
-data), on which devices, each with the runtime's decisions for its child process."""
+"""`mgpu bench`'s plan: which points the sweep measures, on which devices.
+
+The points are replica counts x precision x XLA x data, each with the runtime's decisions for
+its child process."""
 
 from __future__ import annotations
 

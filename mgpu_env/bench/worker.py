@@ -80,7 +80,7 @@ def point_data(spec: PointSpec) -> PointData:
 def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str]:
     """The training module's feed over DATASET: the rows kept on every device (`real`), or
     streamed through tf.data (`stream`, the path for data that does not fit)."""
-    from mgpu_env.training.input.feeds import kind_named, make_feed, plan_feed
+    from mgpu_env.training.input.feeds import FeedMaking, kind_named, make_feed, plan_feed
     from mgpu_env.training.input.keep import KeepLimit
 
     assert data.arrays is not None  # point_data loads them for every non-synthetic point
@@ -88,8 +88,9 @@ def real_feed(spec: PointSpec, strategy: Any, data: PointData) -> tuple[Any, str
     keep = KeepLimit(0 if spec.data == "stream" else sys.maxsize, f"BENCH {spec.data}")
     feed_plan = plan_feed(data.arrays, keep, spec.global_batch)
     # Streamed chunks that divide the intervals, as they divide training's calls.
-    feed = make_feed(strategy, data.arrays, feed_plan, spec.global_batch, spec.seed,
-                     deterministic=spec.deterministic, steps_per_call=spec.steps_per_interval)
+    feed = make_feed(FeedMaking(strategy, data.arrays, feed_plan, spec.global_batch, spec.seed,
+                                deterministic=spec.deterministic,
+                                steps_per_call=spec.steps_per_interval))
     return feed, f"{data.choice.describe()}, {kind_named(feed_plan.kind).how}"
 
 
@@ -201,6 +202,7 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
     from mgpu_env.training.input.data import FEATURES
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.loops import Chunks
+    from mgpu_env.training.step.steps import StepSpec
 
     rows = data.arrays.sample_shape if data.arrays is not None else data.shape.input_shape
     # The training module's step: n steps per tf.function call, XLA on the per-replica
@@ -208,8 +210,8 @@ def _variant(spec: PointSpec, strategy: Any, data: PointData, execution: Executi
     # become the ResNet's images in the step, so that counts as input cost too.
     trainer = build_trainer(
         strategy, lambda: build_model(spec.model, spec.seed, data.shape),
-        learning_rate=spec.learning_rate, precision=execution.precision,
-        global_batch_size=spec.global_batch, jit_compile=spec.xla,
+        StepSpec(learning_rate=spec.learning_rate, precision=execution.precision,
+                 global_batch_size=spec.global_batch, jit_compile=spec.xla),
         prepare_input=image_maker(data.shape.input_shape)
         if rows == (FEATURES,) and data.shape.input_shape != rows else None,
     )

@@ -1,12 +1,15 @@
-"""Gathering the facts once and judging them: `gather` runs every probe (NVML, the host,
-CUDA's driver API, TensorFlow and the CUDA libraries in children) and reads training's
-decisions from the runtime's record (decided once per run, `runtime.record.decide`),
-`diagnose` judges them all and, with `smoke`, runs the smoke job with the same runtime."""
+"""Gathering the doctor's facts once and judging them.
+
+`gather` runs every probe (NVML, the host, CUDA's driver API, TensorFlow and the CUDA
+libraries in children) and reads training's decisions from the runtime's record (decided once
+per run, `runtime.record.decide`); `diagnose` judges them all and, with `smoke`, runs the
+smoke job with the same runtime."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import mgpu_env.doctor.facts as probes
@@ -60,14 +63,23 @@ def _environment_for_tensorflow(
     return env
 
 
+@dataclass(frozen=True)
+class ChildProbes:
+    """The probes `gather` runs in children with the runtime's environment, each None for
+    the real one (looked up when called, so a test can patch the module's `collect`) or a
+    canned answer's function."""
+
+    tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None
+    cuda: Callable[[Mapping[str, str]], CudaStack] | None = None
+    driver: Callable[[Mapping[str, str]], Probed[DriverApi]] | None = None
+
+
 def gather_with_runtime(
     resolved: ResolvedSettings,
     environ: Mapping[str, str] | None = None,
     *,
     with_tensorflow: bool = True,
-    collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
-    collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
-    collect_driver: Callable[[Mapping[str, str]], Probed[DriverApi]] | None = None,
+    children: ChildProbes = ChildProbes(),
 ) -> tuple[Decisions, Runtime | None, Facts]:
     """Run every probe once. NVML and the host take milliseconds; TensorFlow seconds.
     Returns what training decides here (decided once, here, part by part), its runtime
@@ -89,10 +101,10 @@ def gather_with_runtime(
     child_environ = _environment_for_tensorflow(runtime, environ)
     # Always, NVML or not (milliseconds: a child that loads libcuda.so.1 and calls cuInit,
     # also with --no-tf): when NVML fails, CUDA's answer often names the cause.
-    cuda_driver = (collect_driver or cudadriver.collect)(child_environ)
+    cuda_driver = (children.driver or cudadriver.collect)(child_environ)
     if with_tensorflow:
-        tf_facts = (collect_tensorflow or tfprobe.collect)(child_environ)
-        cuda = (collect_cuda or cudalibs.collect)(child_environ)
+        tf_facts = (children.tensorflow or tfprobe.collect)(child_environ)
+        cuda = (children.cuda or cudalibs.collect)(child_environ)
     settings = resolved.settings
     host = probes.probe_host()
     docker, p2p = _docker_and_p2p(host, selection, resolved, environ)
@@ -144,15 +156,11 @@ def gather(
     environ: Mapping[str, str] | None = None,
     *,
     with_tensorflow: bool = True,
-    collect_tensorflow: Callable[[Mapping[str, str]], TfFacts] | None = None,
-    collect_cuda: Callable[[Mapping[str, str]], CudaStack] | None = None,
-    collect_driver: Callable[[Mapping[str, str]], Probed[DriverApi]] | None = None,
+    children: ChildProbes = ChildProbes(),
 ) -> Facts:
     """The facts of `gather_with_runtime`, without the runtime."""
     return gather_with_runtime(
-        resolved, environ, with_tensorflow=with_tensorflow,
-        collect_tensorflow=collect_tensorflow, collect_cuda=collect_cuda,
-        collect_driver=collect_driver)[2]
+        resolved, environ, with_tensorflow=with_tensorflow, children=children)[2]
 
 
 def diagnose(

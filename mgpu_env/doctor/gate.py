@@ -125,7 +125,7 @@ def _unresolved_peers(runtime: Runtime, wait_s: float) -> list[Check]:
     cluster = runtime.cluster
     if cluster is None:
         return []
-    missing = peers.wait_until_resolved(cluster.workers, cluster.address, wait_s)
+    missing = peers.wait_until_resolved(cluster, wait_s)
     if not missing:
         return []
     statuses = [peers.PeerStatus(a, "unresolved", f"{a.rpartition(':')[0]} does not resolve")

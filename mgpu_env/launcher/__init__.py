@@ -17,6 +17,7 @@ This module only re-exports.
 from mgpu_env.launcher.run_watch import stall_watch
 from mgpu_env.launcher.script import (
     SCRIPT_DECIDES,
+    ScriptFailure,
     Target,
     keras_note,
     prepare,
@@ -27,6 +28,6 @@ from mgpu_env.launcher.script import (
 )
 
 __all__ = [
-    "SCRIPT_DECIDES", "Target", "keras_note", "prepare", "resolve_target", "run_target",
-    "scan_target", "stall_watch", "summary",
+    "SCRIPT_DECIDES", "ScriptFailure", "Target", "keras_note", "prepare", "resolve_target",
+    "run_target", "scan_target", "stall_watch", "summary",
 ]

@@ -331,19 +331,29 @@ def _end_notes(runtime: Runtime | None, scan: ScriptScan | None, err: BaseExcept
     notes: list[str | None] = [*ran_notes(runtime, scan, failed=failed or err is not None)]
     if err is not None and target is not None:
         cluster = runtime.cluster is not None  # (a TensorFlow change: KERAS=2 won't help)
-        notes.append(error_note(err) or keras_note(err, sys.modules, runtime.keras, target,
+        notes.append(error_note(err) or keras_note(ScriptFailure(err, sys.modules),
+                                                   runtime.keras, target,
                                                    cluster=cluster, scan=scan))
     for note in notes:
         if note is not None:
             print(note, file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class ScriptFailure:
+    """A script's error with the modules its process had loaded when it was raised
+    (sys.modules): whether Keras 3 raised it is read from both."""
+
+    err: BaseException
+    modules: Mapping[str, Any]
+
+
 def keras_note(
-    err: BaseException, modules: Mapping[str, Any], keras: KerasChoice, target: Target,
+    failure: ScriptFailure, keras: KerasChoice, target: Target,
     *, cluster: bool, scan: ScriptScan | None = None,
 ) -> str | None:
     """After a script failed: what its traceback does not say when the cause is Keras 2
-    code in Keras 3, and the one change that fixes it. `modules`: sys.modules.
+    code in Keras 3, and the one change that fixes it.
 
     - tf.keras is Keras 3, and the error is one Keras 2 code meets there (`keras_2_error`),
       or, between workers, any error raised in Keras 3 (keras-team/keras#20585): rerun with
@@ -355,6 +365,7 @@ def keras_note(
     - tf.keras is Keras 2 but the script imported Keras 3 itself (`import keras`) and the
       error came from it: change that import.
     None otherwise, and for a script that imports Keras 3 itself (KERAS=2 leaves it)."""
+    err, modules = failure.err, failure.modules
     cause = keras_2_error(err)
     raised_in_keras_3 = keras_3_loaded(modules) and _raised_by_keras_3(err, modules["keras"])
     if keras.version == "2":

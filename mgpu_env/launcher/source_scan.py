@@ -49,6 +49,16 @@ FindingKind = Literal["keras_2", "removed", "changed", "order"]
 
 
 @dataclass(frozen=True)
+class Said:
+    """What a finding says, wherever it is: its kind, and for its kind the fix (removed
+    APIs) or why Keras 3 fails on it (Keras 2 code)."""
+
+    kind: FindingKind
+    fix: str = ""
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class Finding:
     """One use of an API in the source: what, where, and what to do about it."""
 
@@ -210,21 +220,21 @@ class _Visitor(ast.NodeVisitor):
         self.constants: dict[str, ast.AST] = {}  # names bound once: text_tail reads them
         self._seen: set[tuple[str, int]] = set()
 
-    def _add(self, kind: FindingKind, api: str, node: ast.AST, fix: str = "",
-             key: str = "", why: str = "") -> None:
+    def _add(self, said: Said, api: str, node: ast.AST, key: str = "") -> None:
         # One finding per rule and line: `a.b.c.d` is visited as `a.b.c.d` and `a.b.c`.
         line = getattr(node, "lineno", 0)
         if (key or api, line) in self._seen:
             return
         self._seen.add((key or api, line))
-        finding = Finding(kind, api, self.shown, line, fix, why)
-        (self.keras_2 if kind == "keras_2" else self.removed).append(finding)
+        finding = Finding(said.kind, api, self.shown, line, said.fix, said.why)
+        (self.keras_2 if said.kind == "keras_2" else self.removed).append(finding)
 
     def _add_break(self, change: tensorflow_breaks.Break, api: str, node: ast.AST) -> None:
         if change.keras_2_runs:
-            self._add("keras_2", api, node, key=change.key, why=change.says())
+            self._add(Said("keras_2", why=change.says()), api, node, key=change.key)
         else:
-            self._add("changed", api, node, change.says(), key=change.key, why=change.key)
+            self._add(Said("changed", fix=change.says(), why=change.key), api, node,
+                      key=change.key)
 
     def _expand(self, dotted: str) -> str:
         """`K.x` as `tensorflow.keras.backend.x` when the file imported K so."""
@@ -239,13 +249,13 @@ class _Visitor(ast.NodeVisitor):
             self.tf_keras_use = Finding("keras_2", dotted, self.shown,
                                         getattr(node, "lineno", 0))
         if (chain := _chain_match(full, KERAS_2_CHAINS)) is not None:
-            self._add("keras_2", dotted, node, key=chain, why=KERAS_2_CHAINS[chain])
+            self._add(Said("keras_2", why=KERAS_2_CHAINS[chain]), dotted, node, key=chain)
         elif (why := breaks.missing_name(full)) is not None:
-            self._add("keras_2", dotted, node, why=why)
+            self._add(Said("keras_2", why=why), dotted, node)
         elif (found := breaks.attribute_rule(full)) is not None:
-            self._add("keras_2", found[0], node, why=found[1])
+            self._add(Said("keras_2", why=found[1]), found[0], node)
         elif (chain := _chain_match(dotted, REMOVED_CHAINS)) is not None:
-            self._add("removed", dotted, node, REMOVED_CHAINS[chain], key=chain)
+            self._add(Said("removed", fix=REMOVED_CHAINS[chain]), dotted, node, key=chain)
         elif (change := tensorflow_breaks.chain_break(full)) is not None:
             self._add_break(change, dotted, node)
         if dotted.split(".")[-1] == "LossScaleOptimizer":
@@ -280,7 +290,7 @@ class _Visitor(ast.NodeVisitor):
             self.keras_3_import = Finding("keras_2", f"import {module}", self.shown,
                                           getattr(node, "lineno", 0))
         if top in KERAS_2_PACKAGES and not names_only:
-            self._add("keras_2", f"import {module}", node)
+            self._add(Said("keras_2"), f"import {module}", node)
         self._check_dotted(module, node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
@@ -298,16 +308,16 @@ class _Visitor(ast.NodeVisitor):
         receiver = (self._expand(_dotted(func.value) or "")
                     if isinstance(func, ast.Attribute) else None)
         if (why := breaks.file_rule(node, receiver, self.constants)) is not None:
-            self._add("keras_2", _shown_call(node), node, why=why)
+            self._add(Said("keras_2", why=why), _shown_call(node), node)
         elif (found := breaks.call_rule(node, receiver)) is not None:
-            self._add("keras_2", found[0], node, why=found[1])
+            self._add(Said("keras_2", why=found[1]), found[0], node)
         if isinstance(func, ast.Attribute):
             if (change := tensorflow_breaks.method_break(name)) is not None:
                 self._add_break(change, f".{name}()", node)
             elif name in KERAS_2_METHODS:
-                self._add("keras_2", f".{name}()", node, why=KERAS_2_METHODS[name])
+                self._add(Said("keras_2", why=KERAS_2_METHODS[name]), f".{name}()", node)
             elif name in REMOVED_METHODS:
-                self._add("removed", f".{name}()", node, REMOVED_METHODS[name])
+                self._add(Said("removed", fix=REMOVED_METHODS[name]), f".{name}()", node)
             elif name == "apply_gradients" and self.apply_gradients is None:
                 self.apply_gradients = Finding("keras_2", ".apply_gradients()", self.shown,
                                                node.lineno)
@@ -321,8 +331,8 @@ class _Visitor(ast.NodeVisitor):
         if name in ("set_global_policy", "set_policy") and self.sets_policy is None:
             self.sets_policy = Finding("keras_2", f"{name}()", self.shown, node.lineno)
         if name in OPTIMIZER_NAMES and any(k.arg == "lr" for k in node.keywords):
-            self._add("keras_2", f"{name}(lr=...)", node,
-                      why="Keras 3 optimizers take learning_rate=, not lr=")
+            self._add(Said("keras_2", why="Keras 3 optimizers take learning_rate=, not lr="),
+                      f"{name}(lr=...)", node)
         self.generic_visit(node)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:

@@ -1,6 +1,7 @@
 """The lines after the script: what ran (observed by `run_observer`), against the plan.
 
-    lines = what_ran(observed(), built_strategies(), plan, existing, failed=False)
+    lines = what_ran(Seen(observed(), built_strategies(), listed_devices()),
+                     Planned(replicas, precision, device_type), failed=False)
 
 Pure functions of the records, so every case is a unit test:
 - the strategy whose steps ran (`fit`, `strategy.run`), with the devices and replicas it
@@ -46,6 +47,25 @@ class PlannedPrecision:
     def compute(self) -> str:
         return {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(
             self.policy, self.policy)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What TensorFlow shows after the script: the records observed while it ran, the
+    strategies it built, and the short names of the devices TensorFlow lists now."""
+
+    observed: Observed
+    built: tuple[BuiltStrategy, ...]
+    existing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What mgpu planned for the script: the replicas, the precision and the device type."""
+
+    replicas: PlannedReplicas
+    precision: PlannedPrecision
+    device_type: str
 
 
 def _count(number: int, word: str) -> str:
@@ -200,12 +220,12 @@ def _no_layers(observed: Observed, planned: PlannedPrecision, quiet: bool) -> li
             f"variables to tf.{planned.compute}), or build the model of Keras layers"]
 
 
-def what_ran(observed: Observed, built: tuple[BuiltStrategy, ...], planned: PlannedReplicas,
-             precision: PlannedPrecision, existing: tuple[str, ...], device_type: str,
-             *, failed: bool, quiet: bool = False) -> list[str]:
-    """Every line after the script. `existing`: the short names TensorFlow lists now;
-    `failed`: the script raised or exited non-zero. Nothing when it failed before any step,
-    and nothing for a script that never imported TensorFlow (no records)."""
+def what_ran(seen: Seen, plan: Planned, *, failed: bool, quiet: bool = False) -> list[str]:
+    """Every line after the script. `failed`: the script raised or exited non-zero. Nothing
+    when it failed before any step, and nothing for a script that never imported TensorFlow
+    (no records)."""
+    observed, built, existing = seen.observed, seen.built, seen.existing
+    planned, precision, device_type = plan.replicas, plan.precision, plan.device_type
     if not observed.computed():  # no step: no precision that computed, and after a failure
         return [] if failed else [  # no advice about code that never ran
             *strategy_lines(observed, built, planned, existing, quiet=quiet),
@@ -223,12 +243,13 @@ def ran_notes(runtime: Runtime, scan: ScriptScan | None, *, failed: bool) -> lis
     from mgpu_env.launcher.run_observer import observed
     from mgpu_env.launcher.strategy_watch import built_strategies, listed_devices, planned_replicas
 
-    plan = planned_replicas(runtime.strategy_plan, runtime.replicas, runtime.role.num_workers)
+    replicas = planned_replicas(runtime.strategy_plan, runtime.replicas,
+                                runtime.role.num_workers)
     precision = PlannedPrecision(runtime.precision.policy, runtime.precision.reason)
     seen = observed()
-    lines = what_ran(
-        seen, built_strategies(), plan, precision, listed_devices(),
-        runtime.device_type, failed=failed, quiet=runtime.settings.quiet)
+    lines = what_ran(Seen(seen, built_strategies(), listed_devices()),
+                     Planned(replicas, precision, runtime.device_type),
+                     failed=failed, quiet=runtime.settings.quiet)
     fp16 = any(policy == MIXED_FLOAT16 for _, policy in seen.layers)
     if fp16 and precision.policy != MIXED_FLOAT16 and scan is not None and (
             loop := scan.unscaled_custom_loop()) is not None:

@@ -160,7 +160,7 @@ def split_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
-def profile_training(strategy: Any, trainer: Any, logdir: Path, steps: int, data: Any,
+def profile_training(trainer: Any, logdir: Path, steps: int, data: Any,
                      global_batch: int) -> list[str]:
     """`mgpu train --profile STEPS`: `steps` steps of the run's model profiled into its
     logs/ folder before its first epoch, every weight put back after (the run trains as it
@@ -169,7 +169,7 @@ def profile_training(strategy: Any, trainer: Any, logdir: Path, steps: int, data
     each device."""
     import tensorflow as tf
 
-    batch = None
+    batch, strategy = None, trainer.strategy
     if not hasattr(data, "x_train"):
         shape = tuple(trainer.model.input_shape[1:])
         per_replica = global_batch // strategy.num_replicas_in_sync

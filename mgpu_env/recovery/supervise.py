@@ -32,7 +32,7 @@ from mgpu_env.recovery.decide import (
     stalled_phase,
 )
 from mgpu_env.recovery.health import failing_gpus
-from mgpu_env.runtime.cluster.local import Ended, Supervised, supervise
+from mgpu_env.runtime.cluster.local import Ended, Supervised, Supervision, supervise
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.state import check_run_state
 from mgpu_env.training.shared.atomic import atomic_write_json
@@ -183,8 +183,9 @@ def supervise_run(command: Sequence[str], environ: Mapping[str, str], recovering
     The child trains without a supervisor of its own (MAX_RESTARTS=0) in the folder
     decided here (OUTPUT_DIR)."""
     env = {**environ, "MAX_RESTARTS": "0", "OUTPUT_DIR": str(recovering.folder)}
-    code = supervise(OneRun(), command, env, max_restarts=recovering.max_restarts,
-                     stdout=stdout, stderr=stderr, recovery=recovering)
+    code = supervise(OneRun(), command, env, Supervision(
+        max_restarts=recovering.max_restarts, stdout=stdout, stderr=stderr,
+        recovery=recovering))
     recovering.record()
     for line in recovering.end_lines():
         recovering.say(line)

@@ -1,6 +1,8 @@
-"""The runtime's decisions as training reads them (`Runtime`), the machine's facts they are
-made from (`Machine`, `probe_machine`), and a process's execution on some of the GPUs
-(`decide_execution`). `record.decide` makes them; nothing downstream decides them again.
+"""The runtime's decisions as training reads them.
+
+They are the `Runtime`, the machine's facts they are made from (`Machine`, `probe_machine`),
+and a process's execution on some of the GPUs (`decide_execution`). `record.decide` makes
+them; nothing downstream decides them again.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ def decide_execution(
         [gpu.compute_capability.value for gpu in gpus], cpu_flags,
     )
     strategy = plan_strategy(
-        request.cross_device_ops, split.names, split.device_type, split.physical,
+        request.cross_device_ops, split,
         nccl_available=nccl, role=request.role,
     )
     environment = {

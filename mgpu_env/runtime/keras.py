@@ -76,26 +76,36 @@ def tf_keras_installed() -> bool:
     return importlib.util.find_spec("tf_keras") is not None
 
 
+@dataclass(frozen=True)
+class KerasFound:
+    """What, besides KERAS, decides the Keras: what the user, the machine and the script
+    already have.
+
+    `user_legacy`: TF_USE_LEGACY_KERAS as the user set it (environment, else the settings
+    file), None when unset; `tf_keras_available`: `tf_keras_installed()`; `keras_2_code`:
+    what in the script only Keras 2 has (`ScriptScan.keras_2_evidence()`,
+    "`x.reset_states()` at train.py:40"), None when nothing.
+    """
+
+    user_legacy: str | None
+    tf_keras_available: bool
+    keras_2_code: str | None = None
+
+
 def choose_keras(
-    request: KerasRequest,
-    *,
-    multi_worker: bool,
-    command: Command,
-    user_legacy: str | None,
-    tf_keras_available: bool,
-    keras_2_code: str | None = None,
+    request: KerasRequest, found: KerasFound, *, multi_worker: bool, command: Command,
 ) -> KerasChoice:
     """Turn KERAS (auto, 3, 2) into the Keras `tf.keras` will be.
 
-    `multi_worker`: the run is a cluster; `command`: whose code uses Keras; `user_legacy`:
-    TF_USE_LEGACY_KERAS as the user set it (environment, else the settings file), None when
-    unset; `tf_keras_available`: `tf_keras_installed()`; `keras_2_code`: what in the
-    script only Keras 2 has (`ScriptScan.keras_2_evidence()`, "`x.reset_states()` at
-    train.py:40"), None when nothing. An explicit KERAS wins over TF_USE_LEGACY_KERAS; with
-    KERAS=auto the user's TF_USE_LEGACY_KERAS is respected, then Keras 2 code gets Keras 2.
+    `multi_worker`: the run is a cluster; `command`: whose code uses Keras; `found`: what
+    the user, the machine and the script have (`KerasFound`). An explicit KERAS wins over
+    TF_USE_LEGACY_KERAS; with KERAS=auto the user's TF_USE_LEGACY_KERAS is respected, then
+    Keras 2 code gets Keras 2.
     Raises ConfigError (exit 2) when Keras 2 is asked for and `tf_keras` is not installed.
     """
     multi_worker_script = multi_worker and command == "run"
+    user_legacy, tf_keras_available = found.user_legacy, found.tf_keras_available
+    keras_2_code = found.keras_2_code
     if request == "2":
         return _keras_2_asked(user_legacy, tf_keras_available)
     if request == "3":

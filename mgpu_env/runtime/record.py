@@ -29,7 +29,7 @@ from mgpu_env.hardware.nvml import GpuInfo
 from mgpu_env.runtime.cluster import Cluster, ClusterDecision, decide_cluster
 from mgpu_env.runtime.decisions import DecidedParts, Machine, Runtime, probe_machine
 from mgpu_env.runtime.execution import DEFAULT_TF_LOG_LEVEL, Execution
-from mgpu_env.runtime.keras import LEGACY_VARIABLE, Command, KerasChoice, choose_keras
+from mgpu_env.runtime.keras import LEGACY_VARIABLE, Command, KerasChoice, KerasFound, choose_keras
 from mgpu_env.runtime.precision import PrecisionChoice, choose_precision
 from mgpu_env.runtime.strategy import StrategyPlan, nccl_possible, plan_strategy
 
@@ -212,7 +212,7 @@ def decide(
             settings.mixed_precision, split.device_type, capabilities, machine.cpu_flags))
         role = cluster.role if cluster is not None else None
         strategy = attempt("strategy", lambda: plan_strategy(
-            settings.cross_device_ops, split.names, split.device_type, split.physical,
+            settings.cross_device_ops, split,
             nccl_available=nccl, role=role))
     return Decisions(resolved, machine, command, decision, selection, keras, split,
                      precision, strategy, nccl, environment, tuple(notes), failures)
@@ -229,11 +229,9 @@ def decide_keras(
 ) -> KerasChoice:
     """KERAS for `command` in this cluster (None: one process), by `choose_keras`, with the
     user's TF_USE_LEGACY_KERAS and whether tf_keras is installed as the machine says."""
-    return choose_keras(
-        resolved.settings.keras, multi_worker=cluster is not None, command=command,
-        user_legacy=_user_legacy(resolved, machine.environ),
-        tf_keras_available=machine.tf_keras, keras_2_code=keras_2_code,
-    )
+    found = KerasFound(_user_legacy(resolved, machine.environ), machine.tf_keras, keras_2_code)
+    return choose_keras(resolved.settings.keras, found, multi_worker=cluster is not None,
+                        command=command)
 
 
 def _usable_virtual_devices(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.hardware.devices import DeviceSplit
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
 StrategyKind = Literal["mirrored", "multi_worker"]
@@ -80,27 +81,25 @@ def _invalid(value: str, why: str, valid: Sequence[str]) -> ConfigError:
 
 def plan_strategy(
     requested: str,
-    devices: Sequence[str],
-    device_type: str,
-    physical_devices: int,
+    split: DeviceSplit,
     *,
     nccl_available: bool = True,
     role: WorkerRole | None = None,
 ) -> StrategyPlan:
     """Choose the strategy and the all-reduce for these devices. Raises ConfigError.
 
-    `devices` are the logical device names MirroredStrategy will mirror over;
-    `physical_devices` how many real devices they come from (fewer when VIRTUAL_DEVICES
-    split them); `requested` is CROSS_DEVICE_OPS.
+    `split` names the logical devices MirroredStrategy will mirror over and how many real
+    devices they come from (fewer when VIRTUAL_DEVICES split them); `requested` is
+    CROSS_DEVICE_OPS.
     """
     if requested not in CROSS_DEVICE_OPS:
         raise ConfigError(
             f"Valid values for CROSS_DEVICE_OPS are [{', '.join(CROSS_DEVICE_OPS)}]. "
             f"Supplied value: {requested}."
         )
+    devices, device_type, physical_devices = split.names, split.device_type, split.physical
     if not devices:
         raise ConfigError("No device to train on: TensorFlow lists no CPU or GPU.")
-    devices = tuple(devices)
     if role is not None:
         ops, note = _between_workers(requested, device_type == "GPU",
                                      len(devices) > physical_devices, nccl_available)

@@ -618,9 +618,10 @@ def test_interleaved_rounds_time_one_interval_of_each_variant_in_turn() -> None:
 
 
 def mirrored_over(devices: tuple[str, ...]) -> Any:
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
 
-    return make_strategy(plan_strategy("auto", devices, "CPU", 1))
+    return make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, len(devices))))
 
 
 def small_arrays(rows: int = 100, features: int = 3) -> Any:

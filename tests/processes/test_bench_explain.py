@@ -95,13 +95,14 @@ def two_replica_trainer(logical_cpus: tuple[str, ...]) -> tuple[Any, Any]:
     from mgpu_env.bench.models import SHAPES, build_model
     from mgpu_env.runtime.precision import choose_precision
     from mgpu_env.training.step.build import build_trainer
+    from mgpu_env.training.step.steps import StepSpec
 
     strategy = tf.distribute.MirroredStrategy(
         list(logical_cpus[:2]), cross_device_ops=tf.distribute.ReductionToOneDevice())
     trainer = build_trainer(
-        strategy, lambda: build_model("mlp", 1, SHAPES["mlp"]), learning_rate=0.001,
-        precision=choose_precision("0", "CPU", (), frozenset()), global_batch_size=128,
-        jit_compile=False,
+        strategy, lambda: build_model("mlp", 1, SHAPES["mlp"]),
+        StepSpec(learning_rate=0.001, precision=choose_precision("0", "CPU", (), frozenset()),
+                 global_batch_size=128, jit_compile=False),
     )
     return strategy, trainer
 

@@ -21,7 +21,14 @@ from typer.testing import CliRunner
 from entrypoint.app import app
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.runtime.cluster import local
-from mgpu_env.runtime.cluster.local import LocalWorkers, gpu_shares, plan_local_workers, supervise
+from mgpu_env.runtime.cluster.local import (
+    LaunchingHere,
+    LocalWorkers,
+    Supervision,
+    gpu_shares,
+    plan_local_workers,
+    supervise,
+)
 from tests.support.children import REPO, child_env
 
 # ------------------------------------------------------------------------------ the plan
@@ -56,8 +63,7 @@ def test_shares_that_do_not_fit_are_refused_with_the_fix(
 
 
 def test_the_plan_gives_every_worker_the_same_hosts_its_index_and_one_run_name() -> None:
-    plan = plan_local_workers(2, [0, 1], None, has_run_folder=False, cluster_engine=None,
-                              now=0.0)
+    plan = plan_local_workers(2, None, LaunchingHere([0, 1], has_run_folder=False), now=0.0)
     first, second = plan.environment(0), plan.environment(1)
     assert first["WORKER_HOSTS"] == second["WORKER_HOSTS"]
     hosts = first["WORKER_HOSTS"].split(",")
@@ -65,7 +71,7 @@ def test_the_plan_gives_every_worker_the_same_hosts_its_index_and_one_run_name()
     assert (first["WORKER_INDEX"], second["WORKER_INDEX"]) == ("0", "1")
     assert (first["GPUS"], second["GPUS"]) == ("0", "1")
     assert first["RUN_NAME"] == second["RUN_NAME"] == "19700101-000000"
-    named = plan_local_workers(2, [], None, has_run_folder=True, cluster_engine=None)
+    named = plan_local_workers(2, None, LaunchingHere([], has_run_folder=True))
     assert "RUN_NAME" not in named.environment(0) and "GPUS" not in named.environment(0)
 
 
@@ -79,7 +85,7 @@ def test_free_loopback_ports_are_distinct_and_free() -> None:
 def test_plans_that_cannot_be_are_refused(workers: int, engine: str | None,
                                           message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        plan_local_workers(workers, [], None, has_run_folder=True, cluster_engine=engine)
+        plan_local_workers(workers, None, LaunchingHere([], True, cluster_engine=engine))
 
 
 # ------------------------------------------------------------------------ the supervisor
@@ -103,7 +109,7 @@ def test_all_workers_succeed_and_every_line_is_tagged_once(tmp_path: Path) -> No
         print("hello from", i, os.environ["WORKER_HOSTS"])
         print(f"[worker {i}] already tagged")
         print("to stderr", file=sys.stderr)
-    """), child_env(tmp_path), stdout=out, stderr=err)
+    """), child_env(tmp_path), how=Supervision(stdout=out, stderr=err))
     assert code == 0
     lines = sorted(out.getvalue().splitlines())
     assert lines == [
@@ -140,7 +146,7 @@ def test_one_failing_worker_stops_the_others_and_its_code_is_the_launchers(
     out, err = io.StringIO(), io.StringIO()
     started = time.monotonic()
     code = supervise(fixed_plan(3), python_workers(STOPPABLE), child_env(tmp_path, FAIL="1"),
-                     stdout=out, stderr=err)
+                     how=Supervision(stdout=out, stderr=err))
     assert code == 3
     assert time.monotonic() - started < 30
     # Which worker stalled, and where: its report's first line, said again by the launcher.
@@ -155,7 +161,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_time(tmp_path: 
                              "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
     started = time.monotonic()
     code = supervise(fixed_plan(2), python_workers(body), child_env(tmp_path, FAIL="1"),
-                     stdout=io.StringIO(), stderr=io.StringIO(), grace_s=1.0)
+                     how=Supervision(stdout=io.StringIO(), stderr=io.StringIO(), grace_s=1.0))
     assert code == 3 and time.monotonic() - started < 20
 
 
@@ -294,8 +300,8 @@ def run_flaky(tmp_path: Path, max_restarts: int, **env: str) -> tuple[int, str, 
     code = supervise(
         LocalWorkers(("127.0.0.1:2", "127.0.0.1:1"), (None, None), None),
         python_workers(FLAKY), {**os.environ, "RECORD": str(record), **env},
-        max_restarts=max_restarts, stdout=io.StringIO(), stderr=err, grace_s=5.0,
-        poll_s=0.05, ports=lambda n: [next(fresh) for _ in range(n)],
+        Supervision(max_restarts=max_restarts, stdout=io.StringIO(), stderr=err, grace_s=5.0,
+                    poll_s=0.05, ports=lambda n: [next(fresh) for _ in range(n)]),
     )
     return code, err.getvalue(), record.read_text().splitlines()
 
@@ -377,8 +383,8 @@ def test_a_killed_workers_scratch_and_temporary_files_are_removed_at_restart_and
         LocalWorkers(("127.0.0.1:2", "127.0.0.1:1"), (None, None), None),
         python_workers(LITTERING),
         {**child_env(tmp_path), "RECORD": str(record), "TMPDIR": str(tmp)},
-        max_restarts=1, stdout=io.StringIO(), stderr=io.StringIO(), grace_s=5.0, poll_s=0.05,
-        ports=lambda n: [next(fresh) for _ in range(n)],
+        Supervision(max_restarts=1, stdout=io.StringIO(), stderr=io.StringIO(), grace_s=5.0,
+                    poll_s=0.05, ports=lambda n: [next(fresh) for _ in range(n)]),
     )
     assert code == 0
     starts = [line.split() for line in record.read_text().splitlines()]
@@ -423,7 +429,8 @@ def test_what_a_killed_launcher_left_is_removed_by_the_next_start(tmp_path: Path
     assert len([f for f in left if "-ckpt-" in f]) == 4, left  # 2 scratch folders' files
     assert len([f for f in left if "left-by-worker-" in f]) == 2, left
     code = supervise(fixed_plan(1), python_workers("print('a later run')"), child_env(tmp_path)
-                     | {"TMPDIR": str(tmp)}, stdout=io.StringIO(), stderr=io.StringIO())
+                     | {"TMPDIR": str(tmp)},
+                     Supervision(stdout=io.StringIO(), stderr=io.StringIO()))
     assert code == 0 and files_under(tmp) == [] and list(tmp.iterdir()) == []
 
 
@@ -460,8 +467,8 @@ def test_a_temporary_folder_that_cannot_be_made_is_exit_2_before_any_worker(
     with pytest.raises(ConfigError, match=r"(?s)cannot be made in .*nowhere.*Fix: point TMPDIR"):
         supervise(fixed_plan(2), python_workers(LITTERING),
                   {**child_env(tmp_path), "RECORD": str(record),
-                   "TMPDIR": str(tmp_path / "nowhere")}, stdout=io.StringIO(),
-                  stderr=io.StringIO())
+                   "TMPDIR": str(tmp_path / "nowhere")},
+                  Supervision(stdout=io.StringIO(), stderr=io.StringIO()))
     assert not record.exists()
 
 
@@ -476,7 +483,7 @@ def test_the_cause_is_the_worker_that_failed_first_even_when_seen_together() -> 
     """
     err = io.StringIO()
     code = supervise(fixed_plan(2), python_workers(body), dict(os.environ),
-                     stdout=io.StringIO(), stderr=err, poll_s=3.0)
+                     how=Supervision(stdout=io.StringIO(), stderr=err, poll_s=3.0))
     assert code == 5
     assert err.getvalue().splitlines() == ["mgpu: worker 1 exited 5; stopping the other workers"]
 
@@ -518,10 +525,10 @@ def test_a_launcher_killed_by_a_signal_leaves_no_worker_behind(
     launcher = tmp_path / "launcher.py"
     launcher.write_text(textwrap.dedent(f"""
         import os, sys
-        from mgpu_env.runtime.cluster.local import LocalWorkers, supervise
+        from mgpu_env.runtime.cluster.local import LocalWorkers, Supervision, supervise
         plan = LocalWorkers(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"), (None,) * 3, None)
         argv = [sys.executable, "-c", {textwrap.dedent(LINGERING)!r}]
-        sys.exit(supervise(plan, argv, dict(os.environ), max_restarts=2))
+        sys.exit(supervise(plan, argv, dict(os.environ), Supervision(max_restarts=2)))
     """))
     process = subprocess.Popen([sys.executable, str(launcher)], cwd=REPO, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)},

@@ -103,12 +103,13 @@ def test_a_checkpoints_name_says_where_the_run_stands(tmp_path: Path) -> None:
 def test_a_feed_started_at_a_step_trains_the_rest_of_the_order_once(
     logical_cpus: tuple[str, ...], feed_kind: str
 ) -> None:
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.order import epoch_order
 
     size, global_batch = 250, 16  # 15 steps; 10 rows of each epoch left out
     for replicas in (1, 2):
-        strategy = make_strategy(plan_strategy("auto", logical_cpus[:replicas], "CPU", 1))
+        strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, replicas)))
         whole, before, after = rows_seen(strategy, feed_kind, size, global_batch,
                                           [(0, 15), (0, 6), (6, 9)])
         # The run stopped after step 6 and resumed there: every row of the epoch once.
@@ -294,18 +295,20 @@ def test_a_checkpoint_from_before_checkpoints_inside_the_epoch_still_resumes(
 ) -> None:
     import tensorflow as tf
 
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.run.checkpoints import Checkpoints
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepSpec
 
     def trainer(seed: int) -> Any:
         return build_trainer(
-            make_strategy(plan_strategy("auto", logical_cpus[:1], "CPU", 1)),
-            lambda: build_model(seed), learning_rate=0.01,
-            precision=PrecisionChoice(FLOAT32, False, "test"), global_batch_size=16,
-            jit_compile=False)
+            make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1))),
+            lambda: build_model(seed),
+            StepSpec(learning_rate=0.01, precision=PrecisionChoice(FLOAT32, False, "test"),
+                     global_batch_size=16, jit_compile=False))
 
     old = trainer(1)
     with old.strategy.scope():

@@ -28,6 +28,7 @@ def _feed(strategy: Any, kind: str, tmp_path: Path) -> tuple[Any, tuple[int, ...
     from mgpu_env.training.input.data.builtin import _load_digits
     from mgpu_env.training.input.data.files import load_files
     from mgpu_env.training.input.feeds import (
+        FeedMaking,
         ResidentFeed,
         RowStreamFeed,
         StreamFeed,
@@ -40,7 +41,7 @@ def _feed(strategy: Any, kind: str, tmp_path: Path) -> tuple[Any, tuple[int, ...
         folder = write_tfrecords(tmp_path / "data", files=3, per_file=200, test_files=1)
         data = load_files(f"tfrecord:{folder}", "tfrecord", folder)
         plan = plan_feed(data, KeepLimit(0, "test"), GLOBAL_BATCH)
-        feed = make_feed(strategy, data, plan, GLOBAL_BATCH, seed=3)
+        feed = make_feed(FeedMaking(strategy, data, plan, GLOBAL_BATCH, seed=3))
         return feed, tuple(data.sample_shape), int(data.num_classes)
     import tensorflow as tf
 
@@ -79,18 +80,20 @@ def _metrics(trainer: Any) -> tuple[float, float]:
 def test_a_run_stopped_at_any_step_of_an_epoch_resumes_to_the_same_bits(
     logical_cpus: tuple[str, ...], tmp_path: Path, kind: str, replicas: int
 ) -> None:
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.run.checkpoints import Checkpoints
     from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepSpec
 
-    strategy = make_strategy(plan_strategy("auto", logical_cpus[:replicas], "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, replicas)))
     feed, shape, classes = _feed(strategy, kind, tmp_path)
     trainer = build_trainer(strategy, lambda: build_model(0, shape, classes),
-                            learning_rate=0.01, precision=PrecisionChoice(FLOAT32, False, "test"),
-                            global_batch_size=GLOBAL_BATCH, jit_compile=False)
+        StepSpec(learning_rate=0.01, precision=PrecisionChoice(FLOAT32, False, "test"),
+                 global_batch_size=GLOBAL_BATCH, jit_compile=False))
     steps, per_epoch = trainer.steps, feed.steps_per_epoch
     checkpoints = Checkpoints(trainer, tmp_path / "ckpt")
     # Epoch 1: the optimizer's moments are under way.
@@ -130,20 +133,21 @@ def test_a_checkpoint_of_another_replica_count_or_of_sums_alone_resumes_its_sums
 ) -> None:
     import tensorflow as tf
 
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.precision import FLOAT32, PrecisionChoice
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.run.checkpoints import Checkpoints
     from mgpu_env.training.shared.position import Position
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepSpec
 
     def started(replicas: int) -> tuple[Any, Any, Checkpoints]:
-        strategy = make_strategy(plan_strategy("auto", logical_cpus[:replicas], "CPU", 1))
+        strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, replicas)))
         feed, shape, classes = _feed(strategy, "resident", tmp_path)
         trainer = build_trainer(strategy, lambda: build_model(0, shape, classes),
-                                learning_rate=0.01,
-                                precision=PrecisionChoice(FLOAT32, False, "test"),
-                                global_batch_size=GLOBAL_BATCH, jit_compile=False)
+            StepSpec(learning_rate=0.01, precision=PrecisionChoice(FLOAT32, False, "test"),
+                     global_batch_size=GLOBAL_BATCH, jit_compile=False))
         return trainer, feed, Checkpoints(trainer, tmp_path / f"ckpt-{replicas}")
 
     saved, feed, checkpoints = started(2)

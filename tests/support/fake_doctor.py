@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.doctor import facts as probes
 from mgpu_env.doctor import gather
+from mgpu_env.doctor.diagnosis import ChildProbes
 from mgpu_env.doctor.facts import Facts, HostFacts
 from mgpu_env.hardware import cudalibs, nvml
 from mgpu_env.hardware.cudadriver import DriverApi
@@ -166,8 +167,9 @@ def make_facts(
                              {}),
             dict(environ or {}),
             with_tensorflow=tf is not None,
-            collect_tensorflow=(lambda env: tf) if tf is not None else None,  # type: ignore[arg-type,return-value]
-            collect_cuda=lambda env: cuda or cuda_stack(),
+            children=ChildProbes(
+                tensorflow=(lambda env: tf) if tf is not None else None,  # type: ignore[arg-type,return-value]
+                cuda=lambda env: cuda or cuda_stack()),
         )
 
 

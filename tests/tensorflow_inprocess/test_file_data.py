@@ -187,7 +187,7 @@ def test_two_workers_read_every_training_record_once_per_epoch(
     data = load("tfrecord", folder)
     assert isinstance(data, FileData)
     feed_plan = feeds.plan_feed(data, nothing_kept, 32, workers=2)
-    stream = feeds.make_feed(_Strategy(), data, feed_plan, global_batch=32, seed=3)
+    stream = feeds.make_feed(feeds.FeedMaking(_Strategy(), data, feed_plan, 32, 3))
     assert isinstance(stream, feeds.FileStreamFeed)
     assert feed_plan.steps_per_epoch == 4
     orders = []
@@ -342,6 +342,7 @@ def test_a_chunks_rows_are_cut_as_float32_into_memory_tensorflow_shares(
 def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
     tmp_path: Path, logical_cpus: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from mgpu_env.hardware.devices import DeviceSplit
     from mgpu_env.runtime.strategy import make_strategy, plan_strategy
     from mgpu_env.training.input.feeds import arrays_stream as stream
 
@@ -351,7 +352,7 @@ def test_a_stream_from_a_mapped_npy_cuts_the_chunks_the_arrays_hold(
     assert isinstance(mapped, Arrays) and isinstance(mapped.x_train, np.memmap)
     in_memory = Arrays("same", np.array(mapped.x_train), mapped.y_train, mapped.x_test,
                        mapped.y_test, mapped.num_classes)
-    strategy = make_strategy(plan_strategy("auto", logical_cpus[:2], "CPU", 1))
+    strategy = make_strategy(plan_strategy("auto", DeviceSplit("CPU", 1, 2)))
 
     def chunks(arrays: Arrays) -> list[np.ndarray]:
         feed = stream.StreamFeed(strategy, arrays, global_batch=16, seed=1,

@@ -13,9 +13,10 @@ from mgpu_env import launcher
 from mgpu_env.config.errors import ConfigError
 from mgpu_env.doctor.checks import check_keras
 from mgpu_env.doctor.facts import KerasFacts
+from mgpu_env.launcher import ScriptFailure
 from mgpu_env.launcher.source_scan import ScriptScan, scan_script
 from mgpu_env.runtime import Execution
-from mgpu_env.runtime.keras import KerasChoice, choose_keras
+from mgpu_env.runtime.keras import KerasChoice, KerasFound, choose_keras
 from tests.support.runtimes import runtime_of
 
 HOSTS = {"WORKER_HOSTS": "127.0.0.1:2222,127.0.0.1:2223", "WORKER_INDEX": "0",
@@ -25,9 +26,9 @@ HOSTS = {"WORKER_HOSTS": "127.0.0.1:2222,127.0.0.1:2223", "WORKER_INDEX": "0",
 def choose(request: str = "auto", *, multi_worker: bool = True, command: str = "run",
            user_legacy: str | None = None, installed: bool = True,
            keras_2_code: str | None = None) -> KerasChoice:
-    return choose_keras(request, multi_worker=multi_worker, command=command,  # type: ignore[arg-type]
-                        user_legacy=user_legacy, tf_keras_available=installed,
-                        keras_2_code=keras_2_code)
+    return choose_keras(request,  # type: ignore[arg-type]
+                        KerasFound(user_legacy, installed, keras_2_code),
+                        multi_worker=multi_worker, command=command)  # type: ignore[arg-type]
 
 
 def test_auto_gives_a_script_between_workers_keras_2_and_says_why() -> None:
@@ -123,8 +124,8 @@ TARGET = launcher.Target("train.py", False, ("--epochs", "2"), Path("train.py"))
 
 def note(err: BaseException, keras: KerasChoice, *, cluster: bool = True,
          modules: object = None) -> str | None:
-    return launcher.keras_note(err, sys.modules if modules is None else modules,  # type: ignore[arg-type]
-                               keras, TARGET, cluster=cluster)
+    failure = ScriptFailure(err, sys.modules if modules is None else modules)  # type: ignore[arg-type]
+    return launcher.keras_note(failure, keras, TARGET, cluster=cluster)
 
 
 def test_a_keras_3_error_between_workers_gets_the_note(logical_cpus: tuple[str, ...]) -> None:
@@ -166,7 +167,8 @@ def test_keras_2_code_failing_in_keras_3_on_one_machine_ends_with_the_rerun_comm
     assert note(_raise_in_keras_3(), one_machine, cluster=False) is None
     # A module run spells -m.
     module = launcher.Target("pkg.train", True, (), Path("pkg/train.py"))
-    got = launcher.keras_note(missing.value, sys.modules, one_machine, module, cluster=False)
+    got = launcher.keras_note(ScriptFailure(missing.value, sys.modules), one_machine, module,
+                              cluster=False)
     assert got is not None and got.endswith("KERAS=2 mgpu run -m pkg.train")
 
 
@@ -217,8 +219,8 @@ def test_any_error_of_a_tf_keras_script_under_default_keras_3_ends_with_keras_2(
 ) -> None:
     one_machine = choose(multi_worker=False)
     tf_code = scanned(tmp_path, "import tensorflow as tf\nmodel = tf.keras.Sequential()\n")
-    got = launcher.keras_note(KeyError("a wording no list holds"), {}, one_machine, TARGET,
-                              cluster=False, scan=tf_code)
+    got = launcher.keras_note(ScriptFailure(KeyError("a wording no list holds"), {}),
+                              one_machine, TARGET, cluster=False, scan=tf_code)
     assert got is not None and len(got.splitlines()) == 1
     assert "the script is tf.keras code (`tf.keras.Sequential` at " in got
     assert "train.py:2) and failed under Keras 3, which KERAS=auto chose" in got
@@ -226,11 +228,11 @@ def test_any_error_of_a_tf_keras_script_under_default_keras_3_ends_with_keras_2(
                         "--epochs 2")
     # Keras 3 asked for (KERAS=3 or TF_USE_LEGACY_KERAS=0): the script's own error stays its.
     for asked in (choose("3", multi_worker=False), choose(multi_worker=False, user_legacy="0")):
-        assert launcher.keras_note(FileNotFoundError("x"), {}, asked, TARGET, cluster=False,
-                                   scan=tf_code) is None
+        assert launcher.keras_note(ScriptFailure(FileNotFoundError("x"), {}), asked, TARGET,
+                                   cluster=False, scan=tf_code) is None
     # A script that is not tf.keras code gets nothing.
     plain = scanned(tmp_path, "import tensorflow as tf\nx = tf.constant(1)\n")
-    assert launcher.keras_note(FileNotFoundError("x"), {}, one_machine, TARGET,
+    assert launcher.keras_note(ScriptFailure(FileNotFoundError("x"), {}), one_machine, TARGET,
                                cluster=False, scan=plain) is None
 
 
@@ -259,11 +261,11 @@ def test_a_failure_no_keras_can_have_caused_gets_no_keras_2_advice(
     in_tensorflow = raised(lambda: tf.io.read_file(str(tmp_path / "nowhere")))
     legacy = raised(lambda: __import__("tensorflow.keras.optimizers.legacy_gone"))
     for err in (own_file, missing):
-        assert launcher.keras_note(err, {}, one_machine, TARGET, cluster=False,
+        assert launcher.keras_note(ScriptFailure(err, {}), one_machine, TARGET, cluster=False,
                                    scan=tf_code) is None, err
     for err in (in_tensorflow, legacy):
         assert "KERAS=2 mgpu run" in (launcher.keras_note(
-            err, {}, one_machine, TARGET, cluster=False, scan=tf_code) or ""), err
+            ScriptFailure(err, {}), one_machine, TARGET, cluster=False, scan=tf_code) or ""), err
 
 
 def test_a_script_that_imports_keras_3_itself_is_not_told_to_rerun_with_keras_2(
@@ -272,10 +274,10 @@ def test_a_script_that_imports_keras_3_itself_is_not_told_to_rerun_with_keras_2(
     own_keras = scanned(tmp_path, "import keras\nimport tensorflow as tf\n"
                                   "m = tf.keras.Sequential()\n")
     known = AttributeError("'Mean' object has no attribute 'reset_states'")
-    assert launcher.keras_note(known, {}, choose(multi_worker=False), TARGET, cluster=False,
-                               scan=own_keras) is None
-    assert launcher.keras_note(ValueError("x"), {}, choose(multi_worker=False), TARGET,
+    assert launcher.keras_note(ScriptFailure(known, {}), choose(multi_worker=False), TARGET,
                                cluster=False, scan=own_keras) is None
+    assert launcher.keras_note(ScriptFailure(ValueError("x"), {}), choose(multi_worker=False),
+                               TARGET, cluster=False, scan=own_keras) is None
 
 
 def test_the_start_summary_says_why_keras_3_would_fail_on_the_scripts_code(

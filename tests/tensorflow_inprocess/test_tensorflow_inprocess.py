@@ -34,7 +34,7 @@ def float32_policy() -> Iterator[None]:
 
 
 def mirrored(devices: tuple[str, ...], ops: str = "auto") -> Any:
-    return make_strategy(plan_strategy(ops, devices, "CPU", 1))
+    return make_strategy(plan_strategy(ops, DeviceSplit("CPU", 1, len(devices))))
 
 
 def test_the_split_gives_tensorflow_that_many_logical_devices(
@@ -69,6 +69,7 @@ def _train_a_little(
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.loops import iterator_loop
     from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepSpec
 
     keras.mixed_precision.set_global_policy(precision.policy)
     rng = np.random.default_rng(0)
@@ -76,8 +77,9 @@ def _train_a_little(
     y = (x[:, :10].argmax(axis=1)).astype(np.int64)  # learnable: the largest of 10 pixels
     global_batch = 32 * strategy.num_replicas_in_sync
     trainer = build_trainer(
-        strategy, lambda: build_model(0), learning_rate=0.01, precision=precision,
-        global_batch_size=global_batch, jit_compile=False,
+        strategy, lambda: build_model(0),
+        StepSpec(learning_rate=0.01, precision=precision, global_batch_size=global_batch,
+                 jit_compile=False),
     )
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)
     iterator = iter(strategy.experimental_distribute_dataset(data))
@@ -205,6 +207,7 @@ def _losses_per_call(
     from mgpu_env.training.input.feeds import ResidentFeed, RowStreamFeed, StreamFeed
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.model import build_model
+    from mgpu_env.training.step.steps import StepSpec
 
     rng = np.random.default_rng(0)
     x = rng.random((700, 784), dtype=np.float32)
@@ -213,9 +216,9 @@ def _losses_per_call(
     global_batch = 64  # 10 steps per epoch; 60 rows of each epoch are left out
     per_epoch = len(x) // global_batch  # the plan's count: whole global batches
     trainer = build_trainer(
-        strategy, lambda: build_model(0), learning_rate=0.01,
-        precision=PrecisionChoice(FLOAT32, False, "test"), global_batch_size=global_batch,
-        jit_compile=False,
+        strategy, lambda: build_model(0),
+        StepSpec(learning_rate=0.01, precision=PrecisionChoice(FLOAT32, False, "test"),
+                 global_batch_size=global_batch, jit_compile=False),
     )
     feed: Any = (
         ResidentFeed.place(strategy, arrays, global_batch, seed=3, steps_per_epoch=per_epoch)
@@ -356,7 +359,7 @@ def test_a_new_feed_needs_only_the_replica_step(
     from mgpu_env.training.step.build import build_trainer
     from mgpu_env.training.step.loops import Batches
     from mgpu_env.training.step.model import build_model
-    from mgpu_env.training.step.steps import StepFunctions
+    from mgpu_env.training.step.steps import StepFunctions, StepSpec
 
     # The steps offer one replica step and one evaluation: no entry per feed.
     assert [f.name for f in dataclasses.fields(StepFunctions)] == [
@@ -392,9 +395,9 @@ def test_a_new_feed_needs_only_the_replica_step(
 
     def trained(make_feed: Callable[[], Any]) -> tuple[list[Any], list[Any]]:
         trainer = build_trainer(
-            strategy, lambda: build_model(0), learning_rate=0.01,
-            precision=PrecisionChoice(FLOAT32, False, "test"), global_batch_size=64,
-            jit_compile=False,
+            strategy, lambda: build_model(0),
+            StepSpec(learning_rate=0.01, precision=PrecisionChoice(FLOAT32, False, "test"),
+                     global_batch_size=64, jit_compile=False),
         )
         before = [w.numpy() for w in trainer.model.trainable_variables]
         feed = make_feed()

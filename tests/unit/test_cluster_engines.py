@@ -18,6 +18,7 @@ from mgpu_env.config.resolve import resolve_settings
 from mgpu_env.config.settings import Settings, SettingsErrors
 from mgpu_env.hardware.nvml import GpuInfo, Probed
 from mgpu_env.runtime.cluster import decide_cluster
+from mgpu_env.runtime.cluster.model import Cluster
 from mgpu_env.runtime.cluster.peers import (
     PeerStatus,
     explain,
@@ -272,11 +273,13 @@ def test_waiting_for_peers_to_resolve_is_bounded_and_names_the_missing() -> None
     def sleep(seconds: float) -> None:
         clock[0] += seconds
 
-    missing = wait_until_resolved(["a:1", "b:1", "c:1"], "a:1", 30.0, resolver=resolver,
-                                  sleep=sleep, clock=lambda: clock[0])
+    three = Cluster({"worker": ("a:1", "b:1", "c:1")}, "worker", 0, "tf_config")
+    missing = wait_until_resolved(three, 30.0, resolver=resolver, sleep=sleep,
+                                  clock=lambda: clock[0])
     assert missing == ["c"] and 30.0 <= clock[0] < 33.0
     clock[0] = 0.0
-    assert wait_until_resolved(["a:1", "b:1"], "a:1", 30.0, resolver=resolver, sleep=sleep,
+    two = Cluster({"worker": ("a:1", "b:1")}, "worker", 0, "tf_config")
+    assert wait_until_resolved(two, 30.0, resolver=resolver, sleep=sleep,
                                clock=lambda: clock[0]) == []
 
 

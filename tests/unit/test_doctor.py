@@ -381,10 +381,11 @@ def test_selection_reaches_tensorflow(use_fake_nvml: Install) -> None:
         return tf_facts(2)
 
     from mgpu_env.doctor import gather
+    from mgpu_env.doctor.diagnosis import ChildProbes
 
     # GPUS selects within what the job was given, by position (issue 41: never wider).
     facts = gather(resolve_settings({"GPUS": "1,3"}, {}), {"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
-                   collect_tensorflow=collect)  # type: ignore[arg-type]
+                   children=ChildProbes(tensorflow=collect))  # type: ignore[arg-type]
     assert seen["CUDA_VISIBLE_DEVICES"] == "1,3"
     assert seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert facts.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # the user's value is reported

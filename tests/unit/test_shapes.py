@@ -23,57 +23,17 @@ SUMMARY_ENDS = (".", "?")
 # function's purpose in mind.
 MAX_PARAMETERS = 5
 
-# Modules whose shape is changing in work under way on the trainer, the decisions, the stall
-# watch and the workers' recovery: each is held to the rules once that work has landed, and
-# this list then shrinks to nothing. Path -> why it waits.
+# Modules whose shape is changing in work under way on the stall watch: each is held to the
+# rules once that work has landed, and this list then shrinks to nothing. Path -> why it waits.
 BEING_RESTRUCTURED = "being restructured"
 SUMMARY_WAITS: dict[str, str] = {
-    "mgpu_env/bench/plan.py": BEING_RESTRUCTURED,
-    "mgpu_env/doctor/checks/gpus.py": BEING_RESTRUCTURED,
-    "mgpu_env/doctor/diagnosis.py": BEING_RESTRUCTURED,
-    "mgpu_env/runtime/cluster/local.py": BEING_RESTRUCTURED,
-    "mgpu_env/runtime/decisions.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/input/__init__.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/input/data/count.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/input/data/resolve.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/input/keep.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/multiworker/agreement.py": BEING_RESTRUCTURED,
     "mgpu_env/training/multiworker/backstop.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/multiworker/faults.py": BEING_RESTRUCTURED,
     "mgpu_env/training/multiworker/stall.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/multiworker/stallhints.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/__init__.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/checkpoints.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/dataid.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/epochs.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/finished.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/identity.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/loop.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/memcheck.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/progress.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/resume.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/rundir.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/sequence.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/__init__.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/build.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/memprobe.py": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/user_code.py": BEING_RESTRUCTURED,
 }
 PARAMETERS_WAIT: dict[str, str] = {
-    "mgpu_env/doctor/diagnosis.py:gather_with_runtime": BEING_RESTRUCTURED,
-    "mgpu_env/doctor/diagnosis.py:gather": BEING_RESTRUCTURED,
-    "mgpu_env/launcher/script.py:keras_note": BEING_RESTRUCTURED,
-    "mgpu_env/launcher/source_scan.py:_Visitor._add": BEING_RESTRUCTURED,
-    "mgpu_env/launcher/what_ran.py:what_ran": BEING_RESTRUCTURED,
-    "mgpu_env/runtime/cluster/local.py:plan_local_workers": BEING_RESTRUCTURED,
-    "mgpu_env/runtime/cluster/local.py:supervise": BEING_RESTRUCTURED,
-    "mgpu_env/training/input/feed.py:make_feed": BEING_RESTRUCTURED,
     "mgpu_env/training/multiworker/backstop.py:stuck_message": BEING_RESTRUCTURED,
+    # Its one caller with more than two of its options is the stall watch (stall.py).
     "mgpu_env/training/multiworker/faults.py:Watchdog.__init__": BEING_RESTRUCTURED,
-    "mgpu_env/training/run/epochs.py:run_metrics": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/build.py:build_trainer": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/steps.py:make_step_functions": BEING_RESTRUCTURED,
-    "mgpu_env/training/step/steps.py:_forward_backward": BEING_RESTRUCTURED,
 }
 
 # Functions (`path:qualified name`) that may take more than MAX_PARAMETERS, each with why.
@@ -86,22 +46,9 @@ PARAMETERS_ALLOWED: dict[str, str] = {
         "signature is the record's own field list"),
 }
 
-# Functions past MAX_PARAMETERS outside the modules being restructured whose callers are being
-# restructured: each is a fix to make with them (its reason says which values travel together).
+# Functions past MAX_PARAMETERS still to reshape: each reason says which values travel
+# together, so the fix is known; the list shrinks to nothing.
 PARAMETERS_TO_RESHAPE: dict[str, str] = {
-    "mgpu_env/profile/steps.py:profile_training": (
-        "its caller, training/run/loop.py, is being restructured: it can hand over the trainer "
-        "and a `StepSource`, as `profile_replica_step` takes them"),
-    "mgpu_env/runtime/cluster/peers.py:wait_until_resolved": (
-        "both callers pass `cluster.workers` and `cluster.address`: it can take the `Cluster`; "
-        "one caller, training/run/sequence.py, is being restructured"),
-    "mgpu_env/runtime/keras.py:choose_keras": (
-        "its callers, runtime/decisions.py and doctor/facts.py, are being restructured (the "
-        "Keras decided once)"),
-    "mgpu_env/runtime/strategy.py:plan_strategy": (
-        "`devices`, `device_type` and `physical_devices` are the device split's `names`, "
-        "`device_type` and `physical`: it can take the `DeviceSplit`; its caller, "
-        "runtime/decisions.py, is being restructured"),
 }
 
 

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from mgpu_env.config.errors import ConfigError
+from mgpu_env.hardware.devices import DeviceSplit
 from mgpu_env.runtime.strategy import WorkerRole, plan_strategy
 
 GPUS2 = ["/device:GPU:0", "/device:GPU:1"]
 CPUS2 = ["/device:CPU:0", "/device:CPU:1"]
 
 
+def split(devices: Sequence[str], kind: str, physical: int) -> DeviceSplit:
+    """The split whose names are `devices`: `physical` devices, each split evenly."""
+    made = DeviceSplit(kind, physical, len(devices) // physical)
+    assert made.names == tuple(devices)
+    return made
+
+
 def test_one_device_takes_the_mirrored_path_with_nothing_to_reduce() -> None:
-    plan = plan_strategy("auto", ["/device:CPU:0"], "CPU", 1)
+    plan = plan_strategy("auto", split(["/device:CPU:0"], "CPU", 1))
     assert (plan.kind, plan.local_replicas, plan.cross_device_ops) == ("mirrored", 1, "none")
     assert plan.role.is_chief
 
@@ -29,7 +39,7 @@ def test_one_device_takes_the_mirrored_path_with_nothing_to_reduce() -> None:
 def test_auto_avoids_nccl_where_it_cannot_work(
     devices: list[str], kind: str, physical: int, nccl: bool, expected: str
 ) -> None:
-    plan = plan_strategy("auto", devices, kind, physical, nccl_available=nccl)
+    plan = plan_strategy("auto", split(devices, kind, physical), nccl_available=nccl)
     assert plan.cross_device_ops == expected
     assert plan.reason.startswith("auto")
 
@@ -46,7 +56,7 @@ def test_forced_nccl_is_refused_with_valid_values_and_the_supplied_one(
     devices: list[str], kind: str, physical: int, nccl: bool, why: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        plan_strategy("nccl", devices, kind, physical, nccl_available=nccl)
+        plan_strategy("nccl", split(devices, kind, physical), nccl_available=nccl)
     message = str(caught.value)
     assert why in message
     assert "Valid values here are [auto, hierarchical_copy, reduction_to_one]" in message
@@ -55,13 +65,13 @@ def test_forced_nccl_is_refused_with_valid_values_and_the_supplied_one(
 
 def test_explicit_choices_are_kept() -> None:
     for name in ("hierarchical_copy", "reduction_to_one"):
-        assert plan_strategy(name, GPUS2, "GPU", 2).cross_device_ops == name
+        assert plan_strategy(name, split(GPUS2, "GPU", 2)).cross_device_ops == name
 
 
 def test_unknown_value_lists_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match=r"\[auto, nccl, hierarchical_copy, reduction_to_one\]"
                        r"\. Supplied value: ring"):
-        plan_strategy("ring", GPUS2, "GPU", 2)
+        plan_strategy("ring", split(GPUS2, "GPU", 2))
 
 
 def test_a_multi_worker_role_gives_a_multi_worker_plan() -> None:
@@ -69,7 +79,7 @@ def test_a_multi_worker_role_gives_a_multi_worker_plan() -> None:
     role = WorkerRole("worker", 1, 2, _has_chief=False)
     assert not role.is_chief  # no chief listed: worker 0 writes the outputs
     assert WorkerRole("worker", 0, 2, _has_chief=False).is_chief
-    plan = plan_strategy("auto", GPUS2, "GPU", 2, role=role)
+    plan = plan_strategy("auto", split(GPUS2, "GPU", 2), role=role)
     assert plan.kind == "multi_worker" and plan.cross_device_ops == "nccl"
     assert not WorkerRole("worker", 0, 2, _has_chief=True).is_chief
 
@@ -87,5 +97,5 @@ def test_a_multi_worker_role_gives_a_multi_worker_plan() -> None:
 def test_an_overridden_request_is_said(
     requested: str, devices: tuple[str, ...], role: WorkerRole | None, note: str
 ) -> None:
-    plan = plan_strategy(requested, devices, "CPU", 1, role=role)
+    plan = plan_strategy(requested, split(devices, "CPU", 1), role=role)
     assert plan.note.startswith(note) if note else plan.note == ""

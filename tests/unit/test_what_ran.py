@@ -8,7 +8,7 @@ from collections import Counter
 
 from mgpu_env.launcher.run_observer import Gradient, MeshUse, Observed, PolicyChange, Use
 from mgpu_env.launcher.strategy_watch import BuiltStrategy, PlannedReplicas, strategy_problem
-from mgpu_env.launcher.what_ran import PlannedPrecision, what_ran
+from mgpu_env.launcher.what_ran import Planned, PlannedPrecision, Seen, what_ran
 
 PLAN = PlannedReplicas(2, "VIRTUAL_DEVICES planned 2", multi_worker=False)
 CPUS = ("CPU:0", "CPU:1")
@@ -23,8 +23,8 @@ FLOAT32_LAYERS = Counter({("float32", "float32"): 2})
 def lines(observed: Observed, built: tuple[BuiltStrategy, ...] = (), *, failed: bool = False,
           precision: PlannedPrecision = FLOAT32, quiet: bool = False,
           existing: tuple[str, ...] = CPUS) -> list[str]:
-    return what_ran(observed, built, PLAN, precision, existing, "CPU", failed=failed,
-                    quiet=quiet)
+    return what_ran(Seen(observed, built, existing), Planned(PLAN, precision, "CPU"),
+                    failed=failed, quiet=quiet)
 
 
 def test_the_strategy_that_ran_is_the_one_stepped_not_the_last_built() -> None:
@@ -65,8 +65,9 @@ def test_a_step_outside_every_scope_ran_on_the_default_strategy_with_its_fix() -
     built = lines(seen, (MIRRORED,))[0]
     assert "inside `with strategy.scope():` of the MirroredStrategy the script built" in built
     # One replica planned: as planned.
-    one = what_ran(seen, (), PlannedReplicas(1, "the plan has 1", False), FLOAT32, CPUS,
-                   "CPU", failed=False)
+    one = what_ran(Seen(seen, (), CPUS),
+                   Planned(PlannedReplicas(1, "the plan has 1", False), FLOAT32, "CPU"),
+                   failed=False)
     assert one[0].endswith("; as planned (the plan has 1)")
 
 

@@ -1,5 +1,7 @@
-"""The GPUs: each one against the build, mixed precision, sameness, and the links between
-them."""
+"""The doctor's checks of the GPUs.
+
+Each GPU is checked against the build and mixed precision, the GPUs against each other
+(sameness), and the links between them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Several workers on this machine with one command: `mgpu train --workers N` and
-`mgpu run --workers N SCRIPT` (as `torchrun --nproc_per_node` does for PyTorch).
+"""Several workers on this machine started by one command.
+
+That is `mgpu train --workers N` and `mgpu run --workers N SCRIPT` (as `torchrun
+--nproc_per_node` does for PyTorch).
 
 The plan is pure data: N loopback addresses on free ports, each worker's share of the
 selected GPUs, the run folder they share, and each worker's environment (WORKER_HOSTS and
@@ -153,15 +155,27 @@ def gpu_shares(
     )
 
 
+@dataclass(frozen=True)
+class LaunchingHere:
+    """What the launcher's runtime and settings give `--workers N`: the selected GPUs'
+    indices, whether the run folder is named (OUTPUT_DIR or RUN_NAME is set), and the engine
+    of the cluster this process already belongs to (None: none)."""
+
+    selected_gpus: Sequence[int]
+    has_run_folder: bool
+    cluster_engine: str | None = None
+
+
 def plan_local_workers(
-    workers: int, selected_gpus: Sequence[int], gpus_per_worker: int | None,
-    *, has_run_folder: bool, cluster_engine: str | None,
-    ports: Callable[[int], list[int]] = free_loopback_ports, now: float | None = None,
+    workers: int, gpus_per_worker: int | None, here: LaunchingHere,
+    *, ports: Callable[[int], list[int]] = free_loopback_ports, now: float | None = None,
 ) -> LocalWorkers:
     """The plan for `--workers N`. Refuses (ConfigError, exit 2) a count out of range and
-    a process that is already part of a cluster. `has_run_folder`: OUTPUT_DIR or RUN_NAME
-    is set; else the workers get one RUN_NAME, the launcher's UTC timestamp (the form of
-    mgpu's default run folder), since each would otherwise take its own."""
+    a process that is already part of a cluster. Without a named run folder the workers get
+    one RUN_NAME, the launcher's UTC timestamp (the form of mgpu's default run folder), since
+    each would otherwise take its own."""
+    selected_gpus, has_run_folder = here.selected_gpus, here.has_run_folder
+    cluster_engine = here.cluster_engine
     if not 1 <= workers <= MAX_WORKERS:
         raise ConfigError(
             f"--workers {workers} is out of range.\n  Valid: 1 to {MAX_WORKERS}. "
@@ -260,12 +274,25 @@ def _signal_group(process: subprocess.Popen[str], sig: int) -> None:
         os.killpg(process.pid, sig)
 
 
+@dataclass(frozen=True)
+class Supervision:
+    """How `supervise` watches the workers: the restarts allowed (MAX_RESTARTS), where their
+    output goes (None: this process's), how long a stopped worker has before it is killed,
+    how often they are looked at, where a restart's fresh ports come from, and the recovery
+    that decides each restart's plan (None: the same plan again)."""
+
+    max_restarts: int = 0
+    stdout: IO[str] | None = None
+    stderr: IO[str] | None = None
+    grace_s: float = STOP_GRACE_S
+    poll_s: float = 0.2
+    ports: Callable[[int], list[int]] = free_loopback_ports
+    recovery: Recovery | None = None
+
+
 def supervise(
     plan: Supervised, command: Sequence[str], environ: Mapping[str, str],
-    *, max_restarts: int = 0, stdout: IO[str] | None = None, stderr: IO[str] | None = None,
-    grace_s: float = STOP_GRACE_S, poll_s: float = 0.2,
-    ports: Callable[[int], list[int]] = free_loopback_ports,
-    recovery: Recovery | None = None,
+    how: Supervision = Supervision(),
 ) -> int:
     """Run `command` (argv) once per worker with its environment, until all have exited;
     return the launcher's exit code (the module's rules). A worker that fails stops all;
@@ -275,7 +302,8 @@ def supervise(
     bad settings or input) and a signal to the launcher are never restarted. `recovery`
     decides each restart's plan from the failure (another all-reduce, fewer GPUs), or that
     there is none worth starting."""
-    workers = _Workers(stdout or sys.stdout, stderr or sys.stderr)
+    max_restarts, grace_s, poll_s = how.max_restarts, how.grace_s, how.poll_s
+    workers = _Workers(how.stdout or sys.stdout, how.stderr or sys.stderr)
     temporary = _workers_temporary_folder(environ)
     environ = {**environ, "TMPDIR": str(temporary.path)}
     try:
@@ -291,8 +319,8 @@ def supervise(
                 code = workers.finish()
                 if not workers.restart(attempt, max_restarts, plan):
                     return code
-                renewed = plan.renewed(ports)
-                if recovery is not None:
+                renewed = plan.renewed(how.ports)
+                if (recovery := how.recovery) is not None:
                     index, returncode = workers.failed[0]
                     next_plan = recovery(
                         Ended(index, returncode, workers.recent[index].lines()), renewed)

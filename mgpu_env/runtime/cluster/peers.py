@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from mgpu_env.runtime.cluster.model import Cluster
+
 PeerState = Literal["ok", "unresolved", "refused", "silent", "self"]
 CONNECT_TIMEOUT_S = 2.0
 
@@ -79,8 +81,7 @@ def probe_peers(
 
 
 def wait_until_resolved(
-    workers: Sequence[str],
-    own_address: str,
+    cluster: Cluster,
     deadline_s: float,
     *,
     resolver: Callable[[str], str | None] = resolve,
@@ -92,7 +93,7 @@ def wait_until_resolved(
     Pods of one Kubernetes job start at different times, and a peer's DNS name exists only
     once its pod does: waiting is normal, waiting forever is not.
     """
-    hosts = sorted({a.rpartition(":")[0] for a in workers if a != own_address})
+    hosts = sorted({a.rpartition(":")[0] for a in cluster.workers if a != cluster.address})
     end = clock() + deadline_s
     while True:
         missing = [h for h in hosts if resolver(h) is None]

@@ -1,4 +1,4 @@
-"""How much training data stays on each device; the rest streams from the host.
+"""How much training data stays on each device, the rest streaming from the host.
 
 Decided once per run (`plan.plan_training`), from the memory the selected devices have free
 when the run starts, and passed down: the run's feed plan (`feeds.plan_feed`: kept or

@@ -1,5 +1,7 @@
-"""Before training: the workers agree on their settings; after a restore: every worker
-takes the chief's values."""
+"""The workers' agreement on their settings and values.
+
+Before training the workers agree on their settings; after a restore every worker takes the
+chief's values."""
 
 from __future__ import annotations
 

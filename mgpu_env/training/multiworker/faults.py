@@ -1,5 +1,7 @@
-"""When a worker dies or hangs: recognising TensorFlow's errors for it, and the watchdog
-that bounds the waits TensorFlow does not."""
+"""When a worker dies or hangs: what our code does about it.
+
+It recognises TensorFlow's errors for it, and holds the watchdog that bounds the waits
+TensorFlow does not."""
 
 from __future__ import annotations
 

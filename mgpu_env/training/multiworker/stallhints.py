@@ -1,5 +1,7 @@
-"""What a stall most likely means in each phase of a run, on the devices it runs on, and
-what to try: the words of the stall watch's report (`stall.StallWatch`). Pure.
+"""What a stall most likely means and what to try: the words of the stall watch's report.
+
+The meaning depends on each phase of a run and on the devices it runs on; the report is
+`stall.StallWatch`'s. Pure.
 
 The public threads these answer: training that stops after NCCL's "Init COMPLETE" with no
 error (tensorflow#60363, 4 V100), that sits in "Epoch 1" after `batch_all_reduce ...

@@ -1,5 +1,7 @@
-"""A run's checkpoints: where in the run each is, how one is saved and restored, when the
-next is due, and what one costs.
+"""A run's checkpoints: where each is, saving, restoring, when the next is due, its cost.
+
+That is: where in the run each is, how one is saved and restored, when the next is due, and
+what one costs.
 
 A checkpoint holds the model, the optimizer (with the loss scale under float16), the epochs
 completed and the steps done in the next one, that epoch's running metrics as each replica

@@ -1,5 +1,6 @@
-"""The identity of a run's data: what run.json records with the run, so a resume on a data
-set that changed since is seen.
+"""The identity of a run's data, so a resume on a data set that changed since is seen.
+
+It is what run.json records with the run.
 
 A checkpoint's position is a step of an order drawn from (SEED, epoch) over the training
 rows: the same position on other rows trains rows never trained, or ends an epoch early.

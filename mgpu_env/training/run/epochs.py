@@ -1,5 +1,7 @@
-"""The epochs of a run: one object holds what they share, and what happens around the steps
-is a list of small actions, as orbit's Controller runs its trainer and calls its Actions.
+"""The epochs of a run, with small actions around their steps.
+
+One object holds what they share, and what happens around the steps is a list of small
+actions, as orbit's Controller runs its trainer and calls its Actions.
 
 `EpochLoop.train_epoch(begin)` runs an epoch from its `Position` (a checkpoint's) in calls
 of at most STEPS_PER_CALL steps, cut where a checkpoint is due (`checkpoints.Schedule`).
@@ -33,7 +35,8 @@ from mgpu_env.training.input.feeds import Feed
 from mgpu_env.training.multiworker import WorkerSession
 from mgpu_env.training.run import rundir
 from mgpu_env.training.run.checkpoints import Checkpoints, SaveCost, Schedule
-from mgpu_env.training.run.plan import TRAIN_SETTINGS, DataPlan, TrainPlan
+from mgpu_env.training.run.plan import TRAIN_SETTINGS
+from mgpu_env.training.run.prepare import PreparedRun
 from mgpu_env.training.run.progress import Progress
 from mgpu_env.training.run.signals import Interrupted, StopRequest
 from mgpu_env.training.shared.position import Position
@@ -152,12 +155,12 @@ class EpochLoop:
 
 
 def run_metrics(
-    plan: TrainPlan, data_plan: DataPlan, epochs: EpochLoop, test: tuple[float, float],
-    wall_time_s: float,
+    prepared: PreparedRun, epochs: EpochLoop, test: tuple[float, float], wall_time_s: float,
     checkpoints: Checkpoints,
 ) -> dict[str, Any]:
     """metrics.json: the run's results (`test`: the test loss and accuracy), its plan, its
     settings, and what its checkpoints cost."""
+    plan, data_plan = prepared.plan, prepared.data_plan
     described = plan.describe(data_plan)
     test_loss, test_accuracy = test
     return {

@@ -1,5 +1,7 @@
-""""Nothing to do": a start whose run folder already holds this run, finished, answered from
-the folder's files alone, before TensorFlow is imported (that import alone takes seconds).
+""""Nothing to do": a start whose run folder already holds this run, finished.
+
+It is answered from the folder's files alone, before TensorFlow is imported (that import alone
+takes seconds).
 
 Only the case that is certain takes this path: one process, the same run (run.json's
 identity equals this start's), metrics.json saying it finished EPOCHS epochs, and the

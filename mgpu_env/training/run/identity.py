@@ -1,7 +1,9 @@
-"""Which run a start of `mgpu train` is: its folder, its data set, its global batch and what
-must match for the folder's run to be resumed. Decided once, first (`identify`), from the
-applied runtime alone: filesystem only, no TensorFlow, no network, no user code. The "nothing
-to do" answer (`finished.finished_in`) and the plan (`plan.plan_training`) both take it.
+"""Which run a start of `mgpu train` is.
+
+That is its folder, its data set, its global batch and what must match for the folder's run
+to be resumed. Decided once, first (`identify`), from the applied runtime alone: filesystem
+only, no TensorFlow, no network, no user code. The "nothing to do" answer
+(`finished.finished_in`) and the plan (`plan.plan_training`) both take it.
 """
 
 from __future__ import annotations

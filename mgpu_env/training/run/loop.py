@@ -1,8 +1,10 @@
-"""The stages of `mgpu train` that `trainer.run_plan` runs, in its order: the stall watch
-and the failures said (`failures_said`), the trainer started (`start_trainer`: strategy,
-model, optimizer, steps), the checkpoint restored (`restore_checkpoints`), this start
-recorded (`record_start`), the feed opened (`open_feed`), the epochs with their actions
-(`epoch_loop`), and the run finished (`finish`: evaluation, model, metrics.json).
+"""The stages of `mgpu train` that `trainer.run_plan` runs, in its order.
+
+They are the stall watch and the failures said (`failures_said`), the trainer started
+(`start_trainer`: strategy, model, optimizer, steps), the checkpoint restored
+(`restore_checkpoints`), this start recorded (`record_start`), the feed opened
+(`open_feed`), the epochs with their actions (`epoch_loop`), and the run finished (`finish`:
+evaluation, model, metrics.json).
 
 Faults: a checkpoint is saved after every epoch, and inside epochs as CHECKPOINT_EVERY asks,
 with the data's position (`run.checkpoints`: tf.train.CheckpointManager writes the data files
@@ -29,7 +31,7 @@ from mgpu_env.config.errors import ConfigError, RunFailed
 from mgpu_env.tfprobes.tfimport import import_tensorflow
 from mgpu_env.training.input.corrupt import stop_on_bad_records
 from mgpu_env.training.input.data import Data
-from mgpu_env.training.input.feeds import Feed, make_feed
+from mgpu_env.training.input.feeds import Feed, FeedMaking, make_feed
 from mgpu_env.training.multiworker import WorkerSession, agreement_values
 from mgpu_env.training.multiworker.session import stall_watch as worker_stall_watch
 from mgpu_env.training.multiworker.stall import StallWatch
@@ -62,6 +64,7 @@ from mgpu_env.training.run.state import (
 )
 from mgpu_env.training.shared.position import Position
 from mgpu_env.training.step.build import Trainer, build_trainer
+from mgpu_env.training.step.steps import StepSpec
 
 
 @dataclass
@@ -176,8 +179,8 @@ def start_trainer(prepared: PreparedRun, session: WorkerSession) -> Trainer:
         strategy,
         # MODEL: the tutorial's MLP, or the user's builder (checked against the data's shape).
         model_builder(plan.model, plan.settings.seed, shape.input_shape, shape.num_classes),
-        learning_rate=plan.settings.learning_rate, precision=plan.precision,
-        global_batch_size=plan.global_batch_size, jit_compile=plan.xla,
+        StepSpec(learning_rate=plan.settings.learning_rate, precision=plan.precision,
+                 global_batch_size=plan.global_batch_size, jit_compile=plan.xla),
     )
 
 
@@ -245,9 +248,9 @@ def open_feed(prepared: PreparedRun, trainer: Trainer, position: Position) -> Fe
     plan, settings = prepared.plan, prepared.plan.settings
     with stop_on_bad_records(prepared.data, ("train", "test"), position.epoch,
                              plan.resume_command):
-        return make_feed(trainer.strategy, prepared.data, prepared.data_plan.feed,
-                         plan.global_batch_size, settings.seed,
-                         deterministic=settings.data_deterministic)
+        return make_feed(FeedMaking(trainer.strategy, prepared.data, prepared.data_plan.feed,
+                                    plan.global_batch_size, settings.seed,
+                                    deterministic=settings.data_deterministic))
 
 
 def profile_steps(prepared: PreparedRun, trainer: Trainer, progress: Progress) -> None:
@@ -256,7 +259,7 @@ def profile_steps(prepared: PreparedRun, trainer: Trainer, progress: Progress) -
     from mgpu_env.profile.steps import profile_training
 
     plan = prepared.plan
-    for line in profile_training(trainer.strategy, trainer, plan.output_dir / rundir.LOG_DIR,
+    for line in profile_training(trainer, plan.output_dir / rundir.LOG_DIR,
                                  plan.settings.profile, prepared.data, plan.global_batch_size):
         progress.note(line)
 
@@ -315,8 +318,7 @@ def finish(
     with outputs.writer.as_default(step=plan.settings.epochs):
         tf.summary.scalar("test_accuracy", test[1])
     outputs.writer.flush()
-    metrics = run_metrics(plan, prepared.data_plan, epochs, test, time.time() - start.started,
-                          outputs.saved)
+    metrics = run_metrics(prepared, epochs, test, time.time() - start.started, outputs.saved)
     metrics["memory"] = memory_record(prepared.memory, outputs.peak)
     if (run_id := rundir.run_id_of(plan.output_dir)) is not None:
         metrics["run_id"] = run_id  # so a metrics.json of another run is seen (`state`)

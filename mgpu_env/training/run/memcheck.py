@@ -1,7 +1,9 @@
-"""`mgpu train`'s memory check: each replica's memory for the model and the batch, estimated
-before TensorFlow starts in this process, against each GPU's memory from NVML; a batch that
-cannot fit is refused there (ConfigError, exit 2, with the largest batch per replica that
-fits), not met as an out-of-memory error at the first step.
+"""`mgpu train`'s memory check: a batch that cannot fit is refused before the first step.
+
+Each replica's memory for the model and the batch is estimated before TensorFlow starts in
+this process, against each GPU's memory from NVML; a batch that cannot fit is refused there
+(ConfigError, exit 2, with the largest batch per replica that fits), not met as an
+out-of-memory error at the first step.
 
 A named step after the pure plan (it starts a child and imports the user's code, so the
 plan cannot hold it), decided and made here only, its `MemoryCheck` passed down to the

@@ -1,5 +1,6 @@
-"""What a training run tells the user while it trains: nothing, one line per epoch, or a
-progress bar."""
+"""What a training run tells the user while it trains.
+
+That is nothing, one line per epoch, or a progress bar."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""A resumed run takes its settings from its own folder, so `OUTPUT_DIR=<folder> mgpu train`
-(the command an interrupted run prints) resumes it as it was started.
+"""A resumed run takes its settings from its own folder.
+
+So `OUTPUT_DIR=<folder> mgpu train` (the command an interrupted run prints) resumes it as it
+was started.
 
 The folder's record (settings.json, written when a run starts, and run.json's identity)
 stands in for the defaults: a flag, the environment or the settings file still wins, so

@@ -1,5 +1,7 @@
-"""The run folder (OUTPUT_DIR): where it is, its layout, its record (run.json), its history,
-and the latest checkpoint's position.
+"""The run folder (OUTPUT_DIR): where it is and what it holds.
+
+That is where it is, its layout, its record (run.json), its history, and the latest
+checkpoint's position.
 
 Layout:
     run.json        what defines the run (data set, batches, learning rate, seed, precision);

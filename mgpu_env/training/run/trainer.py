@@ -172,7 +172,7 @@ def unresolved_peers(runtime: Runtime) -> list[str]:
     real run's pre-flight waits up to WORKER_TIMEOUT for them instead."""
     if runtime.cluster is None:
         return []
-    missing = peers.wait_until_resolved(runtime.cluster.workers, runtime.cluster.address, 0)
+    missing = peers.wait_until_resolved(runtime.cluster, 0)
     if not missing:
         return []
     return [f"peers that do not resolve yet: {', '.join(missing)} (a real run "

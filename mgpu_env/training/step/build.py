@@ -1,5 +1,7 @@
-"""Model, optimizer and step functions built under a strategy: shared by `mgpu train` and
-each `mgpu bench` point, so the benchmark measures exactly the step that trains."""
+"""Model, optimizer and step functions built under a strategy.
+
+Shared by `mgpu train` and each `mgpu bench` point, so the benchmark measures exactly the step
+that trains."""
 
 from __future__ import annotations
 
@@ -7,9 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpu_env.runtime.precision import PrecisionChoice
 from mgpu_env.training.step.loops import StepLoops
-from mgpu_env.training.step.steps import StepFunctions, make_step_functions
+from mgpu_env.training.step.steps import StepFunctions, StepSpec, make_step_functions
 
 
 @dataclass
@@ -30,11 +31,8 @@ class Trainer:
 def build_trainer(
     strategy: Any,
     build_model: Callable[[], Any],
+    spec: StepSpec,
     *,
-    learning_rate: float,
-    precision: PrecisionChoice,
-    global_batch_size: int,
-    jit_compile: bool,
     prepare_input: Callable[[Any], Any] | None = None,
 ) -> Trainer:
     """Build the model and optimizer in the strategy's scope, and the step functions.
@@ -46,12 +44,8 @@ def build_trainer(
 
     with strategy.scope():
         model = build_model()
-        optimizer = build_optimizer(learning_rate, precision.loss_scaling)
+        optimizer = build_optimizer(spec.learning_rate, spec.loss_scaling)
         # Build the optimizer's slots now, so a checkpoint restores into all of them.
         optimizer.build(model.trainable_variables)
-    steps = make_step_functions(
-        strategy, model, optimizer, global_batch_size,
-        loss_scaling=precision.loss_scaling, jit_compile=jit_compile,
-        prepare_input=prepare_input,
-    )
+    steps = make_step_functions(strategy, model, optimizer, spec, prepare_input=prepare_input)
     return Trainer(strategy, model, optimizer, steps)

@@ -1,5 +1,6 @@
-"""The run's model measured in a child process, so that its memory is known before
-TensorFlow starts in the process that trains.
+"""The run's model measured in a child process, before TensorFlow starts in training's.
+
+So its memory is known before TensorFlow starts in the process that trains.
 
 The estimate (`estimate.memory`) needs the built model: its variables, its layers' outputs,
 the optimizer's slots. Building it where the run trains would start TensorFlow's devices

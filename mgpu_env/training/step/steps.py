@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mgpu_env.runtime.precision import PrecisionChoice
+
 # One replica's training step on its batch (x, y), called inside `strategy.run`.
 ReplicaStep = Callable[[Any, Any], None]
 
@@ -74,14 +76,29 @@ class StepFunctions:
         self.train_accuracy.reset_state()
 
 
+@dataclass(frozen=True)
+class StepSpec:
+    """What a training step is built from besides the model: the optimizer's learning rate,
+    the precision (and so its loss scaling), the global batch the loss averages over, and
+    whether the forward and backward pass is XLA-compiled. `mgpu train` takes them from its
+    plan, each `mgpu bench` point from its spec."""
+
+    learning_rate: float
+    precision: PrecisionChoice
+    global_batch_size: int
+    jit_compile: bool
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self.precision.loss_scaling
+
+
 def make_step_functions(
     strategy: Any,
     model: Any,
     optimizer: Any,
-    global_batch_size: int,
+    spec: StepSpec,
     *,
-    loss_scaling: bool,
-    jit_compile: bool,
     prepare_input: Callable[[Any], Any] | None = None,
 ) -> StepFunctions:
     """Build the replica step and the evaluation. Call after the model and optimizer exist.
@@ -94,14 +111,13 @@ def make_step_functions(
     of MNIST rows for its ResNet).
     """
     metrics = StepMetrics.create(strategy)
-    compute = _forward_backward(model, optimizer, metrics.loss_object, global_batch_size,
-                                loss_scaling=loss_scaling, jit_compile=jit_compile)
+    compute = _forward_backward(model, optimizer, metrics.loss_object, spec)
 
     def replica_step(x: Any, y: Any) -> None:
         if prepare_input is not None:
             x = prepare_input(x)
         per_example, probabilities, gradients = compute(x, y)
-        if loss_scaling:
+        if spec.loss_scaling:
             gradients = _agree_on_finite(gradients)
         # Keras' optimizer all-reduces (sums) the gradients across replicas itself.
         # apply_gradients: the spelling Keras 2 and 3 share.
@@ -116,16 +132,16 @@ def make_step_functions(
 
 
 def _forward_backward(
-    model: Any, optimizer: Any, loss_object: Any, global_batch_size: int, *,
-    loss_scaling: bool, jit_compile: bool,
+    model: Any, optimizer: Any, loss_object: Any, spec: StepSpec,
 ) -> Callable[[Any, Any], tuple[Any, Any, list[Any]]]:
     """One replica's forward and backward pass: (x, y) -> (per-example losses, the
-    probabilities, the gradients); XLA-compiled when `jit_compile` (see the module's
+    probabilities, the gradients); XLA-compiled when `spec.jit_compile` (see the module's
     docstring for why only this part)."""
     import tensorflow as tf
 
     # Keras 3's LossScaleOptimizer unscales in `apply`; Keras 2's (tf_keras) leaves it to
     # the caller (`get_unscaled_gradients`), and names the scaling `get_scaled_loss`.
+    loss_scaling, global_batch_size = spec.loss_scaling, spec.global_batch_size
     keras_2_scaling = loss_scaling and not hasattr(optimizer, "scale_loss")
 
     def forward_backward(x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
@@ -142,7 +158,9 @@ def _forward_backward(
             gradients = optimizer.get_unscaled_gradients(gradients)
         return per_example, probabilities, gradients
 
-    return tf.function(forward_backward, jit_compile=True) if jit_compile else forward_backward
+    if spec.jit_compile:
+        return tf.function(forward_backward, jit_compile=True)
+    return forward_backward
 
 
 def _evaluation(strategy: Any, model: Any, metrics: StepMetrics) -> Any:

@@ -1,5 +1,7 @@
-"""Your model in the packaged loop: `MODEL=package.module:function`, and how any hook of
-yours is imported (`import_hook`: the DATASET= loader's too, in `training.input.data.loader`).
+"""Your model in the packaged loop, and how any hook of yours is imported.
+
+The model is `MODEL=package.module:function`; hooks are imported by `import_hook` (the
+DATASET= loader's too, in `training.input.data.loader`).
 
 The contract (also in docs/your-code.md, "Hooks"):
 

@@ -1,7 +1,8 @@
-"""`python -m mgpu_env.training.input.data.count kind:DIR`: count and check a folder of files into
-its cache, in a process of its own (`files.load_files(in_process=False)`: a multi-worker
-run must not start TensorFlow's runtime before its strategy). Exit 2 with the message on
-bad data."""
+"""Counting and checking a folder of files into its cache, in a process of its own.
+
+Run as `python -m mgpu_env.training.input.data.count kind:DIR`
+(`files.load_files(in_process=False)`: a multi-worker run must not start TensorFlow's runtime
+before its strategy). Exit 2 with the message on bad data."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Which data set a run uses (`resolve_dataset`: filesystem only, no TensorFlow, no network,
-so `DATASET=auto` cannot hang offline) and loading it (`load_data`)."""
+"""Which data set a run uses, and loading it.
+
+Resolving (`resolve_dataset`) reads the filesystem only, no TensorFlow, no network, so
+`DATASET=auto` cannot hang offline; `load_data` loads the data set resolved."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""How training rows reach the step: one data adapter per kind of feed, chosen by one
-dispatcher (`registry.plan_feed`), each only saying where its rows are in order from a
-position (`kind.Feed.source`); the trainer's compiled loops read them (`step.loops`).
+"""How training rows reach the step, one data adapter per kind of feed.
+
+The adapter is chosen by one dispatcher (`registry.plan_feed`), and each only says where its
+rows are in order from a position (`kind.Feed.source`); the trainer's compiled loops read them
+(`step.loops`).
 
 - `resident`: data that fits (every built-in data set: MNIST's 60,000 rows are 188 MB) is
   copied once onto each local replica's device; each compiled call gathers its steps'

@@ -1,6 +1,8 @@
-"""`stream`: arrays in host memory (or memory-mapped) too big for the devices, cut into
-chunks of many steps' batches by index, in the kept rows' order, and streamed to every
-replica's device by tf.data (`step.loops.Chunks`)."""
+"""`stream`: arrays in host memory too big for the devices, streamed to them in chunks.
+
+The arrays (in memory or memory-mapped) are cut into chunks of many steps' batches by index,
+in the kept rows' order, and streamed to every replica's device by tf.data
+(`step.loops.Chunks`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""`file_stream`: TFRecord files or an image folder whose decoded rows do not fit, streamed
-from the files every epoch, each worker its share (`step.loops.Batches`)."""
+"""`file_stream`: files whose decoded rows do not fit, streamed from the files every epoch.
+
+The files are TFRecord files or an image folder; each worker reads its share
+(`step.loops.Batches`)."""
 
 from __future__ import annotations
 

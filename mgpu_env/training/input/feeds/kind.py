@@ -1,5 +1,7 @@
-"""What a kind of feed is: the one small interface every data adapter has, and the record a
-kind's module declares so the dispatcher (`registry`) can choose it.
+"""What a kind of feed is: the one small interface every data adapter has.
+
+It holds that interface and the record a kind's module declares so the dispatcher
+(`registry`) can choose it.
 
 A feed (`Feed`) only says where its rows are, in order from a position
 (`source(start, epochs)`: a `step.loops.Source`), how many steps an epoch has, and what it

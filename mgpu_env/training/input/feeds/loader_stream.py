@@ -1,5 +1,7 @@
-"""`row_stream`: a `DATASET` loader's tf.data set too big to read into memory
-(`data.Streamed`), streamed from its pipeline every epoch (`step.loops.Batches`)."""
+"""`row_stream`: a `DATASET` loader's tf.data set streamed from its pipeline every epoch.
+
+It is the feed of a loader's set too big to read into memory (`data.Streamed`), read as
+batches (`step.loops.Batches`)."""
 
 from __future__ import annotations
 

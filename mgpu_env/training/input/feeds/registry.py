@@ -1,5 +1,7 @@
-"""The one dispatcher of feeds: every kind this package's modules declare, which one takes a
-run's data (`plan_feed`), and building it (`make_feed`).
+"""The one dispatcher of feeds, choosing and building the kind that takes a run's data.
+
+It lists every kind this package's modules declare, chooses the one that takes a run's data
+(`plan_feed`) and builds it (`make_feed`).
 
 A kind of feed is a module of this package with a `KIND` (`kind.FeedKind`); it is found here
 by listing the package, so a new kind is one new module (and its tests): no list to extend,
@@ -15,7 +17,6 @@ import functools
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import Any
 
 from mgpu_env.training.input.data.sets import Data, DataSizes
 from mgpu_env.training.input.feeds.kind import Feed, FeedKind, FeedMaking, FeedNeed, FeedPlan
@@ -54,11 +55,7 @@ def plan_feed(
     raise ValueError(f"no kind of feed takes {type(data).__name__} data")  # arrays: `stream`
 
 
-def make_feed(
-    strategy: Any, data: Data, feed: FeedPlan, global_batch: int, seed: int, *,
-    deterministic: bool = True, steps_per_call: int | None = None,
-) -> Feed:
+def make_feed(making: FeedMaking) -> Feed:
     """The feed the run's feed plan names, built by its kind with the plan's steps per
-    epoch. `steps_per_call`: the steps its caller runs at once (default: training's)."""
-    return kind_named(feed.kind).build(
-        FeedMaking(strategy, data, feed, global_batch, seed, deterministic, steps_per_call))
+    epoch. `making.steps_per_call`: the steps its caller runs at once (default: training's)."""
+    return kind_named(making.plan.kind).build(making)

@@ -1,5 +1,7 @@
-"""`resident`: the training rows kept once on each local replica's device, read in the
-run's order by index (`step.loops.KeptRows`): the feed of every data set that fits."""
+"""`resident`: the training rows kept once on each local replica's device.
+
+They are read in the run's order by index (`step.loops.KeptRows`): the feed of every data set
+that fits."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""What the streaming feeds share: one tf.data pipeline per worker, distributed with each
-replica's batches prefetched to its device, and the options every stream runs with."""
+"""What the streaming feeds share: one tf.data pipeline per worker.
+
+The pipeline is distributed with each replica's batches prefetched to its device, and this
+module holds the options every stream runs with."""
 
 from __future__ import annotations
 
