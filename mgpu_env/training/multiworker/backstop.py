@@ -1,5 +1,7 @@
-"""The watchdog's backstop, in words: a small helper process that says which worker is
-missing when this one is stuck where Python cannot run.
+"""The watchdog's backstop in words, said by a helper process when Python cannot run here.
+
+A small helper process says which worker is missing when this one is stuck where Python
+cannot run.
 
 `faulthandler.dump_traceback_later(exit=True)` is what ends a process stuck in
 MultiWorkerMirroredStrategy's constructor (it holds the GIL: see `faults.Watchdog`), but what

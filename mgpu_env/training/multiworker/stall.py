@@ -1,5 +1,6 @@
-"""The stall watch of a single-process run: each phase has a bound, a phase that overruns it
-is a stall, and a stall is reported (the phase, each thread's Python stack, the last lines
+"""The stall watch of a run: a phase that overruns its bound is a stall, reported and ended.
+
+Each phase has a bound, a phase that overruns it is a stall, and a stall is reported (the phase, each thread's Python stack, the last lines
 on stderr, TensorFlow's and NCCL's C++ logs among them (`stderrtail`), what it most likely
 means here and what to try) and ends the process with EXIT_STALLED.
 
