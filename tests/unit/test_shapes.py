@@ -23,12 +23,6 @@ SUMMARY_ENDS = (".", "?")
 # function's purpose in mind.
 MAX_PARAMETERS = 5
 
-# Modules whose shape is changing in work under way on the stall watch: each is held to the
-# rules once that work has landed, and this list then shrinks to nothing. Path -> why it waits.
-BEING_RESTRUCTURED = "being restructured"
-SUMMARY_WAITS: dict[str, str] = {
-}
-PARAMETERS_WAIT: dict[str, str] = {}
 
 # Functions (`path:qualified name`) that may take more than MAX_PARAMETERS, each with why.
 PARAMETERS_ALLOWED: dict[str, str] = {
@@ -80,7 +74,7 @@ def summary_failures(paths: list[Path]) -> list[str]:
     for path in paths:
         name = path.relative_to(REPO).as_posix()
         problem = summary_problem(ast.parse(path.read_text(), name))
-        if problem is not None and name not in SUMMARY_WAITS:
+        if problem is not None:
             failures.append(f"{name}: {problem}")
     return failures
 
@@ -137,7 +131,6 @@ def parameter_failures(paths: list[Path]) -> list[str]:
             count = parameter_count(function)
             if (count > MAX_PARAMETERS and not is_cli_command(function)
                     and f"{name}:{qualified}" not in PARAMETERS_ALLOWED
-                    and f"{name}:{qualified}" not in PARAMETERS_WAIT
                     and f"{name}:{qualified}" not in PARAMETERS_TO_RESHAPE):
                 failures.append(f"{name}:{function.lineno} {qualified} takes {count}")
     return failures
