@@ -41,6 +41,10 @@ def where(frame: FrameType) -> tuple[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    bad = [arg for arg in argv if "=" not in arg or arg.startswith("=")]
+    if bad:  # --help included: the docstring is the usage
+        print(f"error: not SETTING=VALUE: {' '.join(bad)}\n{__doc__}", file=sys.stderr)
+        return 2
     settings = dict(DEFAULTS, **dict(a.split("=", 1) for a in argv))
     os.environ.update(settings)
     sys.path.insert(0, str(REPO))
