@@ -288,27 +288,19 @@ def hook_keras() -> None:
 
     if _STATE.watch is None:
         return
-    modules = sys.modules
-    if "keras.src.callbacks.callback_list" in modules and "keras.src.models.model" in modules:
-        from keras.src.callbacks.callback_list import CallbackList
-        from keras.src.models.model import Model
-
+    # Where each Keras, once loaded, defines CallbackList and Model (Keras 3, tf_keras).
+    for callbacks, models in (("keras.src.callbacks.callback_list", "keras.src.models.model"),
+                              ("tf_keras.src.callbacks", "tf_keras.src.engine.training")):
+        if callbacks not in sys.modules or models not in sys.modules:
+            continue
+        callback_list = sys.modules[callbacks].CallbackList
+        model = sys.modules[models].Model
         for event in CALLBACK_EVENTS:
-            _wrap(CallbackList, event, _callback_wrapper(event))
+            _wrap(callback_list, event, _callback_wrapper(event))
         for name in ("save", "save_weights"):
-            _wrap(Model, name, _saving_wrapper)
+            _wrap(model, name, _saving_wrapper)
         for name in ("evaluate", "predict"):
-            _wrap(Model, name, _evaluate_wrapper)
-    if "tf_keras.src.callbacks" in modules and "tf_keras.src.engine.training" in modules:
-        from tf_keras.src.callbacks import CallbackList as CallbackList2
-        from tf_keras.src.engine.training import Model as Model2
-
-        for event in CALLBACK_EVENTS:
-            _wrap(CallbackList2, event, _callback_wrapper(event))
-        for name in ("save", "save_weights"):
-            _wrap(Model2, name, _saving_wrapper)
-        for name in ("evaluate", "predict"):
-            _wrap(Model2, name, _evaluate_wrapper)
+            _wrap(model, name, _evaluate_wrapper)
 
 
 def nccl_variables() -> dict[str, str]:
