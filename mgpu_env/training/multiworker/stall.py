@@ -1,8 +1,8 @@
 """The stall watch of a run: a phase that overruns its bound is a stall, reported and ended.
 
-Each phase has a bound, a phase that overruns it is a stall, and a stall is reported (the phase, each thread's Python stack, the last lines
-on stderr, TensorFlow's and NCCL's C++ logs among them (`stderrtail`), what it most likely
-means here and what to try) and ends the process with EXIT_STALLED.
+Each phase has a bound; a stall is reported (the phase, each thread's Python stack, the last
+lines on stderr, TensorFlow's and NCCL's C++ logs among them (`stderrtail`), what it most
+likely means here and what to try) and ends the process with EXIT_STALLED.
 
 It is `faults.Watchdog` (the between-workers watchdog) given a bound per phase and this
 report: the same Python thread, and the same GIL-free backstop (faulthandler's C thread) for
