@@ -46,7 +46,7 @@ def plan_lines(plan: TrainPlan, data: DataPlan, memory: MemoryCheck,
     info = plan.describe(data)
     devices = ", ".join(info["devices"])
     physical = ", ".join(info["physical_devices"])
-    role = plan.strategy.role
+    role = plan.strategy_plan.role
     if not role.is_chief:
         # Only the chief's folder holds checkpoints; it sends this worker where to resume.
         resume = "fresh or resumed, as the chief's checkpoint says"
@@ -65,14 +65,14 @@ def plan_lines(plan: TrainPlan, data: DataPlan, memory: MemoryCheck,
         # GPUS=all there when no GPU is usable; GPUS=none is the way to ask for the CPU).
         physical += "; GPUS=none: the CPU on purpose, every GPU hidden"
     lines = [
-        f"  devices        {plan.strategy.local_replicas} x {plan.device_type} ({physical})",
+        f"  devices        {plan.strategy_plan.local_replicas} x {plan.device_type} ({physical})",
         f"                 {devices}",
-        f"  replicas       {plan.replicas} ({plan.strategy.kind})",
+        f"  replicas       {plan.replicas} ({plan.strategy_plan.kind})",
         *([f"  cluster        {line}"] if (line := plan.runtime.cluster_line()) else []),
         f"  batch          {plan.per_replica_batch_size} per replica, "
         f"{plan.global_batch_size} global, {plural(data.steps_per_epoch, 'step')} per epoch",
         f"  precision      {plan.precision.policy} ({plan.precision.reason})",
-        f"  all-reduce     {plan.strategy.cross_device_ops} ({plan.strategy.reason})",
+        f"  all-reduce     {plan.strategy_plan.cross_device_ops} ({plan.strategy_plan.reason})",
         f"  xla            {'on (forward and backward pass)' if plan.xla else 'off'}",
         f"  dataset        {plan.dataset.describe()}: {data.train_size} train, "
         f"{data.test_size} test",

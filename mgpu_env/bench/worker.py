@@ -156,7 +156,7 @@ def measure_variants(
         result["interval_starts"] = timing.starts
         result["interval_cpu_seconds"] = timing.cpu_seconds
         result["measured_with"] = [s.data for s in specs]
-        result["cross_device_ops"] = execution.strategy.cross_device_ops
+        result["cross_device_ops"] = execution.strategy_plan.cross_device_ops
         result["precision_reason"] = execution.precision.reason
         if spec.profile_dir:
             result["explain"] = _explain(variant, data)

@@ -235,7 +235,7 @@ def run_in_process(execution: Execution) -> SmokeResult:
     start = time.perf_counter()
     job = _Job()
     setup: dict[str, Any] = {}
-    plan = execution.strategy
+    plan = execution.strategy_plan
     if not job.step("setup", FIX_SETUP, lambda: _set_up(execution, setup)):
         return _result(job, start, setup, execution)
     tf, strategy = setup["tf"], setup["strategy"]
@@ -258,7 +258,7 @@ def _set_up(execution: Execution, setup: dict[str, Any]) -> tuple[bool, str]:
     """Start TensorFlow on the execution's devices and build its strategy (kept in `setup`)."""
     import tensorflow as tf
 
-    plan, split = execution.strategy, execution.split
+    plan, split = execution.strategy_plan, execution.split
     execution.prepare_tensorflow()  # RunFailed when TensorFlow sees other devices
     setup.update(tf=tf, strategy=execution.make_strategy())
     return True, (
@@ -326,7 +326,7 @@ def _matmul(tf: Any, execution: Execution, setup: dict[str, Any]) -> tuple[bool,
 
     keras = tensorflow_keras()
     choice = execution.precision
-    device = execution.strategy.devices[0]
+    device = execution.strategy_plan.devices[0]
     setup["policy"] = choice.policy
     dtype = keras.mixed_precision.Policy(choice.policy).compute_dtype
     with tf.device(device):
@@ -349,7 +349,7 @@ def _short(device: str) -> str:
 def _result(
     job: _Job, start: float, setup: Mapping[str, Any], execution: Execution
 ) -> SmokeResult:
-    plan = execution.strategy
+    plan = execution.strategy_plan
     return SmokeResult(
         ok=bool(job.steps) and all(s.ok for s in job.steps)
         and job.steps[-1].name == "matmul",

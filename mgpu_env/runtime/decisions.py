@@ -51,7 +51,7 @@ class DecidedParts:
     selection: GpuSelection | None
     split: DeviceSplit | None
     precision: PrecisionChoice | None
-    strategy: StrategyPlan | None
+    strategy_plan: StrategyPlan | None
     cluster: Cluster | None
     keras: KerasChoice | None
 
@@ -60,13 +60,13 @@ class DecidedParts:
         bench --dry-run --json`: the GPUs (NVML indices), the devices and replicas, the
         precision, the cluster and the Keras, in one shape; null where not decided."""
         selection, split, precision = self.selection, self.split, self.precision
-        strategy, cluster, keras = self.strategy, self.cluster, self.keras
+        strategy_plan, cluster, keras = self.strategy_plan, self.cluster, self.keras
         return {
             "gpus": None if selection is None else [gpu.index for gpu in selection.gpus],
             "device_type": None if split is None else split.device_type,
             "devices": None if split is None else list(split.names),
-            "replicas": None if strategy is None else
-            strategy.local_replicas * strategy.role.num_workers,
+            "replicas": None if strategy_plan is None else
+            strategy_plan.local_replicas * strategy_plan.role.num_workers,
             "precision": None if precision is None else precision.policy,
             "cluster": None if cluster is None else cluster.describe(),
             "keras": None if keras is None else keras.version,
@@ -104,11 +104,11 @@ class Runtime:
 
     @property
     def strategy_plan(self) -> StrategyPlan:
-        return self.execution.strategy
+        return self.execution.strategy_plan
 
     @property
     def role(self) -> WorkerRole:
-        return self.execution.strategy.role
+        return self.execution.strategy_plan.role
 
     @property
     def replicas(self) -> int:

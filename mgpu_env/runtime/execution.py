@@ -31,7 +31,7 @@ class Execution:
     environment: dict[str, str]  # variables to set before TensorFlow is imported
     split: DeviceSplit
     precision: PrecisionChoice
-    strategy: StrategyPlan
+    strategy_plan: StrategyPlan
     keras: KerasChoice  # which Keras tf.keras is; its TF_USE_LEGACY_KERAS is in environment
 
     def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
@@ -69,10 +69,13 @@ class Execution:
         """The tf.distribute strategy the plan describes (after `prepare_tensorflow`)."""
         from mgpu_env.runtime.strategy import make_strategy
 
-        return make_strategy(self.strategy)
+        return make_strategy(self.strategy_plan)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        # The plan travels under "strategy", the key `from_json` reads in each child.
+        fields = dataclasses.asdict(self)
+        fields["strategy"] = fields.pop("strategy_plan")
+        return json.dumps(fields)
 
     @classmethod
     def from_json(cls, text: str) -> Execution:
@@ -81,10 +84,10 @@ class Execution:
                                "memory_limit_mib": tuple(data["split"]["memory_limit_mib"])})
         plan = data["strategy"]
         role = WorkerRole(**plan.pop("role"))
-        strategy = StrategyPlan(**{**plan, "devices": tuple(plan["devices"]), "role": role})
+        strategy_plan = StrategyPlan(**{**plan, "devices": tuple(plan["devices"]), "role": role})
         keras = KerasChoice(**{**data["keras"], "notes": tuple(data["keras"]["notes"])})
         return cls(dict(data["environment"]), split, PrecisionChoice(**data["precision"]),
-                   strategy, keras)
+                   strategy_plan, keras)
 
 
 def apply_environment(environment: Mapping[str, str], environ: MutableMapping[str, str]) -> None:

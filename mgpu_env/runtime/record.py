@@ -106,7 +106,7 @@ class Decisions:
     keras: KerasChoice | None
     split: DeviceSplit | None
     precision: PrecisionChoice | None
-    strategy: StrategyPlan | None
+    strategy_plan: StrategyPlan | None
     nccl: bool
     environment: dict[str, str]
     notes: tuple[str, ...]
@@ -138,7 +138,7 @@ class Decisions:
         each part that failed did (`"errors"`, by part)."""
         cluster = self.cluster.cluster if self.cluster is not None else None
         return {**DecidedParts(self.selection, self.split, self.precision,
-                               self.strategy, cluster, self.keras).describe(),
+                               self.strategy_plan, cluster, self.keras).describe(),
                 "errors": {part: self.error(part) for part in self.failures}}
 
     def keras_for(self, command: Command) -> KerasChoice:
@@ -156,13 +156,13 @@ class Decisions:
                 raise self._refusal(part)
         assert self.selection is not None and self.keras is not None  # no failure: decided
         assert self.split is not None and self.precision is not None
-        assert self.strategy is not None and self.cluster is not None
+        assert self.strategy_plan is not None and self.cluster is not None
         environment = {
             **self.environment,
             **cuda_environment(self.selection.cuda_visible_devices,
                                uses_gpu=bool(self.selection.gpus)),
         }
-        execution = Execution(environment, self.split, self.precision, self.strategy,
+        execution = Execution(environment, self.split, self.precision, self.strategy_plan,
                               self.keras)
         return Runtime(self.resolved, self.machine.snapshot, self.selection,
                        self.cluster.cluster, execution, self.machine.cpu_flags, self.nccl,
@@ -200,7 +200,7 @@ def decide(
     if keras is not None:
         notes.extend(keras.notes)
         environment.update(keras.environment(_user_legacy(resolved, environ)))
-    split = precision = strategy = None
+    split = precision = strategy_plan = None
     if selection is not None:
         virtual_devices, note = _usable_virtual_devices(settings.virtual_devices, cluster,
                                                         selection)
@@ -211,11 +211,11 @@ def decide(
         precision = attempt("precision", lambda: choose_precision(
             settings.mixed_precision, split.device_type, capabilities, machine.cpu_flags))
         role = cluster.role if cluster is not None else None
-        strategy = attempt("strategy", lambda: plan_strategy(
+        strategy_plan = attempt("strategy", lambda: plan_strategy(
             settings.cross_device_ops, split,
             nccl_available=nccl, role=role))
     return Decisions(resolved, machine, command, decision, selection, keras, split,
-                     precision, strategy, nccl, environment, tuple(notes), failures)
+                     precision, strategy_plan, nccl, environment, tuple(notes), failures)
 
 
 def _user_legacy(resolved: ResolvedSettings, environ: Mapping[str, str]) -> str | None:

@@ -37,7 +37,7 @@ def test_a_precision_the_gpus_cannot_run_keeps_the_workers_share(use_fake_nvml: 
     assert record.selection is not None
     assert [gpu.index for gpu in record.selection.gpus] == [2, 3]
     assert record.cluster is not None and record.cluster.cluster is not None
-    assert record.keras is not None and record.strategy is not None
+    assert record.keras is not None and record.strategy_plan is not None
     assert record.precision is None
     message = record.error("precision")
     assert message is not None and "MIXED_PRECISION=bf16" in message and "Fix:" in message
@@ -87,3 +87,18 @@ def test_a_whole_record_is_the_runtime_training_starts_from(use_fake_nvml: Insta
     assert runtime.decided() == {k: v for k, v in record.decided().items() if k != "errors"}
     assert runtime.decided()["replicas"] == 4  # two GPUs here, two workers
     assert runtime.global_batch_size == runtime.settings.batch_size * 4
+
+
+def test_the_execution_a_child_is_sent_comes_back_whole(use_fake_nvml: Install) -> None:
+    """A child reads the parent's decisions from `Execution.to_json`: the same record
+    comes back, with the strategy plan under the "strategy" key children have always read."""
+    import json
+
+    from mgpu_env.runtime import Execution
+
+    use_fake_nvml(fake_gpus(VOLTAS))
+    execution = decided(SECOND_TASK).runtime().execution
+    sent = execution.to_json()
+    assert json.loads(sent)["strategy"]["role"]["num_workers"] == 2
+    assert "strategy_plan" not in json.loads(sent)
+    assert Execution.from_json(sent) == execution

@@ -60,7 +60,7 @@ print(json.dumps({
     "loaded": sorted(m for m in set(sys.modules) - before
                      if m.split(".")[0] in ("tensorflow", "keras", "user_loader", "user_model")),
     "resume_epoch": plan.resume.epoch, "sizes": plan.sizes, "workers":
-    plan.strategy.role.num_workers, "notes": list(plan.notes),
+    plan.strategy_plan.role.num_workers, "notes": list(plan.notes),
 }))
 """
 

@@ -185,7 +185,7 @@ def run_metrics(
         "devices": described["devices"],
         "device_names": described["physical_devices"],
         "device_type": plan.device_type,
-        "cross_device_ops": plan.strategy.cross_device_ops,
+        "cross_device_ops": plan.strategy_plan.cross_device_ops,
         "xla": plan.xla,
         # What this start's checkpoints cost, at the interval asked (`every`).
         "checkpoint": {"every": str(epochs.schedule.interval), **checkpoints.describe_cost()},

@@ -139,7 +139,7 @@ def failures_said(plan: TrainPlan, session: WorkerSession) -> Iterator[None]:
 def worker_session(plan: TrainPlan) -> WorkerSession:
     """This process's worker session, the cluster's or one process's, with its stall watch
     (a worker's phases are capped by WORKER_TIMEOUT too: each waits on the others)."""
-    multi_worker = plan.strategy.kind == "multi_worker"
+    multi_worker = plan.strategy_plan.kind == "multi_worker"
     return WorkerSession(
         plan.runtime.cluster if multi_worker else None, plan.settings.worker_timeout,
         stall=stall_watch(plan),
@@ -150,12 +150,13 @@ def stall_watch(plan: TrainPlan) -> StallWatch:
     """This run's stall watch (STALL_TIMEOUT), in its first phase."""
     import os
 
-    strategy = plan.strategy
+    strategy_plan = plan.strategy_plan
+    multi_worker = strategy_plan.kind == "multi_worker"
     watch = worker_stall_watch(plan.settings.stall_timeout, Devices(
-        plan.replicas, strategy.device_type, strategy.cross_device_ops,
+        plan.replicas, strategy_plan.device_type, strategy_plan.cross_device_ops,
         {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
-        strategy.role.num_workers,
-    ), plan.resume_command, plan.runtime.cluster if strategy.kind == "multi_worker" else None,
+        strategy_plan.role.num_workers,
+    ), plan.resume_command, plan.runtime.cluster if multi_worker else None,
         plan.settings.worker_timeout)
     watch.phase(STARTING)
     return watch
@@ -172,7 +173,7 @@ def start_trainer(prepared: PreparedRun, session: WorkerSession) -> Trainer:
     session.join()
     strategy = plan.runtime.execution.make_strategy()
     session.after_strategy(strategy, agreement_values(
-        plan.settings, plan.chosen, local_replicas=plan.strategy.local_replicas,
+        plan.settings, plan.chosen, local_replicas=plan.strategy_plan.local_replicas,
         train_samples=shape.train_size, steps_per_epoch=shape.steps_per_epoch,
     ))
     return build_trainer(

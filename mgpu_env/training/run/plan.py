@@ -133,7 +133,7 @@ class TrainPlan:
         return self.runtime.settings
 
     @property
-    def strategy(self) -> StrategyPlan:
+    def strategy_plan(self) -> StrategyPlan:
         return self.runtime.strategy_plan
 
     @property
@@ -158,7 +158,7 @@ class TrainPlan:
     @property
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (the other workers write scratch)."""
-        return self.strategy.role.is_chief
+        return self.strategy_plan.role.is_chief
 
     @property
     def resume_command(self) -> str:
@@ -204,7 +204,7 @@ class TrainPlan:
     def describe(self, data: DataPlan) -> dict[str, Any]:
         """The plan and its data's as plain data, for the start summary and metrics.json."""
         return {
-            "devices": list(self.strategy.devices),
+            "devices": list(self.strategy_plan.devices),
             "device_type": self.device_type,
             "physical_devices": list(self.device_names),
             "replicas": self.replicas,
@@ -212,9 +212,9 @@ class TrainPlan:
             "global_batch_size": self.global_batch_size,
             "precision_policy": self.precision.policy,
             "precision_reason": self.precision.reason,
-            "cross_device_ops": self.strategy.cross_device_ops,
-            "cross_device_ops_reason": self.strategy.reason,
-            "strategy": self.strategy.kind,
+            "cross_device_ops": self.strategy_plan.cross_device_ops,
+            "cross_device_ops_reason": self.strategy_plan.reason,
+            "strategy": self.strategy_plan.kind,
             "cluster": self.runtime.cluster_description(),
             "xla": self.xla,
             "dataset": self.dataset.name,

@@ -87,7 +87,7 @@ def _import_model(plan: TrainPlan) -> None:
 
 def _load(plan: TrainPlan, prepare_tensorflow: Callable[[], None]) -> Data:
     """Load the data once; a built-in file must have the official sizes the plan used."""
-    workers = plan.strategy.role.num_workers
+    workers = plan.strategy_plan.role.num_workers
     if plan.dataset.origin == "hook":
         prepare_tensorflow()  # a loader may use TensorFlow: its devices and policy first
     # Files not counted yet are counted with TensorFlow after the same preparation, or

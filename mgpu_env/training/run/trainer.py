@@ -95,7 +95,7 @@ def train(
                                             identify(runtime).values)
         plan = plan_training(runtime, looked_up=notes)  # pure: no TensorFlow, no data read
         # A cluster goes on even when finished: the chief's state decides for every worker.
-        if plan.finished is not None and plan.strategy.role.num_workers == 1:
+        if plan.finished is not None and plan.strategy_plan.role.num_workers == 1:
             return TrainResult.nothing_to_do(plan.finished)
         # Before the pre-flight, which imports TensorFlow where there are GPUs. A loader's or a
         # folder's data gives its shape only once loaded: `prepare` checks it after the load.
